@@ -1,0 +1,30 @@
+//! ICRC throughput on 4 KiB packets against plain CRC-32 of the same bytes.
+//! The ratio should be close to 1: the masking adds a fixed ~60 bytes of copies.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use softroce::wire::icrc;
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+
+fn bench(c: &mut Criterion) {
+    let roce: Vec<u8> = (0..12 + 4096).map(|i| i as u8).collect();
+    let ip = icrc::ipv4_header(
+        Ipv4Addr::new(10, 0, 0, 1),
+        Ipv4Addr::new(10, 0, 0, 2),
+        (20 + 8 + roce.len() + 4) as u16,
+        0,
+        0x40,
+    );
+    let udp = [0xc0, 0x00, 0x12, 0xb7, 0x10, 0x0c, 0x00, 0x00];
+    let all: Vec<u8> = [&[0xffu8; 8][..], &ip, &udp, &roce].concat();
+    let mut group = c.benchmark_group("icrc_4k");
+    group.throughput(Throughput::Bytes(all.len() as u64));
+    group.bench_function("crc32fast_hash", |b| b.iter(|| crc32fast::hash(black_box(&all))));
+    group.bench_function("icrc_compute", |b| {
+        b.iter(|| icrc::compute(black_box(&ip), black_box(&udp), black_box(&roce)).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

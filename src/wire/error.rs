@@ -1,0 +1,72 @@
+use core::fmt;
+
+/// Why a buffer is not a well-formed RoCEv2 packet (or header), or why a value
+/// cannot be emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Error {
+    /// The buffer is shorter than the header or packet requires.
+    Truncated { needed: usize, got: usize },
+    /// BTH transport header version other than 0.
+    BadVersion(u8),
+    /// Opcode not defined for its transport (or reserved).
+    UnknownOpcode(u8),
+    /// Transport we do not speak: RD, XRC, CNP and manufacturer-specific
+    /// opcodes (neither does kernel rxe).
+    UnsupportedTransport(u8),
+    /// Payload plus pad is not a multiple of four bytes, or the pad count is
+    /// larger than the bytes that follow the headers.
+    BadPad { pad: u8, available: usize },
+    /// The opcode carries no payload, yet bytes follow its headers.
+    UnexpectedPayload { opcode: u8, len: usize },
+    /// ATOMIC_WRITE must carry exactly eight bytes.
+    BadAtomicWriteLength(usize),
+    /// AETH syndrome with the reserved type (0b10), reserved high bit, or a
+    /// reserved NAK code.
+    ReservedSyndrome(u8),
+    /// A value being emitted has the wrong set of extended headers for its
+    /// opcode, e.g. a WRITE_FIRST without RETH.
+    HeaderMismatch { opcode: u8 },
+    /// A value does not fit its field (e.g. a QPN above 2^24).
+    FieldOverflow,
+    /// The IP or UDP layer is malformed.
+    BadIp,
+    /// Not UDP, or not destined to the RoCEv2 port.
+    NotRoce,
+}
+
+/// Result of wire operations.
+pub type Result<T> = core::result::Result<T, Error>;
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Error::Truncated { needed, got } => {
+                write!(f, "truncated: need {needed} bytes, have {got}")
+            }
+            Error::BadVersion(v) => write!(f, "BTH version {v}, expected 0"),
+            Error::UnknownOpcode(op) => write!(f, "unknown or reserved opcode {op:#04x}"),
+            Error::UnsupportedTransport(op) => {
+                write!(f, "opcode {op:#04x} belongs to an unsupported transport")
+            }
+            Error::BadPad { pad, available } => write!(
+                f,
+                "pad count {pad} inconsistent with {available} bytes after the headers"
+            ),
+            Error::UnexpectedPayload { opcode, len } => {
+                write!(f, "opcode {opcode:#04x} carries no payload, found {len} bytes")
+            }
+            Error::BadAtomicWriteLength(len) => {
+                write!(f, "ATOMIC_WRITE payload is {len} bytes, must be 8")
+            }
+            Error::ReservedSyndrome(s) => write!(f, "reserved AETH syndrome {s:#04x}"),
+            Error::HeaderMismatch { opcode } => {
+                write!(f, "extended headers do not match opcode {opcode:#04x}")
+            }
+            Error::FieldOverflow => write!(f, "value too large for its field"),
+            Error::BadIp => write!(f, "malformed IP or UDP header"),
+            Error::NotRoce => write!(f, "not a RoCEv2 packet (UDP port 4791)"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,270 @@
+//! The invariant CRC (ICRC) of RoCEv2.
+//!
+//! The ICRC is the standard CRC-32 (the one `crc32fast` computes) over
+//! - eight bytes of 0xFF, standing in for the InfiniBand LRH;
+//! - the IP header with its variant fields set to all ones (IPv4: TOS, TTL and
+//!   header checksum; IPv6: traffic class, flow label and hop limit);
+//! - the UDP header with its checksum set to all ones;
+//! - the BTH with byte 4 (FECN, BECN, reserved) set to all ones;
+//! - the extended headers, payload and pad.
+//!
+//! It goes on the wire least-significant byte first (the CRC register as
+//! kernel rxe stores it).
+//!
+//! ## The IPv4 Identification problem
+//!
+//! The IPv4 ID is covered, yet a receiver on a UDP socket never sees it. Since a
+//! CRC is affine over GF(2), the effect of the unknown 16 ID bits on the result
+//! is a known linear map: [`verify_ipv4_unknown_id`] computes the CRC with ID 0
+//! and asks whether the difference to the received ICRC is the image of some
+//! 16-bit ID. It answers with that ID, so the check costs one CRC plus a few
+//! dozen carry-less multiplications, and a random corruption slips through with
+//! probability 2^-16 (2^-15 counting the DF-bit retry). When the whole IP header
+//! is known (pcap, raw link) use [`compute`] and compare: that check is strict.
+
+use std::net::Ipv4Addr;
+
+use super::roce::ICRC_LEN;
+use super::{Error, Result};
+
+/// The masked LRH: eight bytes of ones.
+const LRH_ONES: [u8; 8] = [0xff; 8];
+
+/// Computes the ICRC of a packet given its raw IP header (IPv4 with any
+/// options, or the 40-byte IPv6 header), its UDP header, and the RoCE bytes
+/// from the BTH up to (not including) the ICRC.
+pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> {
+    let mut ip = [0u8; 60];
+    let ip = &mut ip[..ip_header.len().min(60)];
+    ip.copy_from_slice(&ip_header[..ip.len()]);
+    match ip.first().map(|b| b >> 4) {
+        Some(4) if ip.len() >= 20 => {
+            ip[1] = 0xff; // TOS
+            ip[8] = 0xff; // TTL
+            ip[10] = 0xff; // header checksum
+            ip[11] = 0xff;
+        }
+        Some(6) if ip.len() == 40 => {
+            ip[0] |= 0x0f; // traffic class, high nibble
+            ip[1] = 0xff; // traffic class low nibble, flow label
+            ip[2] = 0xff;
+            ip[3] = 0xff;
+            ip[7] = 0xff; // hop limit
+        }
+        _ => return Err(Error::BadIp),
+    }
+    if udp_header.len() != 8 || roce.len() < 12 {
+        return Err(Error::Truncated { needed: 12, got: roce.len() });
+    }
+    let mut udp = [0u8; 8];
+    udp.copy_from_slice(udp_header);
+    udp[6] = 0xff;
+    udp[7] = 0xff;
+    let mut bth = [0u8; 12];
+    bth.copy_from_slice(&roce[..12]);
+    bth[4] = 0xff;
+
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&LRH_ONES);
+    hasher.update(ip);
+    hasher.update(&udp);
+    hasher.update(&bth);
+    hasher.update(&roce[12..]);
+    Ok(hasher.finalize())
+}
+
+/// Splits a RoCE UDP payload into the bytes the ICRC covers and the ICRC.
+fn split_icrc(roce_with_icrc: &[u8]) -> Result<(&[u8], u32)> {
+    if roce_with_icrc.len() < 12 + ICRC_LEN {
+        return Err(Error::Truncated { needed: 12 + ICRC_LEN, got: roce_with_icrc.len() });
+    }
+    let (covered, icrc) = roce_with_icrc.split_at(roce_with_icrc.len() - ICRC_LEN);
+    Ok((covered, u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]])))
+}
+
+/// Strict check: the whole IP header is known. `roce_with_icrc` is the UDP
+/// payload including the trailing ICRC.
+pub fn verify(ip_header: &[u8], udp_header: &[u8], roce_with_icrc: &[u8]) -> Result<bool> {
+    let (covered, icrc) = split_icrc(roce_with_icrc)?;
+    Ok(compute(ip_header, udp_header, covered)? == icrc)
+}
+
+/// Writes the ICRC into the last four bytes of `roce_with_icrc`.
+pub fn fill(ip_header: &[u8], udp_header: &[u8], roce_with_icrc: &mut [u8]) -> Result<()> {
+    let (covered, _) = split_icrc(roce_with_icrc)?;
+    let icrc = compute(ip_header, udp_header, covered)?;
+    let at = roce_with_icrc.len() - ICRC_LEN;
+    roce_with_icrc[at..].copy_from_slice(&icrc.to_le_bytes());
+    Ok(())
+}
+
+/// Check for a packet received on a UDP socket: everything of the IPv4 header
+/// is known (addresses from the socket, length from the datagram, TOS, TTL and
+/// checksum are masked anyway) except the Identification and the DF flag.
+///
+/// Returns the sender's IPv4 ID when the ICRC is consistent with some ID, with
+/// DF set (rxe's and our choice) or, failing that, clear; `None` otherwise.
+pub fn verify_ipv4_unknown_id(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    udp_header: &[u8],
+    roce_with_icrc: &[u8],
+) -> Result<Option<u16>> {
+    let (covered, icrc) = split_icrc(roce_with_icrc)?;
+    let total_len = 20 + 8 + roce_with_icrc.len();
+    let total_len = u16::try_from(total_len).map_err(|_| Error::FieldOverflow)?;
+    // Bytes of ICRC input after the two ID bytes: the rest of the IP header
+    // (offset 6..20), the UDP header and the covered RoCE bytes.
+    let trailing = (20 - 6) + 8 + covered.len();
+    for flags in [0x40u8, 0x00] {
+        let header = ipv4_header(src, dst, total_len, 0, flags);
+        let with_zero_id = compute(&header, udp_header, covered)?;
+        if let Some(id) = gf2::solve_id(with_zero_id ^ icrc, trailing) {
+            return Ok(Some(id));
+        }
+    }
+    Ok(None)
+}
+
+/// An IPv4 header without options as the ICRC sees it (masked fields zero).
+pub fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, total_len: u16, id: u16, flags: u8) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&total_len.to_be_bytes());
+    h[4..6].copy_from_slice(&id.to_be_bytes());
+    h[6] = flags;
+    h[9] = 17; // UDP
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    h
+}
+
+/// Arithmetic on CRC-32 registers as polynomials modulo the CRC-32 generator,
+/// in the reflected representation (bit 31 is x^0, bit 0 is x^31), as zlib's
+/// `multmodp` uses it.
+mod gf2 {
+    /// The reflected CRC-32 polynomial (without x^32).
+    const POLY: u32 = 0xedb8_8320;
+    /// x^0.
+    const ONE: u32 = 1 << 31;
+    /// x^-1 modulo the generator: (P + 1) / x, which exists because P(0) = 1.
+    pub(super) const X_INV: u32 = (POLY << 1) | 1;
+
+    /// a * b modulo the generator.
+    pub(super) fn mul(a: u32, mut b: u32) -> u32 {
+        let mut product = 0;
+        for bit in (0..32).rev() {
+            if a & (1 << bit) != 0 {
+                product ^= b;
+            }
+            b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+        }
+        product
+    }
+
+    /// base^exp modulo the generator.
+    pub(super) fn pow(mut base: u32, mut exp: u64) -> u32 {
+        let mut result = ONE;
+        while exp != 0 {
+            if exp & 1 != 0 {
+                result = mul(result, base);
+            }
+            base = mul(base, base);
+            exp >>= 1;
+        }
+        result
+    }
+
+    /// Given the difference `delta` between a CRC computed with a zero 16-bit
+    /// field and the real one, with `trailing` bytes after that field, finds the
+    /// field's value.
+    ///
+    /// Changing the field by D (a polynomial of degree < 16, first bit highest)
+    /// changes the CRC register by D * x^(8 * trailing + 32) mod P. Undoing the
+    /// shift leaves D itself, which must fit in the 16 highest-order register
+    /// bits; otherwise no field value explains the difference.
+    pub(super) fn solve_id(delta: u32, trailing: usize) -> Option<u16> {
+        let shift = 8 * trailing as u64 + 32;
+        let d = mul(delta, pow(X_INV, shift));
+        if d & 0xffff != 0 {
+            return None;
+        }
+        // Bit 16 + s of `d` is the s-th bit on the wire: the ID's first byte
+        // least-significant bit first, then its second byte.
+        Some(((d >> 16) as u16).swap_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn x_inverse_is_inverse() {
+        let x = 1u32 << 30;
+        assert_eq!(gf2::mul(x, gf2::X_INV), 1 << 31);
+        assert_eq!(gf2::mul(gf2::pow(x, 1000), gf2::pow(gf2::X_INV, 1000)), 1 << 31);
+    }
+
+    fn sample(id: u16, flags: u8) -> ([u8; 20], [u8; 8], Vec<u8>) {
+        let src = Ipv4Addr::new(10, 77, 0, 2);
+        let dst = Ipv4Addr::new(10, 77, 0, 3);
+        let mut roce = vec![0u8; 12 + 1024 + 4];
+        roce[0] = 0x04;
+        roce[7] = 0x11;
+        for (i, b) in roce[12..].iter_mut().enumerate() {
+            *b = (i * 7) as u8;
+        }
+        let mut ip = ipv4_header(src, dst, (20 + 8 + roce.len()) as u16, id, flags);
+        ip[8] = 64; // TTL, masked
+        let udp = [0xc0, 0x00, 0x12, 0xb7, 0x04, 0x10, 0x00, 0x00];
+        fill(&ip, &udp, &mut roce).unwrap();
+        (ip, udp, roce)
+    }
+
+    #[test]
+    fn recovers_the_unknown_id() {
+        for id in [0u16, 1, 0x1234, 0x8000, 0xffff, 0xbeef] {
+            for flags in [0x40, 0x00] {
+                let (_, udp, roce) = sample(id, flags);
+                let got = verify_ipv4_unknown_id(
+                    Ipv4Addr::new(10, 77, 0, 2),
+                    Ipv4Addr::new(10, 77, 0, 3),
+                    &udp,
+                    &roce,
+                )
+                .unwrap();
+                assert_eq!(got, Some(id), "id {id:#x} flags {flags:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_a_flipped_bit_with_unknown_id() {
+        let (ip, udp, mut roce) = sample(0x4242, 0x40);
+        assert!(verify(&ip, &udp, &roce).unwrap());
+        roce[100] ^= 0x10;
+        assert!(!verify(&ip, &udp, &roce).unwrap());
+        let got = verify_ipv4_unknown_id(
+            Ipv4Addr::new(10, 77, 0, 2),
+            Ipv4Addr::new(10, 77, 0, 3),
+            &udp,
+            &roce,
+        )
+        .unwrap();
+        assert_eq!(got, None);
+    }
+
+    #[test]
+    fn masked_fields_do_not_matter() {
+        let (mut ip, mut udp, mut roce) = sample(7, 0x40);
+        ip[1] = 0xb8; // TOS
+        ip[8] = 1; // TTL
+        ip[10] = 0x12; // checksum
+        udp[6] = 0x55; // UDP checksum
+        roce[4] = 0x80; // FECN
+        assert!(verify(&ip, &udp, &roce).unwrap());
+        roce[5] ^= 1; // a QPN bit is covered
+        assert!(!verify(&ip, &udp, &roce).unwrap());
+    }
+}

@@ -1,0 +1,373 @@
+//! The BTH opcode table for RC, UC and UD.
+//!
+//! An opcode is a transport prefix (top three bits) and an operation (low five
+//! bits). The operation alone decides which extended headers follow the BTH and
+//! whether payload follows them; UD adds a DETH. The table is kernel rxe's
+//! (`rxe_opcode.c`), including FLUSH and ATOMIC_WRITE.
+
+use core::fmt;
+
+use super::{Error, Result};
+
+/// Transport service, from the top three bits of the opcode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// Reliable Connected (prefix 0b000).
+    Rc,
+    /// Unreliable Connected (prefix 0b001).
+    Uc,
+    /// Unreliable Datagram (prefix 0b011).
+    Ud,
+}
+
+impl Transport {
+    /// The prefix in the opcode's top three bits.
+    pub const fn prefix(self) -> u8 {
+        match self {
+            Transport::Rc => 0x00,
+            Transport::Uc => 0x20,
+            Transport::Ud => 0x60,
+        }
+    }
+
+    /// Short name as used in opcode names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Transport::Rc => "RC",
+            Transport::Uc => "UC",
+            Transport::Ud => "UD",
+        }
+    }
+}
+
+/// The operation in the opcode's low five bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Operation {
+    SendFirst = 0x00,
+    SendMiddle = 0x01,
+    SendLast = 0x02,
+    SendLastImm = 0x03,
+    SendOnly = 0x04,
+    SendOnlyImm = 0x05,
+    WriteFirst = 0x06,
+    WriteMiddle = 0x07,
+    WriteLast = 0x08,
+    WriteLastImm = 0x09,
+    WriteOnly = 0x0a,
+    WriteOnlyImm = 0x0b,
+    ReadRequest = 0x0c,
+    ReadResponseFirst = 0x0d,
+    ReadResponseMiddle = 0x0e,
+    ReadResponseLast = 0x0f,
+    ReadResponseOnly = 0x10,
+    Acknowledge = 0x11,
+    AtomicAcknowledge = 0x12,
+    CompareSwap = 0x13,
+    FetchAdd = 0x14,
+    SendLastInv = 0x16,
+    SendOnlyInv = 0x17,
+    Flush = 0x1c,
+    AtomicWrite = 0x1d,
+}
+
+/// Every operation, in opcode order.
+pub const OPERATIONS: [Operation; 25] = {
+    use Operation::*;
+    [
+        SendFirst, SendMiddle, SendLast, SendLastImm, SendOnly, SendOnlyImm, WriteFirst,
+        WriteMiddle, WriteLast, WriteLastImm, WriteOnly, WriteOnlyImm, ReadRequest,
+        ReadResponseFirst, ReadResponseMiddle, ReadResponseLast, ReadResponseOnly, Acknowledge,
+        AtomicAcknowledge, CompareSwap, FetchAdd, SendLastInv, SendOnlyInv, Flush, AtomicWrite,
+    ]
+};
+
+/// A set of extended headers, in the order they appear on the wire:
+/// DETH, FETH, RETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Headers(u8);
+
+impl Headers {
+    pub const NONE: Headers = Headers(0);
+    pub const DETH: Headers = Headers(1 << 0);
+    pub const FETH: Headers = Headers(1 << 1);
+    pub const RETH: Headers = Headers(1 << 2);
+    pub const AETH: Headers = Headers(1 << 3);
+    pub const ATOMIC_ETH: Headers = Headers(1 << 4);
+    pub const ATOMIC_ACK_ETH: Headers = Headers(1 << 5);
+    pub const IMM: Headers = Headers(1 << 6);
+    pub const IETH: Headers = Headers(1 << 7);
+
+    /// Wire order, with names and lengths.
+    pub const ORDER: [(Headers, &'static str, usize); 8] = [
+        (Headers::DETH, "DETH", 8),
+        (Headers::FETH, "FETH", 4),
+        (Headers::RETH, "RETH", 16),
+        (Headers::AETH, "AETH", 4),
+        (Headers::ATOMIC_ETH, "AtomicETH", 28),
+        (Headers::ATOMIC_ACK_ETH, "AtomicAckETH", 8),
+        (Headers::IMM, "ImmDt", 4),
+        (Headers::IETH, "IETH", 4),
+    ];
+
+    pub const fn union(self, other: Headers) -> Headers {
+        Headers(self.0 | other.0)
+    }
+
+    pub const fn contains(self, other: Headers) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Total length of these headers in bytes.
+    pub fn len(self) -> usize {
+        Headers::ORDER
+            .iter()
+            .filter(|(h, _, _)| self.contains(*h))
+            .map(|(_, _, len)| len)
+            .sum()
+    }
+
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Debug for Headers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = Headers::ORDER
+            .iter()
+            .filter(|(h, _, _)| self.contains(*h))
+            .map(|(_, name, _)| *name)
+            .collect();
+        write!(f, "Headers({})", names.join("|"))
+    }
+}
+
+/// Where a packet sits in its message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    First,
+    Middle,
+    Last,
+    Only,
+}
+
+impl Operation {
+    /// The operation for the low five bits of an opcode, if defined.
+    pub fn from_bits(bits: u8) -> Option<Operation> {
+        OPERATIONS.iter().copied().find(|op| *op as u8 == bits)
+    }
+
+    /// Name as in the IBTA tables, without the transport.
+    pub const fn name(self) -> &'static str {
+        use Operation::*;
+        match self {
+            SendFirst => "SEND_FIRST",
+            SendMiddle => "SEND_MIDDLE",
+            SendLast => "SEND_LAST",
+            SendLastImm => "SEND_LAST_WITH_IMMEDIATE",
+            SendOnly => "SEND_ONLY",
+            SendOnlyImm => "SEND_ONLY_WITH_IMMEDIATE",
+            WriteFirst => "RDMA_WRITE_FIRST",
+            WriteMiddle => "RDMA_WRITE_MIDDLE",
+            WriteLast => "RDMA_WRITE_LAST",
+            WriteLastImm => "RDMA_WRITE_LAST_WITH_IMMEDIATE",
+            WriteOnly => "RDMA_WRITE_ONLY",
+            WriteOnlyImm => "RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+            ReadRequest => "RDMA_READ_REQUEST",
+            ReadResponseFirst => "RDMA_READ_RESPONSE_FIRST",
+            ReadResponseMiddle => "RDMA_READ_RESPONSE_MIDDLE",
+            ReadResponseLast => "RDMA_READ_RESPONSE_LAST",
+            ReadResponseOnly => "RDMA_READ_RESPONSE_ONLY",
+            Acknowledge => "ACKNOWLEDGE",
+            AtomicAcknowledge => "ATOMIC_ACKNOWLEDGE",
+            CompareSwap => "COMPARE_SWAP",
+            FetchAdd => "FETCH_ADD",
+            SendLastInv => "SEND_LAST_WITH_INVALIDATE",
+            SendOnlyInv => "SEND_ONLY_WITH_INVALIDATE",
+            Flush => "FLUSH",
+            AtomicWrite => "ATOMIC_WRITE",
+        }
+    }
+
+    /// Extended headers that follow the BTH (before any DETH a UD opcode adds).
+    pub const fn headers(self) -> Headers {
+        use Operation::*;
+        match self {
+            SendFirst | SendMiddle | SendLast | SendOnly | WriteMiddle | WriteLast
+            | ReadResponseMiddle => Headers::NONE,
+            SendLastImm | SendOnlyImm | WriteLastImm => Headers::IMM,
+            SendLastInv | SendOnlyInv => Headers::IETH,
+            WriteFirst | WriteOnly | ReadRequest | AtomicWrite => Headers::RETH,
+            WriteOnlyImm => Headers::RETH.union(Headers::IMM),
+            ReadResponseFirst | ReadResponseLast | ReadResponseOnly | Acknowledge => Headers::AETH,
+            AtomicAcknowledge => Headers::AETH.union(Headers::ATOMIC_ACK_ETH),
+            CompareSwap | FetchAdd => Headers::ATOMIC_ETH,
+            Flush => Headers::FETH.union(Headers::RETH),
+        }
+    }
+
+    /// Whether payload follows the headers.
+    pub const fn has_payload(self) -> bool {
+        use Operation::*;
+        !matches!(
+            self,
+            ReadRequest | Acknowledge | AtomicAcknowledge | CompareSwap | FetchAdd | Flush
+        )
+    }
+
+    /// Position of the packet in its message.
+    pub const fn position(self) -> Position {
+        use Operation::*;
+        match self {
+            SendFirst | WriteFirst | ReadResponseFirst => Position::First,
+            SendMiddle | WriteMiddle | ReadResponseMiddle => Position::Middle,
+            SendLast | SendLastImm | SendLastInv | WriteLast | WriteLastImm
+            | ReadResponseLast => Position::Last,
+            _ => Position::Only,
+        }
+    }
+
+    /// Sent by a requester (as opposed to a responder's ACK or READ response).
+    pub const fn is_request(self) -> bool {
+        use Operation::*;
+        !matches!(
+            self,
+            ReadResponseFirst
+                | ReadResponseMiddle
+                | ReadResponseLast
+                | ReadResponseOnly
+                | Acknowledge
+                | AtomicAcknowledge
+        )
+    }
+
+    /// Whether `transport` defines this operation.
+    pub const fn valid_for(self, transport: Transport) -> bool {
+        use Operation::*;
+        match transport {
+            Transport::Rc => true,
+            Transport::Uc => (self as u8) <= (WriteOnlyImm as u8),
+            Transport::Ud => matches!(self, SendOnly | SendOnlyImm),
+        }
+    }
+}
+
+/// A valid BTH opcode of RC, UC or UD.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Opcode {
+    transport: Transport,
+    operation: Operation,
+}
+
+impl Opcode {
+    /// The opcode for a transport and operation, if that transport defines it.
+    pub const fn new(transport: Transport, operation: Operation) -> Option<Opcode> {
+        if operation.valid_for(transport) {
+            Some(Opcode { transport, operation })
+        } else {
+            None
+        }
+    }
+
+    /// Decodes an opcode byte.
+    pub fn from_u8(byte: u8) -> Result<Opcode> {
+        let transport = match byte >> 5 {
+            0 => Transport::Rc,
+            1 => Transport::Uc,
+            3 => Transport::Ud,
+            _ => return Err(Error::UnsupportedTransport(byte)),
+        };
+        Operation::from_bits(byte & 0x1f)
+            .and_then(|op| Opcode::new(transport, op))
+            .ok_or(Error::UnknownOpcode(byte))
+    }
+
+    /// The opcode byte.
+    pub const fn to_u8(self) -> u8 {
+        self.transport.prefix() | self.operation as u8
+    }
+
+    pub const fn transport(self) -> Transport {
+        self.transport
+    }
+
+    pub const fn operation(self) -> Operation {
+        self.operation
+    }
+
+    /// Extended headers that follow the BTH, DETH included for UD.
+    pub const fn headers(self) -> Headers {
+        match self.transport {
+            Transport::Ud => Headers::DETH.union(self.operation.headers()),
+            _ => self.operation.headers(),
+        }
+    }
+
+    pub const fn has_payload(self) -> bool {
+        self.operation.has_payload()
+    }
+
+    /// Every opcode of RC, UC and UD.
+    pub fn all() -> impl Iterator<Item = Opcode> {
+        [Transport::Rc, Transport::Uc, Transport::Ud]
+            .into_iter()
+            .flat_map(|t| OPERATIONS.iter().filter_map(move |op| Opcode::new(t, *op)))
+    }
+}
+
+impl fmt::Display for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}_{}", self.transport.name(), self.operation.name())
+    }
+}
+
+impl fmt::Debug for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({:#04x})", self, self.to_u8())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_size_matches_rxe() {
+        // rxe: 25 RC opcodes (with FLUSH and ATOMIC_WRITE), 12 UC, 2 UD.
+        assert_eq!(Opcode::all().filter(|o| o.transport() == Transport::Rc).count(), 25);
+        assert_eq!(Opcode::all().filter(|o| o.transport() == Transport::Uc).count(), 12);
+        assert_eq!(Opcode::all().filter(|o| o.transport() == Transport::Ud).count(), 2);
+    }
+
+    #[test]
+    fn byte_round_trip_for_every_opcode() {
+        for op in Opcode::all() {
+            assert_eq!(Opcode::from_u8(op.to_u8()), Ok(op));
+        }
+    }
+
+    #[test]
+    fn every_byte_decodes_or_errors() {
+        let valid = (0..=255u8).filter(|b| Opcode::from_u8(*b).is_ok()).count();
+        assert_eq!(valid, 39);
+        assert_eq!(Opcode::from_u8(0x15), Err(Error::UnknownOpcode(0x15)));
+        assert_eq!(Opcode::from_u8(0x2c), Err(Error::UnknownOpcode(0x2c))); // UC READ
+        assert_eq!(Opcode::from_u8(0x60), Err(Error::UnknownOpcode(0x60))); // UD SEND_FIRST
+        assert_eq!(Opcode::from_u8(0x44), Err(Error::UnsupportedTransport(0x44))); // RD
+        assert_eq!(Opcode::from_u8(0x81), Err(Error::UnsupportedTransport(0x81))); // CNP
+    }
+
+    #[test]
+    fn known_values() {
+        assert_eq!(Opcode::from_u8(0x0a).unwrap().to_string(), "RC_RDMA_WRITE_ONLY");
+        assert_eq!(Opcode::from_u8(0x1c).unwrap().operation(), Operation::Flush);
+        assert_eq!(Opcode::from_u8(0x1d).unwrap().operation(), Operation::AtomicWrite);
+        assert_eq!(Opcode::from_u8(0x64).unwrap().to_string(), "UD_SEND_ONLY");
+        let ud_imm = Opcode::from_u8(0x65).unwrap();
+        assert_eq!(ud_imm.headers(), Headers::DETH.union(Headers::IMM));
+        assert_eq!(ud_imm.headers().len(), 12);
+        assert_eq!(Opcode::from_u8(0x12).unwrap().headers().len(), 12);
+        assert_eq!(Opcode::from_u8(0x1c).unwrap().headers().len(), 20);
+    }
+}
