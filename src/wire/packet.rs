@@ -122,8 +122,15 @@ impl<'a> Packet<'a> {
 /// IPv4 header checksum, the pad and the ICRC are computed; everything else is
 /// taken from the arguments, including the UDP checksum (rxe sends zero).
 pub fn build(ip: &IpHeader, udp: &UdpHeader, roce: &RoceRepr, payload: &[u8]) -> Result<Vec<u8>> {
-    let roce_len = roce.wire_len(payload.len());
-    let udp_len = UdpHeader::LEN + roce_len;
+    let mut bytes = vec![0u8; roce.wire_len(payload.len())];
+    roce.emit(&mut bytes, payload)?;
+    encapsulate(ip, udp, &bytes)
+}
+
+/// Wraps RoCE bytes (BTH through a placeholder ICRC, as `RoceRepr::emit`
+/// writes them) in IP and UDP headers and fills in the ICRC.
+pub fn encapsulate(ip: &IpHeader, udp: &UdpHeader, roce: &[u8]) -> Result<Vec<u8>> {
+    let udp_len = UdpHeader::LEN + roce.len();
     let ip_len = ip.header_len();
     let mut out = vec![0u8; ip_len + udp_len];
     let mut udp = udp.clone();
@@ -143,9 +150,47 @@ pub fn build(ip: &IpHeader, udp: &UdpHeader, roce: &RoceRepr, payload: &[u8]) ->
     }
     out[ip_len..ip_len + UdpHeader::LEN].copy_from_slice(&udp.to_bytes());
     let (headers, roce_bytes) = out.split_at_mut(ip_len + UdpHeader::LEN);
-    roce.emit(roce_bytes, payload)?;
+    roce_bytes.copy_from_slice(roce);
     icrc::fill(&headers[..ip_len], &headers[ip_len..], roce_bytes)?;
     Ok(out)
+}
+
+/// The UDP source port kernel rxe uses for a connection: the flow label the
+/// kernel derives from the two QPNs (`rdma_calc_flow_label`) folded into 14
+/// bits above 0xC000 (`rdma_flow_label_to_udp_sport`), so flows of different
+/// QP pairs spread over ECMP paths and RSS queues.
+pub fn rxe_source_port(local_qpn: u32, remote_qpn: u32) -> u16 {
+    let mut v = u64::from(local_qpn) * u64::from(remote_qpn);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    let flow_label = (v & 0xf_ffff) as u32;
+    let low = (flow_label & 0x3fff) ^ (flow_label >> 14);
+    0xc000 | low as u16
+}
+
+/// The IP header softroce sends from `src` to `dst`: DF set and ID 0 (what an
+/// unconnected UDP socket with `IP_PMTUDISC_DO` sends), TTL 64, and for IPv6
+/// hop limit 64. Lengths are filled in by [`encapsulate`].
+pub fn ip_header(src: std::net::IpAddr, dst: std::net::IpAddr) -> Result<IpHeader> {
+    use std::net::IpAddr;
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut h = Ipv4Header::new(0, 64, IpNumber::UDP, s.octets(), d.octets())
+                .map_err(|_| Error::FieldOverflow)?;
+            h.dont_fragment = true;
+            Ok(IpHeader::V4(h))
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => Ok(IpHeader::V6(Ipv6Header {
+            traffic_class: 0,
+            flow_label: Default::default(),
+            payload_length: 0,
+            next_header: IpNumber::UDP,
+            hop_limit: 64,
+            source: s.octets(),
+            destination: d.octets(),
+        })),
+        _ => Err(Error::BadIp),
+    }
 }
 
 #[cfg(test)]
@@ -205,6 +250,14 @@ mod tests {
         assert!(Packet::parse(&pkt_bytes).unwrap().icrc_ok());
         pkt_bytes[100] ^= 1;
         assert!(!Packet::parse(&pkt_bytes).unwrap().icrc_ok());
+    }
+
+    #[test]
+    fn source_port_matches_kernel_rxe() {
+        // QP 0x11 talking to QP 0x11: port 0xc121 in tests/data/rc_send_bw.pcap.
+        assert_eq!(rxe_source_port(0x11, 0x11), 0xc121);
+        assert_ne!(rxe_source_port(0x11, 0x12), 0xc121);
+        assert!(rxe_source_port(0xff_ffff, 0xff_fffe) >= 0xc000);
     }
 
     #[test]

@@ -144,15 +144,25 @@ impl RoceRepr {
     /// Writes headers, payload and zero pad into `buf`, leaving the four ICRC
     /// bytes zero, and returns the length written ([`RoceRepr::wire_len`]).
     pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
+        let total = self.emit_headers(buf, payload.len())?;
+        let at = self.header_len();
+        buf[at..at + payload.len()].copy_from_slice(payload);
+        Ok(total)
+    }
+
+    /// Writes everything but the payload for a payload of `payload_len`
+    /// bytes: headers, zero pad and a zero ICRC. The caller then writes the
+    /// payload at [`RoceRepr::header_len`], straight from where it lives.
+    pub fn emit_headers(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
         let opcode = self.bth.opcode;
         if self.present() != opcode.headers() {
             return Err(Error::HeaderMismatch { opcode: opcode.to_u8() });
         }
-        check_payload_len(opcode.operation(), opcode.to_u8(), payload.len())?;
-        let total = self.wire_len(payload.len());
+        check_payload_len(opcode.operation(), opcode.to_u8(), payload_len)?;
+        let total = self.wire_len(payload_len);
         need(buf, total)?;
         let buf = &mut buf[..total];
-        let pad = pad_for(payload.len());
+        let pad = pad_for(payload_len);
 
         self.bth.emit(&mut Bth::new_unchecked(&mut buf[..]), pad)?;
         let mut at = Bth::<&[u8]>::LEN;
@@ -172,14 +182,19 @@ impl RoceRepr {
                 Headers::ATOMIC_ACK_ETH => {
                     self.atomic_ack_eth.map(|a| a.emit(&mut AtomicAckEth::new_unchecked(field)))
                 }
-                Headers::IMM => self.imm.map(|v| Ok(set_u32(field, 0, v))),
-                _ => self.ieth.map(|v| Ok(set_u32(field, 0, v))),
+                Headers::IMM => self.imm.map(|v| {
+                    set_u32(field, 0, v);
+                    Ok(())
+                }),
+                _ => self.ieth.map(|v| {
+                    set_u32(field, 0, v);
+                    Ok(())
+                }),
             }
             .transpose()?;
             at += len;
         }
-        buf[at..at + payload.len()].copy_from_slice(payload);
-        buf[at + payload.len()..].fill(0);
+        buf[at + payload_len..].fill(0);
         Ok(total)
     }
 }

@@ -1,0 +1,526 @@
+//! The queue pair: state machine, queues, and the sans-IO interface through
+//! which time and packets go in and packets, completions, events and timer
+//! deadlines come out.
+//!
+//! The work itself is split as in kernel rxe: [`super::requester`] turns work
+//! requests into packets, [`super::completer`] turns responses into
+//! completions and retransmissions, [`super::responder`] executes requests
+//! from the peer.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tracing::debug;
+
+use super::attr::{check_modify, AttrMask, ModifyError, QpAttr, QpState};
+use super::memory::Memory;
+use super::responder::RespState;
+use super::srq::{PostRecvError, Srq};
+use super::types::{
+    AsyncEvent, PsnRange, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+use crate::wire::{Psn, RoceRepr};
+
+/// Unacknowledged PSNs a requester may have in flight (rxe's
+/// `RXE_MAX_UNACKED_PSNS`).
+pub const MAX_UNACKED_PSNS: u32 = 128;
+/// Packets a requester sends before asking for an ACK within a long message
+/// (rxe's `RXE_MAX_PKT_PER_ACK`).
+pub const MAX_PKTS_PER_ACK: u32 = 64;
+
+/// Capacities fixed at QP creation (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> QpCap {
+        QpCap { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 16, max_recv_sge: 16, max_inline_data: 256 }
+    }
+}
+
+/// Which completion queue a completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqKind {
+    Send,
+    Recv,
+}
+
+/// Why a send could not be posted. Nothing was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostSendError {
+    /// Sends can be posted in RTS, SQD and SQE (and ERR, where they are flushed).
+    InvalidState(QpState),
+    QueueFull { max_wr: u32 },
+    TooManySge { given: usize, max: u32 },
+    InlineTooLong { given: usize, max: u32 },
+    /// The operation does not exist for this QP type (e.g. READ on UC).
+    UnsupportedOp(QpType),
+    /// UD sends need a destination; connected QPs take none.
+    Destination,
+    /// A UD message must fit one packet of the path MTU.
+    MessageTooLong { len: u64, max: u64 },
+    /// An atomic needs one SGE of exactly 8 bytes for the original value.
+    AtomicSge,
+}
+
+impl std::fmt::Display for PostSendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PostSendError::InvalidState(s) => write!(f, "cannot post sends in QP state {s:?}"),
+            PostSendError::QueueFull { max_wr } => write!(f, "send queue full ({max_wr} WRs)"),
+            PostSendError::TooManySge { given, max } => {
+                write!(f, "{given} scatter/gather elements, at most {max} allowed")
+            }
+            PostSendError::InlineTooLong { given, max } => {
+                write!(f, "{given} bytes of inline data, at most {max} allowed")
+            }
+            PostSendError::UnsupportedOp(t) => write!(f, "operation not supported on {t:?} QPs"),
+            PostSendError::Destination => {
+                write!(f, "UD sends need an address handle; connected QPs take none")
+            }
+            PostSendError::MessageTooLong { len, max } => {
+                write!(f, "{len}-byte UD message exceeds the path MTU of {max}")
+            }
+            PostSendError::AtomicSge => write!(f, "atomics need one 8-byte scatter/gather element"),
+        }
+    }
+}
+
+impl std::error::Error for PostSendError {}
+
+/// A packet the QP wants sent: its RoCE bytes (BTH up to and including a zero
+/// ICRC placeholder) are at the start of the buffer given to `poll_transmit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub dest: IpAddr,
+    pub len: usize,
+}
+
+/// A received packet as the QP sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Incoming<'a> {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub header: &'a RoceRepr,
+    pub payload: &'a [u8],
+}
+
+/// Per-QP counters, like rxe's hw_counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub sent_packets: u64,
+    pub received_packets: u64,
+    /// Go-back-N restarts (timeouts, sequence NAKs, lost READ responses).
+    pub retries: u64,
+    pub timeouts: u64,
+    pub rnr_naks_received: u64,
+    pub rnr_naks_sent: u64,
+    pub seq_naks_received: u64,
+    pub seq_naks_sent: u64,
+    pub duplicate_requests: u64,
+    /// Packets dropped: wrong state, source, Q_Key, ghost responses, UC gaps.
+    pub dropped: u64,
+}
+
+/// A send work request on the send queue.
+#[derive(Debug, Clone)]
+pub(crate) struct Wqe {
+    pub wr: SendWr,
+    /// PSNs, assigned at first transmission. A READ takes one per response packet.
+    pub psn: Option<PsnRange>,
+    /// Index of the next packet to (re)send; for a READ, the first response
+    /// packet the next request asks for.
+    pub next_pkt: u32,
+    /// All packets handed to the wire.
+    pub sent: bool,
+    /// Counted against max_rd_atomic.
+    pub rd_atomic_counted: bool,
+}
+
+/// Requester progress.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ReqState {
+    /// Index in the send queue of the WQE to transmit next.
+    pub next: usize,
+    /// PSN the next new WQE will get.
+    pub psn: Psn,
+    /// Packets sent since the last one with AckReq.
+    pub noack_pkts: u32,
+    /// READ/atomic WQEs sent and not completed.
+    pub rd_atomic: u32,
+}
+
+/// Completer progress.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CompState {
+    /// Oldest PSN not yet acknowledged.
+    pub psn: Psn,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    /// Local ACK timeout deadline.
+    pub timer: Option<Duration>,
+    /// Until then the requester waits after an RNR NAK, then resends from `rnr_psn`.
+    pub rnr_until: Option<Duration>,
+    pub rnr_psn: Psn,
+    /// A retry was already started for this `psn`: further gaps seen before
+    /// progress must not start another.
+    pub retry_started_at: Option<Psn>,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: u32,
+    pub(crate) cap: QpCap,
+    pub(crate) srq: Option<u32>,
+    pub(crate) attr: QpAttr,
+    pub(crate) sq: VecDeque<Wqe>,
+    pub(crate) rq: VecDeque<RecvWr>,
+    pub(crate) req: ReqState,
+    pub(crate) comp: CompState,
+    pub(crate) resp: RespState,
+    pub(crate) completions: VecDeque<(CqKind, WorkCompletion)>,
+    pub(crate) events: VecDeque<AsyncEvent>,
+    pub(crate) counters: Counters,
+    pub(crate) sqd_notified: bool,
+}
+
+impl Qp {
+    /// A QP in RESET. `srq` names the shared receive queue it draws receives
+    /// from, if any; the caller passes that SRQ to [`Qp::handle_packet`].
+    pub fn new(qpn: u32, qp_type: QpType, pd: u32, cap: QpCap, srq: Option<u32>) -> Qp {
+        Qp {
+            qpn,
+            qp_type,
+            pd,
+            cap,
+            srq,
+            attr: QpAttr::default(),
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: ReqState::default(),
+            comp: CompState::default(),
+            resp: RespState::default(),
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: Counters::default(),
+            sqd_notified: false,
+        }
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    pub fn state(&self) -> QpState {
+        self.attr.state
+    }
+
+    pub fn srq(&self) -> Option<u32> {
+        self.srq
+    }
+
+    /// Current attributes (`ibv_query_qp`).
+    pub fn attr(&self) -> &QpAttr {
+        &self.attr
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// `ibv_modify_qp`: validates the transition and the masked attributes,
+    /// then applies them. Nothing changes when it fails.
+    pub fn modify(&mut self, attr: &QpAttr, mask: AttrMask) -> Result<(), ModifyError> {
+        let from = self.attr.state;
+        let to = check_modify(self.qp_type, from, attr, mask)?;
+        let a = &mut self.attr;
+        let copy = |m: AttrMask| mask.contains(m);
+        if copy(AttrMask::ACCESS_FLAGS) {
+            a.access_flags = attr.access_flags;
+        }
+        if copy(AttrMask::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if copy(AttrMask::PORT) {
+            a.port = attr.port;
+        }
+        if copy(AttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if copy(AttrMask::AV) {
+            a.dest = attr.dest;
+        }
+        if copy(AttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if copy(AttrMask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if copy(AttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            self.comp.retry_left = attr.retry_cnt;
+        }
+        if copy(AttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            self.comp.rnr_left = attr.rnr_retry;
+        }
+        if copy(AttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn;
+            self.resp.reset_psn(attr.rq_psn);
+        }
+        if copy(AttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn;
+            self.req.psn = attr.sq_psn;
+            self.comp.psn = attr.sq_psn;
+        }
+        if copy(AttrMask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if copy(AttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if copy(AttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if copy(AttrMask::DEST_QPN) {
+            a.dest_qpn = attr.dest_qpn;
+        }
+        if copy(AttrMask::EN_SQD_ASYNC_NOTIFY) {
+            a.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+        debug!(qpn = self.qpn, ?from, ?to, ?mask, "modify QP");
+        self.enter(to);
+        Ok(())
+    }
+
+    /// Moves to `to`, doing what entering that state entails.
+    pub(crate) fn enter(&mut self, to: QpState) {
+        let from = self.attr.state;
+        self.attr.state = to;
+        self.attr.cur_state = to;
+        match to {
+            QpState::Reset => {
+                let (qpn, qp_type, pd, cap, srq) = (self.qpn, self.qp_type, self.pd, self.cap, self.srq);
+                *self = Qp::new(qpn, qp_type, pd, cap, srq);
+            }
+            QpState::Err if from != QpState::Err => self.flush(),
+            QpState::Sqd => self.sqd_notified = false,
+            _ => {}
+        }
+    }
+
+    /// Moves to ERR because of an error the QP detected, raising `event`.
+    pub(crate) fn fail(&mut self, event: AsyncEvent) {
+        if self.attr.state != QpState::Err {
+            self.events.push_back(event);
+            self.enter(QpState::Err);
+        }
+    }
+
+    /// Completes every outstanding work request with WR_FLUSH_ERR.
+    fn flush(&mut self) {
+        for wqe in self.sq.drain(..) {
+            let wc = WorkCompletion::new(wqe.wr.wr_id, self.qpn, WcStatus::WrFlushErr, wqe.wr.op.wc_opcode());
+            self.completions.push_back((CqKind::Send, wc));
+        }
+        self.req.next = 0;
+        self.req.rd_atomic = 0;
+        self.comp.timer = None;
+        self.comp.rnr_until = None;
+        let in_progress = self.resp.abandon();
+        for wr in in_progress.into_iter().chain(self.rq.drain(..)) {
+            let wc = WorkCompletion::new(wr.wr_id, self.qpn, WcStatus::WrFlushErr, WcOpcode::Recv);
+            self.completions.push_back((CqKind::Recv, wc));
+        }
+        if self.srq.is_some() {
+            self.events.push_back(AsyncEvent::LastWqeReached { qpn: self.qpn });
+        }
+    }
+
+    /// `ibv_post_send`. In ERR the request is accepted and flushed at once.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostSendError> {
+        let state = self.attr.state;
+        if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err) {
+            return Err(PostSendError::InvalidState(state));
+        }
+        self.validate_send(&wr)?;
+        if state == QpState::Err {
+            let wc = WorkCompletion::new(wr.wr_id, self.qpn, WcStatus::WrFlushErr, wr.op.wc_opcode());
+            self.completions.push_back((CqKind::Send, wc));
+            return Ok(());
+        }
+        self.sq.push_back(Wqe { wr, psn: None, next_pkt: 0, sent: false, rd_atomic_counted: false });
+        Ok(())
+    }
+
+    fn validate_send(&self, wr: &SendWr) -> Result<(), PostSendError> {
+        if self.sq.len() >= self.cap.max_send_wr as usize {
+            return Err(PostSendError::QueueFull { max_wr: self.cap.max_send_wr });
+        }
+        if wr.sg_list.len() > self.cap.max_send_sge as usize {
+            return Err(PostSendError::TooManySge { given: wr.sg_list.len(), max: self.cap.max_send_sge });
+        }
+        if wr.flags.inline && wr.inline_data.len() > self.cap.max_inline_data as usize {
+            return Err(PostSendError::InlineTooLong {
+                given: wr.inline_data.len(),
+                max: self.cap.max_inline_data,
+            });
+        }
+        let supported = match self.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => !wr.op.is_read_or_atomic(),
+            QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)),
+        };
+        if !supported {
+            return Err(PostSendError::UnsupportedOp(self.qp_type));
+        }
+        if (self.qp_type == QpType::Ud) != wr.ud.is_some() {
+            return Err(PostSendError::Destination);
+        }
+        let mtu = self.attr.path_mtu.bytes() as u64;
+        if self.qp_type == QpType::Ud && wr.length() > mtu {
+            return Err(PostSendError::MessageTooLong { len: wr.length(), max: mtu });
+        }
+        if wr.op.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
+            return Err(PostSendError::AtomicSge);
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`. In ERR the request is accepted and flushed at once.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostRecvError> {
+        if self.srq.is_some() || self.attr.state == QpState::Reset {
+            return Err(PostRecvError::InvalidState);
+        }
+        if wr.sg_list.len() > self.cap.max_recv_sge as usize {
+            return Err(PostRecvError::TooManySge { given: wr.sg_list.len(), max: self.cap.max_recv_sge });
+        }
+        if self.rq.len() >= self.cap.max_recv_wr as usize {
+            return Err(PostRecvError::QueueFull { max_wr: self.cap.max_recv_wr });
+        }
+        if self.attr.state == QpState::Err {
+            let wc = WorkCompletion::new(wr.wr_id, self.qpn, WcStatus::WrFlushErr, WcOpcode::Recv);
+            self.completions.push_back((CqKind::Recv, wc));
+            return Ok(());
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// The next completion, in the order the QP produced them.
+    pub fn poll_completion(&mut self) -> Option<(CqKind, WorkCompletion)> {
+        self.completions.pop_front()
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    /// Feeds one received packet addressed to this QP. `srq` must be the SRQ
+    /// this QP was created with, if any.
+    pub fn handle_packet(&mut self, now: Duration, pkt: Incoming<'_>, mem: &mut dyn Memory, srq: Option<&mut Srq>) {
+        self.counters.received_packets += 1;
+        if pkt.header.bth.opcode.operation().is_request() {
+            self.handle_request(pkt, mem, srq);
+        } else {
+            self.handle_response(now, pkt, mem);
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (which must hold the path MTU
+    /// plus 64 bytes) and says where it goes. Responses go before requests so
+    /// a busy requester cannot starve the peer of ACKs.
+    pub fn poll_transmit(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+        let tx = self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?;
+        self.counters.sent_packets += 1;
+        Some(tx)
+    }
+
+    /// The earliest time [`Qp::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        match (self.comp.timer, self.comp.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The retransmission part of an RC completer: local ACK timeout and the
+    /// end of an RNR wait.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        if self.comp.rnr_until.is_some_and(|t| t <= now) {
+            self.comp.rnr_until = None;
+            let psn = self.comp.rnr_psn;
+            self.go_back_to(psn);
+        }
+        if self.comp.timer.is_some_and(|t| t <= now) {
+            self.comp.timer = None;
+            self.on_ack_timeout(now);
+        }
+    }
+
+    /// The local ACK timeout: 4.096 µs × 2^timeout, or none for 0.
+    pub(crate) fn ack_timeout(&self) -> Option<Duration> {
+        match self.attr.timeout {
+            0 => None,
+            t => Some(Duration::from_nanos(4096u64 << t)),
+        }
+    }
+
+    pub(crate) fn complete_send(&mut self, wqe: &Wqe, status: WcStatus) {
+        if status != WcStatus::Success || wqe.wr.flags.signaled {
+            let mut wc = WorkCompletion::new(wqe.wr.wr_id, self.qpn, status, wqe.wr.op.wc_opcode());
+            if status == WcStatus::Success {
+                wc.byte_len = wqe.wr.length() as u32;
+            }
+            self.completions.push_back((CqKind::Send, wc));
+        }
+    }
+
+    /// The WQE that holds `psn`, by index in the send queue.
+    pub(crate) fn wqe_index_of(&self, psn: Psn) -> Option<usize> {
+        self.sq.iter().position(|w| w.psn.is_some_and(|r| r.contains(psn)))
+    }
+
+    /// Go-back-N: the requester resends from `psn`, which must be an
+    /// unacknowledged PSN of a WQE already sent.
+    pub(crate) fn go_back_to(&mut self, psn: Psn) {
+        let Some(index) = self.wqe_index_of(psn) else { return };
+        self.counters.retries += 1;
+        debug!(qpn = self.qpn, psn = psn.value(), "go back");
+        for (i, wqe) in self.sq.iter_mut().enumerate().skip(index) {
+            let Some(range) = wqe.psn else { break };
+            wqe.next_pkt = if i == index { psn.diff(range.first) as u32 } else { 0 };
+            wqe.sent = false;
+        }
+        self.req.next = index;
+        self.comp.retry_started_at = Some(self.comp.psn);
+    }
+
+    /// SQD: once nothing is in flight, say so (if asked to) once.
+    pub(crate) fn check_sq_drained(&mut self) {
+        if self.attr.state == QpState::Sqd
+            && !self.sqd_notified
+            && self.sq.iter().all(|w| w.psn.is_none())
+        {
+            self.sqd_notified = true;
+            if self.attr.en_sqd_async_notify {
+                self.events.push_back(AsyncEvent::SqDrained { qpn: self.qpn });
+            }
+        }
+    }
+}

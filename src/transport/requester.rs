@@ -1,0 +1,255 @@
+//! The requester: turns send work requests into request packets.
+//!
+//! Segmentation at the path MTU, PSN assignment (a READ takes one PSN per
+//! response packet), AckReq on the last packet of each message and every
+//! [`MAX_PKTS_PER_ACK`] packets within long ones, the window of
+//! [`MAX_UNACKED_PSNS`], fences and the max_rd_atomic limit.
+
+use std::time::Duration;
+
+use tracing::trace;
+
+use super::attr::QpState;
+use super::memory::Memory;
+use super::qp::{Qp, Transmit, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS};
+use super::types::{Access, PsnRange, QpType, SendOp, Sge, WcStatus};
+use crate::wire::{
+    AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, RethRepr, RoceRepr, Transport,
+};
+
+/// What one request packet carries.
+struct Plan {
+    repr: RoceRepr,
+    /// Bytes of the message the payload starts at, and how many.
+    offset: u64,
+    len: usize,
+    last: bool,
+}
+
+impl Qp {
+    pub(crate) fn next_request(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+        if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_until.is_some() {
+            return None;
+        }
+        let index = self.req.next;
+        let wqe = self.sq.get(index)?;
+        if wqe.psn.is_none() && !self.may_start(index) {
+            return None;
+        }
+        let mtu = self.attr.path_mtu.bytes() as u64;
+        let len = wqe.wr.length();
+        let packets = len.div_ceil(mtu).max(1) as u32;
+        if wqe.psn.is_none() {
+            let count = if wqe.wr.op.is_atomic() { 1 } else { packets };
+            let first = self.req.psn;
+            self.req.psn = first.wrapping_add(count);
+            let counts_rd_atomic = wqe.wr.op.is_read_or_atomic();
+            let wqe = &mut self.sq[index];
+            wqe.psn = Some(PsnRange { first, count });
+            if counts_rd_atomic {
+                wqe.rd_atomic_counted = true;
+                self.req.rd_atomic += 1;
+            }
+        }
+        let plan = self.plan(index, packets, mtu);
+        let dest = self.destination(index)?;
+        let header_len = plan.repr.header_len();
+        let total = plan.repr.wire_len(plan.len);
+        if buf.len() < total {
+            return None;
+        }
+        plan.repr.emit_headers(buf, plan.len).ok()?;
+        if let Err(e) = self.gather(index, plan.offset, &mut buf[header_len..header_len + plan.len], mem) {
+            trace!(qpn = self.qpn, error = %e, "local protection error");
+            let wqe = self.sq.remove(index).expect("index checked above");
+            self.complete_send(&wqe, WcStatus::LocProtErr);
+            self.fail(super::types::AsyncEvent::QpFatal { qpn: self.qpn });
+            return None;
+        }
+        trace!(qpn = self.qpn, opcode = %plan.repr.bth.opcode, psn = plan.repr.bth.psn.value(), "request");
+
+        let wqe = &mut self.sq[index];
+        wqe.next_pkt += 1;
+        let read = matches!(wqe.wr.op, SendOp::RdmaRead { .. });
+        if plan.last || read || wqe.wr.op.is_atomic() {
+            wqe.sent = true;
+            self.req.next += 1;
+        }
+        if self.qp_type == QpType::Rc {
+            if self.comp.timer.is_none() {
+                self.comp.timer = self.ack_timeout().map(|t| now + t);
+            }
+        } else if plan.last {
+            // UC and UD complete once the last packet is on the wire.
+            let wqe = self.sq.remove(index).expect("index checked above");
+            self.req.next -= 1;
+            self.complete_send(&wqe, WcStatus::Success);
+            self.check_sq_drained();
+        }
+        Some(Transmit { dest, len: total })
+    }
+
+    /// May the WQE at `index` start? Fences, max_rd_atomic, the PSN window
+    /// and SQD all hold new work back.
+    fn may_start(&self, index: usize) -> bool {
+        let wr = &self.sq[index].wr;
+        if self.attr.state == QpState::Sqd {
+            return false;
+        }
+        if self.qp_type != QpType::Rc {
+            return true;
+        }
+        if wr.flags.fence && self.req.rd_atomic > 0 {
+            return false;
+        }
+        if wr.op.is_read_or_atomic() && self.req.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
+            return false;
+        }
+        let in_flight = self.req.psn.diff(self.comp.psn);
+        in_flight < MAX_UNACKED_PSNS as i32
+    }
+
+    fn destination(&self, index: usize) -> Option<std::net::IpAddr> {
+        match &self.sq[index].wr.ud {
+            Some(ud) => Some(ud.dest),
+            None => self.attr.dest,
+        }
+    }
+
+    /// Headers and payload extent of the next packet of the WQE at `index`.
+    fn plan(&mut self, index: usize, packets: u32, mtu: u64) -> Plan {
+        let transport = match self.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
+        };
+        let wqe = &self.sq[index];
+        let range = wqe.psn.expect("assigned before planning");
+        let k = wqe.next_pkt;
+        let len = wqe.wr.length();
+        let op = wqe.wr.op;
+        let first = k == 0;
+        let last = k + 1 >= packets;
+        let offset = u64::from(k) * mtu;
+        let psn = range.first.wrapping_add(k);
+        let seg = |first_op, middle_op, last_op, only_op| match (first, last) {
+            (true, true) => only_op,
+            (true, false) => first_op,
+            (false, false) => middle_op,
+            (false, true) => last_op,
+        };
+        use Operation::*;
+        let (operation, payload_len, is_last) = match op {
+            SendOp::Send => (seg(SendFirst, SendMiddle, SendLast, SendOnly), 0, last),
+            SendOp::SendWithImm(_) => (seg(SendFirst, SendMiddle, SendLastImm, SendOnlyImm), 0, last),
+            SendOp::SendWithInv(_) => (seg(SendFirst, SendMiddle, SendLastInv, SendOnlyInv), 0, last),
+            SendOp::RdmaWrite { .. } => (seg(WriteFirst, WriteMiddle, WriteLast, WriteOnly), 0, last),
+            SendOp::RdmaWriteWithImm { .. } => {
+                (seg(WriteFirst, WriteMiddle, WriteLastImm, WriteOnlyImm), 0, last)
+            }
+            SendOp::RdmaRead { .. } => (ReadRequest, usize::MAX, true),
+            SendOp::CompareSwap { .. } => (CompareSwap, usize::MAX, true),
+            SendOp::FetchAdd { .. } => (FetchAdd, usize::MAX, true),
+        };
+        let opcode = Opcode::new(transport, operation).expect("operation valid for the QP type");
+        let payload_len = if payload_len == usize::MAX { 0 } else { (len - offset).min(mtu) as usize };
+        let needs_ack = self.qp_type == QpType::Rc
+            && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= MAX_PKTS_PER_ACK);
+        self.req.noack_pkts = if needs_ack { 0 } else { self.req.noack_pkts + 1 };
+        let (dest_qpn, deth) = match &wqe.wr.ud {
+            Some(ud) => {
+                let qkey = if ud.remote_qkey & 0x8000_0000 != 0 { self.attr.qkey } else { ud.remote_qkey };
+                (ud.remote_qpn, Some(DethRepr { qkey, src_qpn: self.qpn }))
+            }
+            None => (self.attr.dest_qpn, None),
+        };
+        let mut repr = RoceRepr::new(BthRepr {
+            opcode,
+            solicited: is_last && wqe.wr.flags.solicited && !matches!(op, SendOp::RdmaWrite { .. }),
+            mig_req: false,
+            pkey: BthRepr::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn,
+            ack_req: needs_ack,
+            psn,
+        });
+        repr.deth = deth;
+        let headers = opcode.headers();
+        match op {
+            SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaWriteWithImm { remote_addr, rkey, .. }
+                if headers.contains(Headers::RETH) =>
+            {
+                repr.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: len as u32 });
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                // A retried READ asks only for what has not arrived yet.
+                repr.reth = Some(RethRepr {
+                    va: remote_addr + offset,
+                    rkey,
+                    dma_len: (len - offset) as u32,
+                });
+            }
+            SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
+                repr.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: swap, compare });
+            }
+            SendOp::FetchAdd { remote_addr, rkey, add } => {
+                repr.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: add, compare: 0 });
+            }
+            _ => {}
+        }
+        if headers.contains(Headers::IMM) {
+            repr.imm = match op {
+                SendOp::SendWithImm(imm) | SendOp::RdmaWriteWithImm { imm, .. } => Some(imm),
+                _ => None,
+            };
+        }
+        if headers.contains(Headers::IETH) {
+            if let SendOp::SendWithInv(rkey) = op {
+                repr.ieth = Some(rkey);
+            }
+        }
+        Plan { repr, offset, len: payload_len, last: is_last }
+    }
+
+    /// Copies `out.len()` bytes of the WQE's data, starting at `offset` of
+    /// the message, from its SGEs (or inline data).
+    fn gather(&self, index: usize, offset: u64, out: &mut [u8], mem: &dyn Memory) -> Result<(), super::memory::MemError> {
+        let wqe = &self.sq[index];
+        if wqe.wr.flags.inline {
+            let start = offset as usize;
+            out.copy_from_slice(&wqe.wr.inline_data[start..start + out.len()]);
+            return Ok(());
+        }
+        for_each_piece(&wqe.wr.sg_list, offset, out.len(), |sge, addr, at, n| {
+            mem.read(sge.lkey, self.pd, addr, &mut out[at..at + n], Access::NONE)
+        })
+    }
+}
+
+/// Walks the pieces of an SGE list covering `len` bytes from `offset`:
+/// calls `f(sge, address, position in the output, length)` for each.
+pub(crate) fn for_each_piece<E>(
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut skip = offset;
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let sge_len = u64::from(sge.length);
+        if skip >= sge_len {
+            skip -= sge_len;
+            continue;
+        }
+        let n = ((sge_len - skip) as usize).min(len - done);
+        f(sge, sge.addr + skip, done, n)?;
+        done += n;
+        skip = 0;
+    }
+    Ok(())
+}
