@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use etherparse::{EtherType, Ethernet2Header, SingleVlanHeader};
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
+use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption;
 use pcap_file::pcapng::{Block, PcapNgReader};
-use pcap_file::DataLink;
+use pcap_file::{DataLink, TsResolution};
 
 /// One captured frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +20,9 @@ pub struct Frame {
     pub timestamp: Duration,
     pub link: DataLink,
     pub data: Vec<u8>,
+    /// Length of the frame on the wire; more than `data.len()` when the
+    /// capture cut it short (snap length).
+    pub orig_len: u32,
 }
 
 /// Why a capture could not be read completely.
@@ -58,36 +62,61 @@ fn read_pcap(bytes: &[u8], frames: &mut Vec<Frame>) -> Result<(), CaptureError> 
     let link = reader.header().datalink;
     while let Some(packet) = reader.next_packet() {
         let packet = packet.map_err(|e| error(format!("pcap record {}: {e}", frames.len() + 1)))?;
-        frames.push(Frame { timestamp: packet.timestamp, link, data: packet.data.into_owned() });
+        frames.push(Frame {
+            timestamp: packet.timestamp,
+            link,
+            orig_len: packet.orig_len,
+            data: packet.data.into_owned(),
+        });
     }
     Ok(())
 }
 
 fn read_pcapng(bytes: &[u8], frames: &mut Vec<Frame>) -> Result<(), CaptureError> {
     let mut reader = PcapNgReader::new(bytes).map_err(|e| error(format!("pcapng header: {e}")))?;
-    // Interfaces are numbered per section, in the order they are declared.
-    let mut links: Vec<DataLink> = Vec::new();
+    // Interfaces are numbered per section, in the order they are declared:
+    // (link type, timestamp units per second).
+    let mut interfaces: Vec<(DataLink, u128)> = Vec::new();
     while let Some(block) = reader.next_block() {
         let block = block.map_err(|e| error(format!("pcapng block: {e}")))?;
-        let (interface, timestamp, data) = match block {
+        let (interface, ticks, data, orig_len) = match block {
             Block::SectionHeader(_) => {
-                links.clear();
+                interfaces.clear();
                 continue;
             }
             Block::InterfaceDescription(idb) => {
-                links.push(idb.linktype);
+                let resolution = idb.options.iter().find_map(|o| match o {
+                    InterfaceDescriptionOption::IfTsResol(r) => Some(*r),
+                    _ => None,
+                });
+                interfaces.push((idb.linktype, ticks_per_second(resolution)));
                 continue;
             }
-            Block::EnhancedPacket(epb) => (epb.interface_id, epb.timestamp, epb.data.into_owned()),
-            Block::SimplePacket(spb) => (0, Duration::ZERO, spb.data.into_owned()),
+            // pcap-file hands over the raw timestamp ticks as if they were nanoseconds.
+            Block::EnhancedPacket(epb) => {
+                (epb.interface_id, epb.timestamp.as_nanos(), epb.data.into_owned(), epb.original_len)
+            }
+            Block::SimplePacket(spb) => (0, 0, spb.data.into_owned(), spb.original_len),
             _ => continue,
         };
-        let link = *links
+        let (link, per_second) = *interfaces
             .get(interface as usize)
             .ok_or_else(|| error(format!("pcapng packet on undeclared interface {interface}")))?;
-        frames.push(Frame { timestamp, link, data });
+        let nanos = ticks.saturating_mul(1_000_000_000) / per_second;
+        let timestamp = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        frames.push(Frame { timestamp, link, data, orig_len });
     }
     Ok(())
+}
+
+/// Timestamp units per second from pcapng's `if_tsresol` option: 10^-n
+/// seconds, or 2^-n when the top bit is set; microseconds when absent.
+fn ticks_per_second(if_tsresol: Option<u8>) -> u128 {
+    match if_tsresol {
+        None => 1_000_000,
+        Some(r) if r & 0x80 != 0 => 1u128.checked_shl(u32::from(r & 0x7f)).unwrap_or(u128::MAX),
+        Some(r) => 10u128.checked_pow(u32::from(r)).unwrap_or(u128::MAX),
+    }
 }
 
 /// The IP packet inside a frame, or `None` for link types and EtherTypes that
@@ -132,7 +161,11 @@ pub struct IpPcapWriter<W: Write> {
 
 impl<W: Write> IpPcapWriter<W> {
     pub fn new(writer: W) -> Result<Self, CaptureError> {
-        let header = PcapHeader { datalink: DataLink::RAW, ..Default::default() };
+        let header = PcapHeader {
+            datalink: DataLink::RAW,
+            ts_resolution: TsResolution::NanoSecond,
+            ..Default::default()
+        };
         PcapWriter::with_header(writer, header)
             .map(|inner| IpPcapWriter { inner })
             .map_err(|e| error(format!("pcap header: {e}")))
@@ -166,6 +199,23 @@ mod tests {
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].link, DataLink::RAW);
         assert_eq!(ip_bytes(frames[0].link, &frames[0].data), Some(&[0x45, 0, 0, 20][..]));
+    }
+
+    #[test]
+    fn pcapng_timestamps_follow_if_tsresol() {
+        assert_eq!(ticks_per_second(None), 1_000_000);
+        assert_eq!(ticks_per_second(Some(9)), 1_000_000_000);
+        assert_eq!(ticks_per_second(Some(0x80 | 10)), 1024);
+        assert_eq!(ticks_per_second(Some(0x7f)), u128::MAX);
+    }
+
+    #[test]
+    fn pcap_keeps_nanoseconds() {
+        let mut w = IpPcapWriter::new(Vec::new()).unwrap();
+        w.write(Duration::from_nanos(1_234_567_891), &[0x45]).unwrap();
+        let (frames, _) = read(&w.into_inner());
+        assert_eq!(frames[0].timestamp, Duration::from_nanos(1_234_567_891));
+        assert_eq!(frames[0].orig_len, 1);
     }
 
     #[test]

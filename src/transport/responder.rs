@@ -182,7 +182,7 @@ impl Qp {
     }
 
     /// Validates and executes an in-sequence request.
-    fn execute(&mut self, pkt: Incoming<'_>, mem: &mut dyn Memory, mut srq: Option<&mut Srq>) -> Result<(), Refusal> {
+    fn execute(&mut self, pkt: Incoming<'_>, mem: &mut dyn Memory, srq: Option<&mut Srq>) -> Result<(), Refusal> {
         let hdr = pkt.header;
         let op = hdr.bth.opcode.operation();
         let psn = hdr.bth.psn;
@@ -248,7 +248,7 @@ impl Qp {
         if is_write {
             self.write(pkt, mem, srq)?;
         } else if is_send {
-            self.send(pkt, mem, srq.as_deref_mut())?;
+            self.send(pkt, mem, srq)?;
         } else if op == ReadRequest {
             self.read(pkt, mem)?;
             return Ok(());
@@ -279,6 +279,9 @@ impl Qp {
         let position = hdr.bth.opcode.operation().position();
         if self.resp.recv.is_none() {
             self.resp.recv = self.take_recv(srq);
+        }
+        if matches!(position, Position::First | Position::Only) {
+            // A UC message dropped half-way leaves its receive WQE for the next one.
             self.resp.recv_offset = 0;
         }
         let offset = self.resp.recv_offset;
@@ -531,14 +534,12 @@ impl Qp {
         }
         let grh = grh_area(pkt.src, pkt.dst, pkt.payload.len());
         let pd = self.pd;
-        let placed = for_each_piece(&recv.sg_list, 0, total, |sge, addr, at, n| {
-            let mut chunk = vec![0u8; n];
-            for (i, b) in chunk.iter_mut().enumerate() {
-                let pos = at + i;
-                *b = if pos < GRH_LEN { grh[pos] } else { pkt.payload[pos - GRH_LEN] };
-            }
-            mem.write(sge.lkey, pd, addr, &chunk, Access::LOCAL_WRITE)
-        });
+        let mut scatter = |offset: u64, data: &[u8]| {
+            for_each_piece(&recv.sg_list, offset, data.len(), |sge, addr, at, n| {
+                mem.write(sge.lkey, pd, addr, &data[at..at + n], Access::LOCAL_WRITE)
+            })
+        };
+        let placed = scatter(0, &grh).and_then(|()| scatter(GRH_LEN as u64, pkt.payload));
         if placed.is_err() {
             wc.status = WcStatus::LocProtErr;
         } else {

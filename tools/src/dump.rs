@@ -1,17 +1,44 @@
-//! `softroce dump`: one line per RoCEv2 packet of a capture.
+//! `softroce dump`: decode the RoCEv2 packets of captures, one line (or JSON
+//! object) each, optionally explained field by field and drawn as a ladder.
 
-use std::io::{self, Write};
-use std::path::PathBuf;
+mod decode;
+mod explain;
+mod flow;
+mod json;
+mod ladder;
+mod text;
+
+use std::io::{self, StdoutLock, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use softroce::capture;
-use softroce::wire::{Error, Packet};
+use softroce::wire::Packet;
+
+use decode::{Decoded, Malformed};
+use explain::Explainer;
+use flow::{Analysis, Tracker};
+use json::Origin;
+use ladder::Ladder;
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "The last line counts packets, ICRC results and malformed packets \
+    (a damaged capture file counts as one). Exits non-zero when a file cannot be read whole."
+)]
 pub struct Args {
-    /// pcap or pcapng files.
+    /// pcap or pcapng files (Ethernet, Linux cooked or raw IP).
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    /// One JSON object per packet on stdout; the summary goes to stderr.
+    #[arg(long)]
+    json: bool,
+    /// Explain under each packet what its fields mean and why they have their values.
+    #[arg(long)]
+    explain: bool,
+    /// Also draw the packets as a ladder (sequence) diagram into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    ladder: Option<PathBuf>,
 }
 
 #[derive(Default)]
@@ -23,70 +50,172 @@ struct Totals {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let stdout = io::stdout();
-    let mut out = stdout.lock();
-    let mut totals = Totals::default();
-    let mut failed = false;
+    let mut dump = Dump {
+        out: io::stdout().lock(),
+        json: args.json,
+        totals: Totals::default(),
+        explainer: args.explain.then(Explainer::default),
+        ladder: args.ladder.is_some().then(Ladder::default),
+        failed: false,
+    };
+    let several = args.files.len() > 1;
     for path in &args.files {
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("softroce dump: {}: {e}", path.display());
-                failed = true;
-                continue;
-            }
-        };
-        let (frames, err) = capture::read(&bytes);
-        for frame in &frames {
-            let Some(ip) = capture::ip_bytes(frame.link, &frame.data) else { continue };
-            match Packet::parse(ip) {
-                Ok(pkt) => {
-                    totals.packets += 1;
-                    let ok = pkt.icrc_ok();
-                    if ok {
-                        totals.icrc_ok += 1;
-                    } else {
-                        totals.icrc_bad += 1;
-                    }
-                    let _ = writeln!(out, "{}", line(&pkt, ok));
-                }
-                Err(Error::NotRoce) => {}
-                Err(e) => {
-                    totals.packets += 1;
-                    totals.malformed += 1;
-                    let _ = writeln!(out, "malformed: {e}");
-                }
-            }
-        }
-        if let Some(e) = err {
-            eprintln!("softroce dump: {}: {e}", path.display());
-            totals.malformed += 1;
-            failed = true;
-        }
+        dump.file(path, several);
     }
-    let _ = writeln!(
-        out,
-        "packets: {}, icrc ok: {}, icrc bad: {}, malformed: {}",
-        totals.packets, totals.icrc_ok, totals.icrc_bad, totals.malformed
-    );
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+    dump.finish(args.ladder.as_deref())
 }
 
-fn line(pkt: &Packet<'_>, icrc_ok: bool) -> String {
-    let h = &pkt.roce.header;
-    format!(
-        "{} > {} {} qp={:#x} psn={} ack_req={} len={} icrc={}",
-        pkt.ip.source(),
-        pkt.ip.destination(),
-        h.bth.opcode,
-        h.bth.dest_qpn,
-        h.bth.psn,
-        u8::from(h.bth.ack_req),
-        pkt.roce.payload.len(),
-        if icrc_ok { "ok" } else { "BAD" }
-    )
+/// The outputs of one run and what they have counted.
+struct Dump {
+    out: StdoutLock<'static>,
+    json: bool,
+    totals: Totals,
+    explainer: Option<Explainer>,
+    ladder: Option<Ladder>,
+    /// A file could not be read whole, or the ladder not written.
+    failed: bool,
+}
+
+impl Dump {
+    fn file(&mut self, path: &Path, announce: bool) {
+        let name = path.display().to_string();
+        if announce {
+            if !self.json {
+                self.print(&format!("==> {name} <=="));
+            }
+            if let Some(ladder) = &mut self.ladder {
+                ladder.note(name.clone(), false);
+            }
+        }
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                eprintln!("softroce dump: {name}: {e}");
+                self.failed = true;
+                return;
+            }
+        };
+        let (frames, damage) = capture::read(&bytes);
+        // Flows do not continue from one capture into the next.
+        let mut tracker = Tracker::default();
+        let start = frames.first().map(|f| f.timestamp).unwrap_or_default();
+        for (index, frame) in frames.iter().enumerate() {
+            let origin = Origin {
+                file: &name,
+                frame: index + 1,
+                time: frame.timestamp.as_secs_f64(),
+            };
+            let seconds = frame.timestamp.saturating_sub(start).as_secs_f64();
+            match decode::decode(frame) {
+                Decoded::Roce(pkt) => {
+                    let analysis = tracker.observe(&pkt);
+                    self.packet(&origin, seconds, &pkt, &analysis);
+                }
+                Decoded::Malformed(malformed) => self.malformed(&origin, seconds, &malformed),
+                Decoded::Other => {}
+            }
+        }
+        if let Some(e) = damage {
+            let message = match frames.len() {
+                0 => format!("{name}: unreadable capture: {e}"),
+                read => format!("{name}: damaged capture, stopped after frame {read}: {e}"),
+            };
+            eprintln!("softroce dump: {message}");
+            if let Some(ladder) = &mut self.ladder {
+                ladder.note(message, true);
+            }
+            self.totals.malformed += 1;
+            self.failed = true;
+        }
+    }
+
+    fn packet(&mut self, origin: &Origin<'_>, seconds: f64, pkt: &Packet<'_>, analysis: &Analysis) {
+        let icrc_ok = pkt.icrc_ok();
+        self.totals.packets += 1;
+        if icrc_ok {
+            self.totals.icrc_ok += 1;
+        } else {
+            self.totals.icrc_bad += 1;
+        }
+        let explanation = self
+            .explainer
+            .as_mut()
+            .map(|e| e.packet(pkt, analysis, icrc_ok));
+        if self.json {
+            self.print_json(json::packet(origin, pkt, analysis, icrc_ok), explanation);
+        } else {
+            self.print(&text::packet_line(
+                origin.frame,
+                seconds,
+                pkt,
+                analysis,
+                icrc_ok,
+            ));
+            self.print_explanation(explanation);
+        }
+        if let Some(ladder) = &mut self.ladder {
+            ladder.packet(origin.frame, seconds, pkt, analysis, icrc_ok);
+        }
+    }
+
+    fn malformed(&mut self, origin: &Origin<'_>, seconds: f64, malformed: &Malformed) {
+        self.totals.packets += 1;
+        self.totals.malformed += 1;
+        let explanation = self
+            .explainer
+            .as_mut()
+            .map(|e| e.malformed(&malformed.error));
+        if self.json {
+            self.print_json(json::malformed(origin, malformed), explanation);
+        } else {
+            self.print(&text::malformed_line(origin.frame, seconds, malformed));
+            self.print_explanation(explanation);
+        }
+        if let Some(ladder) = &mut self.ladder {
+            ladder.malformed(origin.frame, seconds, malformed);
+        }
+    }
+
+    /// Writes a line to stdout. A closed pipe (`| head`) is not worth a
+    /// complaint, so write errors are ignored.
+    fn print(&mut self, line: &str) {
+        let _ = writeln!(self.out, "{line}");
+    }
+
+    fn print_json(&mut self, mut object: serde_json::Value, explanation: Option<Vec<String>>) {
+        if let Some(lines) = explanation {
+            object["explain"] = lines.into();
+        }
+        self.print(&object.to_string());
+    }
+
+    fn print_explanation(&mut self, explanation: Option<Vec<String>>) {
+        for line in explanation.into_iter().flatten() {
+            self.print(&format!("      {line}"));
+        }
+    }
+
+    fn finish(mut self, ladder_path: Option<&Path>) -> ExitCode {
+        if let (Some(ladder), Some(path)) = (&self.ladder, ladder_path) {
+            if let Err(e) = std::fs::write(path, ladder.render()) {
+                eprintln!("softroce dump: {}: {e}", path.display());
+                self.failed = true;
+            }
+        }
+        let t = &self.totals;
+        let summary = format!(
+            "packets: {}, icrc ok: {}, icrc bad: {}, malformed: {}",
+            t.packets, t.icrc_ok, t.icrc_bad, t.malformed
+        );
+        if self.json {
+            eprintln!("{summary}");
+        } else {
+            self.print(&summary);
+        }
+        if self.failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
 }

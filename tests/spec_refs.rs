@@ -1,0 +1,63 @@
+//! Every test that rxe-spec names must exist, so the spec cannot drift from
+//! the code that checks it.
+
+use std::fs;
+use std::path::Path;
+
+/// `path::name` references in backticks after "Test:" in the spec pages.
+fn references(page: &str) -> Vec<(String, String)> {
+    let mut refs = Vec::new();
+    let mut in_tests = false;
+    for line in page.lines() {
+        if line.trim().is_empty() || line.starts_with("**") {
+            in_tests = false;
+        }
+        if line.contains("Test:") {
+            in_tests = true;
+        }
+        if !in_tests {
+            continue;
+        }
+        for quoted in line.split('`').skip(1).step_by(2) {
+            if let Some((path, name)) = quoted.rsplit_once("::") {
+                if path.ends_with(".rs") {
+                    refs.push((path.to_string(), name.to_string()));
+                }
+            }
+        }
+    }
+    refs
+}
+
+#[test]
+fn every_named_test_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for entry in fs::read_dir(root.join("rxe-spec")).unwrap() {
+        let page_path = entry.unwrap().path();
+        if page_path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let page = fs::read_to_string(&page_path).unwrap();
+        for (path, name) in references(&page) {
+            checked += 1;
+            let source = fs::read_to_string(root.join(&path)).unwrap_or_default();
+            let defined = source.contains(&format!("fn {name}("));
+            if !defined {
+                missing.push(format!("{}: {path}::{name}", page_path.display()));
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} test references found in rxe-spec");
+    assert!(missing.is_empty(), "rxe-spec names tests that do not exist:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn references_are_found_in_test_lines_only() {
+    let page = "**W-1. X.** text `a.rs::not_a_test`\nTest: `src/x.rs::one`,\n`tests/y.rs::two`\n\nplain `z.rs::no`";
+    assert_eq!(
+        references(page),
+        vec![("src/x.rs".into(), "one".into()), ("tests/y.rs".into(), "two".into())]
+    );
+}

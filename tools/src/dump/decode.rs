@@ -1,0 +1,120 @@
+//! Sorting captured frames into RoCEv2 packets, broken RoCEv2 packets and
+//! other traffic.
+//!
+//! [`Packet::parse`] reports any damaged IP or UDP header as `BadIp`, which
+//! cannot tell a broken RoCE packet from unrelated traffic. A frame counts as
+//! RoCE when the UDP destination port 4791 can be read from it; only then is
+//! a parse failure reported as malformed.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use softroce::capture::{self, Frame};
+use softroce::wire::{Error, Packet, ROCE_UDP_PORT};
+
+/// What one frame holds.
+#[derive(Debug)]
+pub enum Decoded<'a> {
+    Roce(Packet<'a>),
+    Malformed(Malformed),
+    /// Not RoCEv2: skipped without a word.
+    Other,
+}
+
+/// A frame addressed to the RoCEv2 port that does not parse.
+#[derive(Debug)]
+pub struct Malformed {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub error: String,
+}
+
+pub fn decode(frame: &Frame) -> Decoded<'_> {
+    let Some(ip) = capture::ip_bytes(frame.link, &frame.data) else {
+        return Decoded::Other;
+    };
+    let error = match Packet::parse(ip) {
+        Ok(pkt) => return Decoded::Roce(pkt),
+        Err(Error::NotRoce) => return Decoded::Other,
+        Err(e) => e,
+    };
+    let Some(fields) = IpFields::read(ip) else {
+        return Decoded::Other;
+    };
+    if fields.udp_dst_port(ip) != Some(ROCE_UDP_PORT) {
+        return Decoded::Other;
+    }
+    Decoded::Malformed(Malformed {
+        src: fields.src,
+        dst: fields.dst,
+        error: fields
+            .problem(ip.len())
+            .unwrap_or_else(|| error.to_string()),
+    })
+}
+
+/// The few IP header fields needed to recognise RoCE, read leniently.
+struct IpFields {
+    src: IpAddr,
+    dst: IpAddr,
+    header_len: usize,
+    total_len: usize,
+    /// UDP, and where the UDP header would be (not a later fragment).
+    udp: bool,
+    fragment: bool,
+}
+
+impl IpFields {
+    fn read(ip: &[u8]) -> Option<IpFields> {
+        match ip.first()? >> 4 {
+            4 => {
+                let h: [u8; 20] = ip.get(..20)?.try_into().ok()?;
+                let flags_offset = u16::from_be_bytes([h[6], h[7]]);
+                Some(IpFields {
+                    src: Ipv4Addr::new(h[12], h[13], h[14], h[15]).into(),
+                    dst: Ipv4Addr::new(h[16], h[17], h[18], h[19]).into(),
+                    header_len: usize::from(h[0] & 0xf) * 4,
+                    total_len: usize::from(u16::from_be_bytes([h[2], h[3]])),
+                    udp: h[9] == 17 && flags_offset & 0x1fff == 0,
+                    fragment: flags_offset & 0x3fff != 0,
+                })
+            }
+            6 => {
+                let h: [u8; 40] = ip.get(..40)?.try_into().ok()?;
+                let address = |at: usize| -> Option<IpAddr> {
+                    let octets: [u8; 16] = h[at..at + 16].try_into().ok()?;
+                    Some(Ipv6Addr::from(octets).into())
+                };
+                Some(IpFields {
+                    src: address(8)?,
+                    dst: address(24)?,
+                    header_len: 40,
+                    total_len: 40 + usize::from(u16::from_be_bytes([h[4], h[5]])),
+                    udp: h[6] == 17,
+                    fragment: false,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn udp_dst_port(&self, ip: &[u8]) -> Option<u16> {
+        let at = self.header_len + 2;
+        let port = ip.get(at..at + 2)?;
+        self.udp.then(|| u16::from_be_bytes([port[0], port[1]]))
+    }
+
+    /// A more precise diagnosis than the library's `BadIp`, where one is easy.
+    fn problem(&self, captured: usize) -> Option<String> {
+        if self.fragment {
+            Some("IPv4 fragment: RoCEv2 packets are never fragmented".to_string())
+        } else if self.total_len > captured {
+            Some(format!(
+                "frame cut short: the IP header announces {} bytes, {captured} were captured \
+                 (snap length too small?)",
+                self.total_len
+            ))
+        } else {
+            None
+        }
+    }
+}
