@@ -48,9 +48,9 @@ impl Topic {
                  no acknowledgements, no retransmission, no ordering"
             }
             Topic::UdpPorts => {
-                "4791 is the RoCEv2 port. rxe derives the source port from a hash of the QP \
-                 number (0xc000 and up), so ECMP routers spread QPs over paths yet keep each \
-                 QP's packets in order"
+                "4791 is the RoCEv2 port. rxe derives the source port from the flow label the \
+                 kernel computes from both QP numbers (0xc000 and up), so ECMP routers spread \
+                 connections over paths yet keep each connection's packets in order"
             }
             Topic::QpNumbers => {
                 "QP numbers are 24 bits and local to each host; rxe hands them out from 0x11 up \
