@@ -94,10 +94,11 @@ impl Qp {
         };
     }
 
-    /// A response revealed that responses before it were lost: resend from
-    /// the oldest unacknowledged PSN, once per gap.
+    /// A response revealed that responses before it were lost (an implied
+    /// NAK): resend from the oldest unacknowledged PSN, once per gap, spending
+    /// a transport retry as a sequence NAK does.
     fn retry_lost(&mut self) {
-        if self.comp.retry_started_at != Some(self.comp.psn) {
+        if self.comp.retry_started_at != Some(self.comp.psn) && self.take_retry() {
             let psn = self.comp.psn;
             self.go_back_to(psn);
         }
@@ -130,11 +131,11 @@ impl Qp {
         }
         let wait = Duration::from_micros(u64::from(Syndrome::rnr_timer_micros(timer)));
         debug!(qpn = self.qpn, psn = psn.value(), ?wait, "RNR NAK");
+        // Nothing is sent until the wait is over; then the requester goes
+        // back to `psn` (see `handle_timeout`).
         self.comp.timer = None;
         self.comp.rnr_until = Some(now + wait);
         self.comp.rnr_psn = psn;
-        // Nothing is sent until the wait is over; then go back to `psn`.
-        self.go_back_to(psn);
     }
 
     fn on_nak(&mut self, now: Duration, psn: Psn, code: NakCode) {

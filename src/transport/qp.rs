@@ -29,6 +29,10 @@ pub const MAX_UNACKED_PSNS: u32 = 128;
 /// (rxe's `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKTS_PER_ACK: u32 = 64;
 
+/// Bytes beyond the path MTU a transmit buffer needs: the largest header
+/// set (BTH, DETH, RETH, ImmDt…), pad and ICRC.
+pub const TRANSMIT_HEADROOM: usize = 64;
+
 /// Capacities fixed at QP creation (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCap {
@@ -382,7 +386,8 @@ impl Qp {
         }
         let supported = match self.qp_type {
             QpType::Rc => true,
-            QpType::Uc => !wr.op.is_read_or_atomic(),
+            // UC has no SEND_WITH_INVALIDATE opcodes.
+            QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::SendWithInv(_)),
             QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)),
         };
         if !supported {
@@ -443,9 +448,14 @@ impl Qp {
     }
 
     /// Writes the next packet to send into `buf` (which must hold the path MTU
-    /// plus 64 bytes) and says where it goes. Responses go before requests so
+    /// plus [`TRANSMIT_HEADROOM`] bytes; a smaller one yields nothing) and says where it goes. Responses go before requests so
     /// a busy requester cannot starve the peer of ACKs.
     pub fn poll_transmit(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+        let needed = self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM;
+        if buf.len() < needed {
+            tracing::warn!(qpn = self.qpn, needed, got = buf.len(), "transmit buffer too small");
+            return None;
+        }
         let tx = self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?;
         self.counters.sent_packets += 1;
         Some(tx)

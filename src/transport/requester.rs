@@ -51,13 +51,18 @@ impl Qp {
                 self.req.rd_atomic += 1;
             }
         }
+        // The window holds back every packet, not only a message's first:
+        // a long WRITE waits for ACKs half-way (rxe checks per packet too,
+        // but lets one more PSN out).
+        let wqe = &self.sq[index];
+        let psn = wqe.psn.expect("assigned above").first.wrapping_add(wqe.next_pkt);
+        if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= MAX_UNACKED_PSNS as i32 {
+            return None;
+        }
         let plan = self.plan(index, packets, mtu);
         let dest = self.destination(index)?;
         let header_len = plan.repr.header_len();
         let total = plan.repr.wire_len(plan.len);
-        if buf.len() < total {
-            return None;
-        }
         plan.repr.emit_headers(buf, plan.len).ok()?;
         if let Err(e) = self.gather(index, plan.offset, &mut buf[header_len..header_len + plan.len], mem) {
             trace!(qpn = self.qpn, error = %e, "local protection error");

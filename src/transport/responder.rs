@@ -430,11 +430,11 @@ impl Qp {
                     Resource::Read { first, last, addr, rkey, len }
                         if !psn.is_before(first) && !psn.is_after(last) =>
                     {
-                        Some((addr, rkey, len))
+                        Some((first, last, addr, rkey, len))
                     }
                     _ => None,
                 });
-                let Some((addr, rkey, len)) = found else {
+                let Some((first, last, addr, rkey, len)) = found else {
                     self.counters.dropped += 1;
                     return;
                 };
@@ -448,7 +448,9 @@ impl Qp {
                     return;
                 }
                 // A newer replay of the same READ replaces a queued one.
-                self.resp.responses.retain(|r| !matches!(r, Response::Read { rkey: k, .. } if *k == rkey));
+                self.resp.responses.retain(
+                    |r| !matches!(r, Response::Read { psn: p, .. } if !p.is_before(first) && !p.is_after(last)),
+                );
                 self.push_response(Response::Read { psn, addr: reth.va, rkey, remaining: asked, first: true, msn });
             }
             Operation::CompareSwap | Operation::FetchAdd => {

@@ -1,0 +1,1373 @@
+//! Scenario tests for the NAK, RNR and timeout paths of the transport.
+//!
+//! Each test drives one QP through its sans-IO interface: requests and
+//! responses are built by hand with `RoceRepr`, fed to `Qp::handle_packet`,
+//! and what comes out of `poll_transmit` is parsed back and checked field by
+//! field, together with completions, events, timer deadlines, the QP state
+//! and memory. No network is involved.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use softroce::transport::*;
+use softroce::wire::{AethRepr, NakCode, Operation, RethRepr, RoceRepr, Syndrome, Transport};
+
+use support::*;
+
+mod support {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::time::Duration;
+
+    use softroce::transport::*;
+    use softroce::wire::{
+        AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, Opcode, Operation,
+        Psn, RethRepr, RoceRepr, Syndrome, Transport,
+    };
+
+    /// The QP under test lives at LOCAL; its peer at REMOTE.
+    pub const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+    pub const REMOTE: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+    pub const QPN: u32 = 0x11;
+    pub const PEER_QPN: u32 = 0x22;
+    pub const PD: u32 = 1;
+    pub const QKEY: u32 = 0x1111_1111;
+    /// The first PSN the QP sends with, and the first it expects.
+    pub const SQ_PSN: u32 = 1000;
+    pub const RQ_PSN: u32 = 100;
+    pub const MTU: usize = 1024;
+    /// The QP's one memory region, granting every access.
+    pub const KEY: u32 = 1;
+    pub const VA: u64 = 0x10_0000;
+    pub const REGION_LEN: usize = 256 * 1024;
+    /// Where the peer's memory is, for requests this QP sends.
+    pub const REMOTE_VA: u64 = 0x7700_0000;
+    pub const RKEY: u32 = 0x99;
+    /// The code `attr()` advertises in RNR NAKs.
+    pub const MIN_RNR_TIMER: u8 = 12;
+    /// `attr()`'s local ACK timeout: 4.096 µs × 2^10.
+    pub const ACK_TIMEOUT: Duration = Duration::from_nanos(4096 << 10);
+    /// The only positive ACK syndrome rxe sends (0x1f: credits invalid).
+    pub const ACK: Syndrome = Syndrome::Ack { credits: 0x1f };
+
+    pub fn attr() -> QpAttr {
+        QpAttr {
+            access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            path_mtu: Mtu::Mtu1024,
+            timeout: 10,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: MIN_RNR_TIMER,
+            max_rd_atomic: 4,
+            max_dest_rd_atomic: 4,
+            qkey: QKEY,
+            ..QpAttr::default()
+        }
+    }
+
+    /// RESET → INIT → RTR → RTS with the attributes each QP type requires,
+    /// the modify sequence of `SimWorld::connect`.
+    pub fn bring_up(qp: &mut Qp, attr: QpAttr, sq_psn: u32, rq_psn: u32) {
+        let ty = qp.qp_type();
+        let mut at = QpAttr { dest: Some(REMOTE), dest_qpn: PEER_QPN, state: QpState::Init, ..attr };
+        let init = match ty {
+            QpType::Ud => AttrMask::QKEY,
+            _ => AttrMask::ACCESS_FLAGS,
+        };
+        qp.modify(&at, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | init).unwrap();
+        at.state = QpState::Rtr;
+        at.rq_psn = Psn::new(rq_psn);
+        qp.modify(&at, AttrMask::STATE | rtr_mask(ty)).unwrap();
+        at.state = QpState::Rts;
+        at.sq_psn = Psn::new(sq_psn);
+        qp.modify(&at, AttrMask::STATE | rts_mask(ty)).unwrap();
+    }
+
+    pub fn rtr_mask(ty: QpType) -> AttrMask {
+        match ty {
+            QpType::Rc => {
+                AttrMask::AV
+                    | AttrMask::PATH_MTU
+                    | AttrMask::DEST_QPN
+                    | AttrMask::RQ_PSN
+                    | AttrMask::MAX_DEST_RD_ATOMIC
+                    | AttrMask::MIN_RNR_TIMER
+            }
+            QpType::Uc => AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
+            QpType::Ud => AttrMask::empty(),
+        }
+    }
+
+    pub fn rts_mask(ty: QpType) -> AttrMask {
+        match ty {
+            QpType::Rc => {
+                AttrMask::TIMEOUT
+                    | AttrMask::RETRY_CNT
+                    | AttrMask::RNR_RETRY
+                    | AttrMask::SQ_PSN
+                    | AttrMask::MAX_QP_RD_ATOMIC
+            }
+            _ => AttrMask::SQ_PSN,
+        }
+    }
+
+    /// A packet the QP put on the wire, parsed back.
+    #[derive(Debug)]
+    pub struct Sent {
+        pub dest: IpAddr,
+        pub header: RoceRepr,
+        pub payload: Vec<u8>,
+    }
+
+    impl Sent {
+        pub fn op(&self) -> Operation {
+            self.header.bth.opcode.operation()
+        }
+
+        pub fn psn(&self) -> u32 {
+            self.header.bth.psn.value()
+        }
+
+        pub fn ack_req(&self) -> bool {
+            self.header.bth.ack_req
+        }
+
+        pub fn aeth(&self) -> AethRepr {
+            self.header.aeth.unwrap_or_else(|| panic!("no AETH in {self:?}"))
+        }
+
+        pub fn reth(&self) -> RethRepr {
+            self.header.reth.unwrap_or_else(|| panic!("no RETH in {self:?}"))
+        }
+    }
+
+    /// A QP with its memory and a clock.
+    pub struct Node {
+        pub qp: Qp,
+        pub mem: MemoryTable,
+        pub now: Duration,
+        buf: Vec<u8>,
+    }
+
+    impl Node {
+        /// An RC QP in RTS with `attr()`.
+        pub fn rc() -> Node {
+            Node::new(QpType::Rc, attr())
+        }
+
+        pub fn new(qp_type: QpType, attr: QpAttr) -> Node {
+            Node::with_psns(qp_type, attr, SQ_PSN, RQ_PSN)
+        }
+
+        pub fn with_psns(qp_type: QpType, attr: QpAttr, sq_psn: u32, rq_psn: u32) -> Node {
+            let mut qp = Qp::new(QPN, qp_type, PD, QpCap::default(), None);
+            bring_up(&mut qp, attr, sq_psn, rq_psn);
+            let mut mem = MemoryTable::new();
+            let access = Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC;
+            mem.register(KEY, Region { pd: PD, addr: VA, access, data: vec![0; REGION_LEN] });
+            Node { qp, mem, now: Duration::from_secs(1), buf: vec![0; 4096 + 64] }
+        }
+
+        /// Hands the QP a packet from the peer.
+        pub fn feed(&mut self, header: RoceRepr, payload: &[u8]) {
+            let pkt = Incoming { src: REMOTE, dst: LOCAL, header: &header, payload };
+            self.qp.handle_packet(self.now, pkt, &mut self.mem, None);
+        }
+
+        /// Every packet the QP has to send now.
+        pub fn transmit(&mut self) -> Vec<Sent> {
+            let mut sent = Vec::new();
+            while let Some(tx) = self.qp.poll_transmit(self.now, &self.mem, &mut self.buf) {
+                let parsed = RoceRepr::parse(&self.buf[..tx.len]).expect("the QP emits valid packets");
+                sent.push(Sent { dest: tx.dest, header: parsed.header, payload: parsed.payload.to_vec() });
+            }
+            sent
+        }
+
+        pub fn completions(&mut self) -> Vec<(CqKind, WorkCompletion)> {
+            std::iter::from_fn(|| self.qp.poll_completion()).collect()
+        }
+
+        pub fn events(&mut self) -> Vec<AsyncEvent> {
+            std::iter::from_fn(|| self.qp.poll_event()).collect()
+        }
+
+        /// Moves the clock to `t` and lets the QP's timers fire.
+        pub fn advance_to(&mut self, t: Duration) {
+            self.now = t;
+            self.qp.handle_timeout(t);
+        }
+
+        /// Moves the clock to the QP's next deadline and lets it fire.
+        pub fn expire(&mut self) {
+            let t = self.qp.poll_timeout().expect("a timer is running");
+            self.advance_to(t);
+        }
+
+        pub fn bytes(&self, offset: u64, len: usize) -> Vec<u8> {
+            let at = offset as usize;
+            self.mem.region(KEY).unwrap().data[at..at + len].to_vec()
+        }
+
+        pub fn fill(&mut self, offset: u64, data: &[u8]) {
+            let at = offset as usize;
+            self.mem.region_mut(KEY).unwrap().data[at..at + data.len()].copy_from_slice(data);
+        }
+
+        pub fn post_send(&mut self, wr: SendWr) {
+            self.qp.post_send(wr).unwrap();
+        }
+
+        /// Posts a receive of `len` bytes at `offset` in the region.
+        pub fn post_recv(&mut self, wr_id: u64, offset: u64, len: u32) {
+            self.qp.post_recv(RecvWr { wr_id, sg_list: vec![sge(offset, len)] }).unwrap();
+        }
+    }
+
+    pub fn sge(offset: u64, length: u32) -> Sge {
+        Sge { addr: VA + offset, length, lkey: KEY }
+    }
+
+    /// `len` bytes that differ from one `seed` to the next.
+    pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    pub fn packet(transport: Transport, operation: Operation, psn: u32) -> RoceRepr {
+        RoceRepr::new(BthRepr {
+            opcode: Opcode::new(transport, operation).expect("operation valid for the transport"),
+            solicited: false,
+            mig_req: false,
+            pkey: BthRepr::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: QPN,
+            ack_req: false,
+            psn: Psn::new(psn),
+        })
+    }
+
+    /// An RC packet with only a BTH; add the other headers with [`Build`].
+    pub fn rc(operation: Operation, psn: u32) -> RoceRepr {
+        packet(Transport::Rc, operation, psn)
+    }
+
+    pub fn ack(psn: u32) -> RoceRepr {
+        rc(Operation::Acknowledge, psn).aeth(ACK, 0)
+    }
+
+    pub fn nak(psn: u32, code: NakCode) -> RoceRepr {
+        rc(Operation::Acknowledge, psn).aeth(Syndrome::Nak(code), 0)
+    }
+
+    pub fn rnr_nak(psn: u32, timer: u8) -> RoceRepr {
+        rc(Operation::Acknowledge, psn).aeth(Syndrome::RnrNak { timer }, 0)
+    }
+
+    pub fn read_response(operation: Operation, psn: u32) -> RoceRepr {
+        let repr = rc(operation, psn);
+        if operation == Operation::ReadResponseMiddle {
+            repr
+        } else {
+            repr.aeth(ACK, 0)
+        }
+    }
+
+    pub fn atomic_ack(psn: u32, original: u64) -> RoceRepr {
+        let mut repr = rc(Operation::AtomicAcknowledge, psn).aeth(ACK, 0);
+        repr.atomic_ack_eth = Some(AtomicAckEthRepr { original });
+        repr
+    }
+
+    /// Adds headers to a hand-made packet.
+    pub trait Build {
+        fn ack_req(self) -> Self;
+        fn reth(self, va: u64, rkey: u32, len: u32) -> Self;
+        fn atomic_eth(self, va: u64, rkey: u32, swap_add: u64, compare: u64) -> Self;
+        fn aeth(self, syndrome: Syndrome, msn: u32) -> Self;
+        fn deth(self, qkey: u32, src_qpn: u32) -> Self;
+    }
+
+    impl Build for RoceRepr {
+        fn ack_req(mut self) -> RoceRepr {
+            self.bth.ack_req = true;
+            self
+        }
+
+        fn reth(mut self, va: u64, rkey: u32, dma_len: u32) -> RoceRepr {
+            self.reth = Some(RethRepr { va, rkey, dma_len });
+            self
+        }
+
+        fn atomic_eth(mut self, va: u64, rkey: u32, swap_add: u64, compare: u64) -> RoceRepr {
+            self.atomic_eth = Some(AtomicEthRepr { va, rkey, swap_add, compare });
+            self
+        }
+
+        fn aeth(mut self, syndrome: Syndrome, msn: u32) -> RoceRepr {
+            self.aeth = Some(AethRepr { syndrome, msn });
+            self
+        }
+
+        fn deth(mut self, qkey: u32, src_qpn: u32) -> RoceRepr {
+            self.deth = Some(DethRepr { qkey, src_qpn });
+            self
+        }
+    }
+
+    /// Checks that `sent` is exactly one ACK/NAK with this PSN, syndrome and MSN.
+    pub fn assert_one_ack(sent: &[Sent], psn: u32, syndrome: Syndrome, msn: u32) {
+        assert_eq!(sent.len(), 1, "expected one ACK, got {sent:#?}");
+        let ack = &sent[0];
+        assert_eq!(ack.op(), Operation::Acknowledge);
+        assert_eq!(ack.psn(), psn);
+        assert_eq!(ack.aeth(), AethRepr { syndrome, msn });
+        assert_eq!(ack.header.bth.dest_qpn, PEER_QPN);
+        assert_eq!(ack.dest, REMOTE);
+        assert!(!ack.ack_req());
+    }
+
+    /// (queue, wr_id, status, opcode) of each completion.
+    pub fn summary(wcs: &[(CqKind, WorkCompletion)]) -> Vec<(CqKind, u64, WcStatus, WcOpcode)> {
+        wcs.iter().map(|(cq, wc)| (*cq, wc.wr_id, wc.status, wc.opcode)).collect()
+    }
+
+    /// The (opcode, PSN, AckReq) of each packet.
+    pub fn shape(sent: &[Sent]) -> Vec<(Operation, u32, bool)> {
+        sent.iter().map(|s| (s.op(), s.psn(), s.ack_req())).collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Responder: requests in, responses out.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn responder_acks_send_only_with_credits_and_msn() {
+    let mut node = Node::rc();
+    node.post_recv(7, 0x8000, 4096);
+    let data = pattern(100, 1);
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &data);
+
+    let sent = node.transmit();
+    assert_one_ack(&sent, RQ_PSN, ACK, 1);
+    assert_eq!(sent[0].aeth().syndrome.to_u8(), Ok(0x1f));
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![(CqKind::Recv, 7, WcStatus::Success, WcOpcode::Recv)]);
+    assert_eq!(wcs[0].1.byte_len, 100);
+    assert_eq!(node.bytes(0x8000, 100), data);
+    assert!(node.transmit().is_empty());
+}
+
+#[test]
+fn responder_acks_multi_packet_send_once_on_last() {
+    let mut node = Node::rc();
+    node.post_recv(7, 0x8000, 4096);
+    let data = pattern(2 * MTU + 500, 2);
+    node.feed(rc(Operation::SendFirst, RQ_PSN), &data[..MTU]);
+    assert!(node.transmit().is_empty());
+    node.feed(rc(Operation::SendMiddle, RQ_PSN + 1), &data[MTU..2 * MTU]);
+    assert!(node.transmit().is_empty());
+    assert!(node.completions().is_empty());
+    node.feed(rc(Operation::SendLast, RQ_PSN + 2).ack_req(), &data[2 * MTU..]);
+
+    assert_one_ack(&node.transmit(), RQ_PSN + 2, ACK, 1);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![(CqKind::Recv, 7, WcStatus::Success, WcOpcode::Recv)]);
+    assert_eq!(wcs[0].1.byte_len as usize, data.len());
+    assert_eq!(node.bytes(0x8000, data.len()), data);
+}
+
+#[test]
+fn responder_coalesces_acks_polled_late() {
+    let mut node = Node::rc();
+    node.post_recv(1, 0x8000, 256);
+    node.post_recv(2, 0x9000, 256);
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &pattern(10, 1));
+    node.feed(rc(Operation::SendOnly, RQ_PSN + 1).ack_req(), &pattern(20, 2));
+
+    assert_one_ack(&node.transmit(), RQ_PSN + 1, ACK, 2);
+    let wcs = node.completions();
+    assert_eq!(wcs.iter().map(|(_, wc)| (wc.wr_id, wc.byte_len)).collect::<Vec<_>>(), vec![(1, 10), (2, 20)]);
+}
+
+#[test]
+fn responder_naks_a_psn_gap_once_then_stays_silent_until_the_expected_psn() {
+    let mut node = Node::rc();
+    for wr_id in 1..=4 {
+        node.post_recv(wr_id, 0x1000 * wr_id, 256);
+    }
+    let seq_err = Syndrome::Nak(NakCode::PsnSequenceError);
+    assert_eq!(seq_err.to_u8(), Ok(0x60));
+
+    node.feed(rc(Operation::SendOnly, RQ_PSN + 2).ack_req(), &[1; 8]);
+    assert_one_ack(&node.transmit(), RQ_PSN, seq_err, 0);
+    for psn in [RQ_PSN + 3, RQ_PSN + 2, RQ_PSN + 4] {
+        node.feed(rc(Operation::SendOnly, psn).ack_req(), &[2; 8]);
+        assert!(node.transmit().is_empty(), "out-of-order PSN {psn} answered");
+    }
+    assert!(node.completions().is_empty());
+    assert_eq!(node.qp.state(), QpState::Rts);
+
+    // The expected PSN arrives: normal processing resumes.
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &[3; 8]);
+    assert_one_ack(&node.transmit(), RQ_PSN, ACK, 1);
+    node.feed(rc(Operation::SendOnly, RQ_PSN + 1).ack_req(), &[4; 8]);
+    assert_one_ack(&node.transmit(), RQ_PSN + 1, ACK, 2);
+    assert_eq!(summary(&node.completions()).len(), 2);
+
+    // A later gap is NAKed again, with the new expected PSN.
+    node.feed(rc(Operation::SendOnly, RQ_PSN + 5).ack_req(), &[5; 8]);
+    assert_one_ack(&node.transmit(), RQ_PSN + 2, seq_err, 2);
+    node.feed(rc(Operation::SendOnly, RQ_PSN + 6).ack_req(), &[6; 8]);
+    assert!(node.transmit().is_empty());
+    assert_eq!(node.qp.counters().seq_naks_sent, 2);
+    assert_eq!(node.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn responder_reacks_duplicate_send_and_write_without_executing_them() {
+    let mut node = Node::rc();
+    node.post_recv(1, 0x8000, 256);
+    node.post_recv(2, 0x9000, 256);
+    let original = pattern(16, 1);
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &original);
+    node.feed(rc(Operation::WriteOnly, RQ_PSN + 1).ack_req().reth(VA, KEY, 16), &original);
+    assert_one_ack(&node.transmit(), RQ_PSN + 1, ACK, 2);
+    assert_eq!(summary(&node.completions()), vec![(CqKind::Recv, 1, WcStatus::Success, WcOpcode::Recv)]);
+
+    // Duplicates with other bytes, without AckReq: re-ACKed with the PSN
+    // before the expected one, nothing executed.
+    let other = pattern(16, 99);
+    node.feed(rc(Operation::SendOnly, RQ_PSN), &other);
+    assert_one_ack(&node.transmit(), RQ_PSN + 1, ACK, 2);
+    node.feed(rc(Operation::WriteOnly, RQ_PSN + 1).reth(VA, KEY, 16), &other);
+    assert_one_ack(&node.transmit(), RQ_PSN + 1, ACK, 2);
+    assert!(node.completions().is_empty());
+    assert_eq!(node.bytes(0, 16), original);
+    assert_eq!(node.bytes(0x8000, 16), original);
+    assert_eq!(node.qp.counters().duplicate_requests, 2);
+
+    // The receive queue was not touched: the next SEND takes receive 2.
+    node.feed(rc(Operation::SendOnly, RQ_PSN + 2).ack_req(), &other);
+    assert_one_ack(&node.transmit(), RQ_PSN + 2, ACK, 3);
+    assert_eq!(summary(&node.completions()), vec![(CqKind::Recv, 2, WcStatus::Success, WcOpcode::Recv)]);
+    assert_eq!(node.bytes(0x9000, 16), other);
+}
+
+/// A responder that has answered a 3000-byte READ at `RQ_PSN` of the bytes at `VA`.
+fn responder_after_read() -> (Node, Vec<u8>) {
+    let mut node = Node::rc();
+    let data = pattern(3000, 7);
+    node.fill(0, &data);
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY, 3000), &[]);
+    let sent = node.transmit();
+    assert_eq!(
+        shape(&sent),
+        vec![
+            (Operation::ReadResponseFirst, RQ_PSN, false),
+            (Operation::ReadResponseMiddle, RQ_PSN + 1, false),
+            (Operation::ReadResponseLast, RQ_PSN + 2, false),
+        ]
+    );
+    assert_eq!(sent[0].aeth(), AethRepr { syndrome: ACK, msn: 1 });
+    assert_eq!(sent[1].header.aeth, None);
+    assert_eq!(sent[2].aeth(), AethRepr { syndrome: ACK, msn: 1 });
+    let payload: Vec<u8> = sent.iter().flat_map(|s| s.payload.clone()).collect();
+    assert_eq!(payload, data);
+    (node, data)
+}
+
+#[test]
+fn responder_replays_a_duplicate_read() {
+    let (mut node, data) = responder_after_read();
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY, 3000), &[]);
+    let sent = node.transmit();
+    assert_eq!(
+        shape(&sent),
+        vec![
+            (Operation::ReadResponseFirst, RQ_PSN, false),
+            (Operation::ReadResponseMiddle, RQ_PSN + 1, false),
+            (Operation::ReadResponseLast, RQ_PSN + 2, false),
+        ]
+    );
+    let payload: Vec<u8> = sent.iter().flat_map(|s| s.payload.clone()).collect();
+    assert_eq!(payload, data);
+    assert_eq!(node.qp.counters().duplicate_requests, 1);
+
+    // The replay did not move the expected PSN.
+    node.post_recv(1, 0x8000, 64);
+    node.feed(rc(Operation::SendOnly, RQ_PSN + 3).ack_req(), &[1; 4]);
+    assert_one_ack(&node.transmit(), RQ_PSN + 3, ACK, 2);
+}
+
+#[test]
+fn responder_replays_only_the_tail_a_partial_read_retry_asks_for() {
+    let (mut node, data) = responder_after_read();
+    let tail = (3000 - MTU) as u32;
+    node.feed(rc(Operation::ReadRequest, RQ_PSN + 1).ack_req().reth(VA + MTU as u64, KEY, tail), &[]);
+    let sent = node.transmit();
+    // A retried READ is a new request message: its responses start with
+    // FIRST (IBTA); kernel rxe would send MIDDLE here.
+    assert_eq!(
+        shape(&sent),
+        vec![(Operation::ReadResponseFirst, RQ_PSN + 1, false), (Operation::ReadResponseLast, RQ_PSN + 2, false)]
+    );
+    assert_eq!(sent[0].payload, data[MTU..2 * MTU]);
+    assert_eq!(sent[1].payload, data[2 * MTU..]);
+}
+
+#[test]
+fn responder_drops_a_duplicate_read_outside_the_original() {
+    let (mut node, _) = responder_after_read();
+    let dropped = node.qp.counters().dropped;
+    // Past the end of the original range.
+    node.feed(rc(Operation::ReadRequest, RQ_PSN + 1).ack_req().reth(VA + 2048, KEY, 2000), &[]);
+    // Before its start.
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA - 8, KEY, 16), &[]);
+    // Another key.
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY + 1, 16), &[]);
+    // A PSN no READ had.
+    node.feed(rc(Operation::ReadRequest, RQ_PSN - 1).ack_req().reth(VA, KEY, 16), &[]);
+    assert!(node.transmit().is_empty());
+    assert_eq!(node.qp.counters().dropped, dropped + 4);
+    assert_eq!(node.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn responder_replays_a_duplicate_atomic_without_executing_it_again() {
+    let mut node = Node::rc();
+    node.fill(0x100, &5u64.to_ne_bytes());
+    let fetch_add = rc(Operation::FetchAdd, RQ_PSN).ack_req().atomic_eth(VA + 0x100, KEY, 3, 0);
+    node.feed(fetch_add, &[]);
+    let sent = node.transmit();
+    assert_eq!(shape(&sent), vec![(Operation::AtomicAcknowledge, RQ_PSN, false)]);
+    assert_eq!(sent[0].aeth(), AethRepr { syndrome: ACK, msn: 1 });
+    assert_eq!(sent[0].header.atomic_ack_eth.unwrap().original, 5);
+    assert_eq!(node.bytes(0x100, 8), 8u64.to_ne_bytes());
+
+    node.feed(fetch_add, &[]);
+    let sent = node.transmit();
+    assert_eq!(shape(&sent), vec![(Operation::AtomicAcknowledge, RQ_PSN, false)]);
+    assert_eq!(sent[0].header.atomic_ack_eth.unwrap().original, 5);
+    assert_eq!(node.bytes(0x100, 8), 8u64.to_ne_bytes(), "the atomic ran twice");
+}
+
+#[test]
+fn responder_rnr_naks_a_send_without_receive_until_one_is_posted() {
+    let mut node = Node::rc();
+    let rnr = Syndrome::RnrNak { timer: MIN_RNR_TIMER };
+    assert_eq!(rnr.to_u8(), Ok(0x20 | MIN_RNR_TIMER));
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &[1; 32]);
+    assert_one_ack(&node.transmit(), RQ_PSN, rnr, 0);
+    assert!(node.completions().is_empty());
+
+    // Nothing advanced: the retry is still the expected PSN, still without receive.
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &[1; 32]);
+    assert_one_ack(&node.transmit(), RQ_PSN, rnr, 0);
+    assert_eq!(node.qp.counters().rnr_naks_sent, 2);
+    assert_eq!(node.qp.state(), QpState::Rts);
+
+    node.post_recv(9, 0x8000, 64);
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &[1; 32]);
+    assert_one_ack(&node.transmit(), RQ_PSN, ACK, 1);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![(CqKind::Recv, 9, WcStatus::Success, WcOpcode::Recv)]);
+    assert_eq!(wcs[0].1.byte_len, 32);
+}
+
+/// A responder with two receives posted.
+fn responder_with_receives(attr: QpAttr) -> Node {
+    let mut node = Node::new(QpType::Rc, attr);
+    node.post_recv(1, 0x8000, 4096);
+    node.post_recv(2, 0x9000, 4096);
+    node
+}
+
+/// The responder sent exactly one NAK `code` for `psn`, moved to ERR with
+/// `event`, and flushed the receives it had not used.
+fn assert_fatal_nak(node: &mut Node, psn: u32, code: NakCode, event: AsyncEvent, flushed: &[u64]) {
+    assert_one_ack(&node.transmit(), psn, Syndrome::Nak(code), 0);
+    assert_eq!(node.qp.state(), QpState::Err);
+    assert_eq!(node.events(), vec![event]);
+    let wcs = node.completions();
+    let expected: Vec<_> = flushed.iter().map(|id| (CqKind::Recv, *id, WcStatus::WrFlushErr, WcOpcode::Recv)).collect();
+    assert_eq!(summary(&wcs), expected);
+    // Nothing more is answered in ERR.
+    node.feed(rc(Operation::SendOnly, psn + 1).ack_req(), &[0; 4]);
+    assert!(node.transmit().is_empty());
+}
+
+fn assert_invalid_request(node: &mut Node, psn: u32) {
+    assert_eq!(Syndrome::Nak(NakCode::InvalidRequest).to_u8(), Ok(0x61));
+    assert_fatal_nak(node, psn, NakCode::InvalidRequest, AsyncEvent::QpRequestError { qpn: QPN }, &[1, 2]);
+}
+
+#[test]
+fn invalid_request_middle_without_first() {
+    let mut node = responder_with_receives(attr());
+    node.feed(rc(Operation::SendMiddle, RQ_PSN).ack_req(), &pattern(MTU, 1));
+    assert_invalid_request(&mut node, RQ_PSN);
+    assert_eq!(node.bytes(0x8000, MTU), vec![0; MTU]);
+}
+
+#[test]
+fn invalid_request_first_shorter_than_the_mtu() {
+    let mut node = responder_with_receives(attr());
+    node.feed(rc(Operation::SendFirst, RQ_PSN), &pattern(MTU - 4, 1));
+    assert_invalid_request(&mut node, RQ_PSN);
+}
+
+#[test]
+fn invalid_request_write_last_longer_than_the_reth_length() {
+    let mut node = responder_with_receives(attr());
+    let data = pattern(MTU + 200, 3);
+    node.feed(rc(Operation::WriteFirst, RQ_PSN).reth(VA, KEY, MTU as u32 + 100), &data[..MTU]);
+    assert!(node.transmit().is_empty());
+    node.feed(rc(Operation::WriteLast, RQ_PSN + 1).ack_req(), &data[MTU..]);
+    assert_invalid_request(&mut node, RQ_PSN + 1);
+    assert_eq!(node.bytes(0, MTU), data[..MTU]);
+    assert_eq!(node.bytes(MTU as u64, 4096), vec![0; 4096]);
+}
+
+#[test]
+fn invalid_request_read_without_remote_read_access() {
+    let mut node = responder_with_receives(QpAttr { access_flags: Access::REMOTE_WRITE, ..attr() });
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY, 64), &[]);
+    assert_invalid_request(&mut node, RQ_PSN);
+}
+
+#[test]
+fn invalid_request_misaligned_atomic() {
+    let mut node = responder_with_receives(attr());
+    node.feed(rc(Operation::FetchAdd, RQ_PSN).ack_req().atomic_eth(VA + 4, KEY, 1, 0), &[]);
+    assert_invalid_request(&mut node, RQ_PSN);
+    assert_eq!(node.bytes(0, 16), vec![0; 16]);
+}
+
+fn assert_remote_access_error(node: &mut Node, psn: u32) {
+    assert_eq!(Syndrome::Nak(NakCode::RemoteAccessError).to_u8(), Ok(0x62));
+    assert_fatal_nak(node, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessError { qpn: QPN }, &[1, 2]);
+}
+
+#[test]
+fn remote_access_error_wrong_rkey() {
+    let mut node = responder_with_receives(attr());
+    node.feed(rc(Operation::WriteOnly, RQ_PSN).ack_req().reth(VA, KEY + 7, 16), &[0xab; 16]);
+    assert_remote_access_error(&mut node, RQ_PSN);
+    assert_eq!(node.bytes(0, 16), vec![0; 16]);
+}
+
+#[test]
+fn remote_access_error_rkey_of_another_pd() {
+    let mut node = responder_with_receives(attr());
+    let foreign = Region { pd: PD + 1, addr: 0x4000_0000, access: Access::REMOTE_WRITE, data: vec![0; 64] };
+    node.mem.register(5, foreign.clone());
+    node.feed(rc(Operation::WriteOnly, RQ_PSN).ack_req().reth(0x4000_0000, 5, 16), &[0xab; 16]);
+    assert_remote_access_error(&mut node, RQ_PSN);
+    assert_eq!(node.mem.region(5), Some(&foreign));
+}
+
+#[test]
+fn remote_access_error_write_out_of_bounds() {
+    let mut node = responder_with_receives(attr());
+    let end = VA + REGION_LEN as u64;
+    node.feed(rc(Operation::WriteOnly, RQ_PSN).ack_req().reth(end - 8, KEY, 16), &[0xab; 16]);
+    assert_remote_access_error(&mut node, RQ_PSN);
+    assert!(node.bytes(0, REGION_LEN).iter().all(|b| *b == 0));
+}
+
+#[test]
+fn remote_access_error_read_beyond_the_region_end() {
+    let mut node = responder_with_receives(attr());
+    let end = VA + REGION_LEN as u64;
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(end - 100, KEY, 200), &[]);
+    assert_remote_access_error(&mut node, RQ_PSN);
+}
+
+#[test]
+fn remote_access_error_range_wrapping_2_pow_64() {
+    // A region at address 0: a va + len that wraps past 2^64 lands inside it.
+    let mut node = responder_with_receives(attr());
+    let low = Region { pd: PD, addr: 0, access: Access::REMOTE_WRITE | Access::REMOTE_READ, data: vec![0; 64] };
+    node.mem.register(4, low.clone());
+    node.feed(rc(Operation::WriteOnly, RQ_PSN).ack_req().reth(u64::MAX - 3, 4, 8), &[0xab; 8]);
+    assert_remote_access_error(&mut node, RQ_PSN);
+    assert_eq!(node.mem.region(4), Some(&low));
+
+    let mut node = responder_with_receives(attr());
+    node.mem.register(4, low.clone());
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(u64::MAX - 3, 4, 8), &[]);
+    assert_remote_access_error(&mut node, RQ_PSN);
+}
+
+#[test]
+fn remote_access_error_region_deregistered_mid_write() {
+    let mut node = responder_with_receives(attr());
+    let data = pattern(3 * MTU, 4);
+    node.feed(rc(Operation::WriteFirst, RQ_PSN).reth(VA, KEY, data.len() as u32), &data[..MTU]);
+    assert!(node.transmit().is_empty());
+    let region = node.mem.deregister(KEY).unwrap();
+    node.feed(rc(Operation::WriteMiddle, RQ_PSN + 1), &data[MTU..2 * MTU]);
+    assert_remote_access_error(&mut node, RQ_PSN + 1);
+    assert_eq!(region.data[..MTU], data[..MTU]);
+    assert!(region.data[MTU..].iter().all(|b| *b == 0));
+}
+
+#[test]
+fn receive_buffer_too_small_completes_with_local_length_error() {
+    let mut node = Node::rc();
+    node.post_recv(1, 0x8000, 100);
+    node.post_recv(2, 0x9000, 100);
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &pattern(200, 5));
+    assert_one_ack(&node.transmit(), RQ_PSN, Syndrome::Nak(NakCode::InvalidRequest), 0);
+    assert_eq!(
+        summary(&node.completions()),
+        vec![
+            (CqKind::Recv, 1, WcStatus::LocLenErr, WcOpcode::Recv),
+            (CqKind::Recv, 2, WcStatus::WrFlushErr, WcOpcode::Recv),
+        ]
+    );
+    assert_eq!(node.qp.state(), QpState::Err);
+    assert_eq!(node.events(), vec![AsyncEvent::QpRequestError { qpn: QPN }]);
+}
+
+fn uc(operation: Operation, psn: u32) -> RoceRepr {
+    packet(Transport::Uc, operation, psn).ack_req()
+}
+
+#[test]
+fn uc_responder_drops_the_rest_of_a_message_after_a_gap() {
+    let mut node = Node::new(QpType::Uc, attr());
+    node.post_recv(1, 0x8000, 4096);
+    node.post_recv(2, 0x9000, 4096);
+    let lost = pattern(3 * MTU, 1);
+    node.feed(uc(Operation::SendFirst, RQ_PSN), &lost[..MTU]);
+    // RQ_PSN + 1 is lost.
+    node.feed(uc(Operation::SendLast, RQ_PSN + 2), &lost[2 * MTU..]);
+    assert!(node.completions().is_empty());
+    assert!(node.transmit().is_empty());
+
+    // The next ONLY starts afresh, in the receive the broken message had taken.
+    let next = pattern(200, 2);
+    node.feed(uc(Operation::SendOnly, RQ_PSN + 3), &next);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![(CqKind::Recv, 1, WcStatus::Success, WcOpcode::Recv)]);
+    assert_eq!(wcs[0].1.byte_len, 200);
+    assert_eq!(node.bytes(0x8000, 200), next);
+
+    // A MIDDLE with nothing before it is dropped, and so is its message.
+    node.feed(uc(Operation::SendMiddle, RQ_PSN + 5), &lost[MTU..2 * MTU]);
+    node.feed(uc(Operation::SendLast, RQ_PSN + 6), &lost[2 * MTU..]);
+    assert!(node.completions().is_empty());
+
+    // A FIRST resynchronises too.
+    node.feed(uc(Operation::SendFirst, RQ_PSN + 8), &lost[..MTU]);
+    node.feed(uc(Operation::SendLast, RQ_PSN + 9), &lost[MTU..2 * MTU]);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![(CqKind::Recv, 2, WcStatus::Success, WcOpcode::Recv)]);
+    assert_eq!(wcs[0].1.byte_len as usize, 2 * MTU);
+    assert_eq!(node.bytes(0x9000, 2 * MTU), lost[..2 * MTU]);
+
+    assert!(node.transmit().is_empty(), "a UC responder never answers");
+    assert_eq!(node.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn ud_responder_checks_the_qkey_and_writes_the_grh() {
+    let mut node = Node::new(QpType::Ud, attr());
+    node.post_recv(1, 0x8000, 40 + 256);
+    let ud = |qkey| packet(Transport::Ud, Operation::SendOnly, 5).deth(qkey, 0x33);
+    let data = pattern(100, 3);
+
+    node.feed(ud(QKEY ^ 1), &data);
+    assert!(node.completions().is_empty());
+    assert_eq!(node.qp.counters().dropped, 1);
+
+    node.feed(ud(QKEY), &data);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![(CqKind::Recv, 1, WcStatus::Success, WcOpcode::Recv)]);
+    let wc = wcs[0].1;
+    assert!(wc.grh);
+    assert_eq!(wc.src_qp, 0x33);
+    assert_eq!(wc.byte_len, 140);
+
+    let grh = node.bytes(0x8000, GRH_LEN);
+    assert_eq!(grh, grh_area(REMOTE, LOCAL, data.len()));
+    assert_eq!(grh[..20], [0; 20]);
+    let ip = &grh[20..];
+    assert_eq!(ip[0], 0x45);
+    assert_eq!(ip[9], 17);
+    assert_eq!(u16::from_be_bytes([ip[2], ip[3]]) as usize, 20 + 8 + 12 + 8 + data.len() + 4);
+    let octets = |a: IpAddr| match a {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(_) => unreachable!(),
+    };
+    assert_eq!(ip[12..16], octets(REMOTE));
+    assert_eq!(ip[16..20], octets(LOCAL));
+    assert_eq!(node.bytes(0x8000 + GRH_LEN as u64, data.len()), data);
+    assert!(node.transmit().is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// Requester and completer: work requests in, requests out, responses in.
+// ---------------------------------------------------------------------------
+
+/// A requester whose region starts with `len` bytes of pattern.
+fn requester(attr: QpAttr, len: usize) -> (Node, Vec<u8>) {
+    let mut node = Node::new(QpType::Rc, attr);
+    let data = pattern(len, 9);
+    node.fill(0, &data);
+    (node, data)
+}
+
+fn send(wr_id: u64, offset: u64, len: u32) -> SendWr {
+    SendWr::new(wr_id, SendOp::Send).with_sge(sge(offset, len))
+}
+
+fn write(wr_id: u64, len: u32) -> SendWr {
+    SendWr::new(wr_id, SendOp::RdmaWrite { remote_addr: REMOTE_VA, rkey: RKEY }).with_sge(sge(0, len))
+}
+
+fn read(wr_id: u64, offset: u64, len: u32) -> SendWr {
+    SendWr::new(wr_id, SendOp::RdmaRead { remote_addr: REMOTE_VA, rkey: RKEY }).with_sge(sge(offset, len))
+}
+
+fn success(wr_id: u64, opcode: WcOpcode) -> (CqKind, u64, WcStatus, WcOpcode) {
+    (CqKind::Send, wr_id, WcStatus::Success, opcode)
+}
+
+fn flushed(wr_id: u64, opcode: WcOpcode) -> (CqKind, u64, WcStatus, WcOpcode) {
+    (CqKind::Send, wr_id, WcStatus::WrFlushErr, opcode)
+}
+
+#[test]
+fn requester_segments_a_send_at_the_mtu() {
+    let (mut node, data) = requester(attr(), 3000);
+    node.post_send(send(1, 0, 3000));
+    let sent = node.transmit();
+    assert_eq!(
+        shape(&sent),
+        vec![
+            (Operation::SendFirst, SQ_PSN, false),
+            (Operation::SendMiddle, SQ_PSN + 1, false),
+            (Operation::SendLast, SQ_PSN + 2, true),
+        ]
+    );
+    assert!(sent.iter().all(|s| s.dest == REMOTE && s.header.bth.dest_qpn == PEER_QPN));
+    let payload: Vec<u8> = sent.iter().flat_map(|s| s.payload.clone()).collect();
+    assert_eq!(payload, data);
+    assert_eq!(sent[0].payload.len(), MTU);
+    assert!(node.transmit().is_empty());
+}
+
+#[test]
+fn requester_asks_for_acks_every_64_packets_and_stops_at_the_window() {
+    let packets = 200u32;
+    let (mut node, data) = requester(attr(), packets as usize * MTU);
+    node.post_send(write(1, packets * MTU as u32));
+
+    let sent = node.transmit();
+    assert_eq!(sent.len(), MAX_UNACKED_PSNS as usize, "the window is {MAX_UNACKED_PSNS} PSNs");
+    assert_eq!(sent[0].op(), Operation::WriteFirst);
+    assert_eq!(sent[0].reth(), RethRepr { va: REMOTE_VA, rkey: RKEY, dma_len: packets * MTU as u32 });
+    assert!(sent[1..].iter().all(|s| s.op() == Operation::WriteMiddle && s.header.reth.is_none()));
+    let psns: Vec<u32> = sent.iter().map(Sent::psn).collect();
+    assert_eq!(psns, (SQ_PSN..SQ_PSN + MAX_UNACKED_PSNS).collect::<Vec<_>>());
+    let ack_reqs: Vec<usize> = sent.iter().enumerate().filter(|(_, s)| s.ack_req()).map(|(i, _)| i).collect();
+    assert_eq!(ack_reqs, vec![MAX_PKTS_PER_ACK as usize - 1, 2 * MAX_PKTS_PER_ACK as usize - 1]);
+
+    // Acknowledging the first 64 opens the window by 64.
+    node.feed(ack(SQ_PSN + 63), &[]);
+    let more = node.transmit();
+    assert_eq!(more.len(), 64);
+    assert_eq!(more[0].psn(), SQ_PSN + 128);
+    assert!(more[..63].iter().all(|s| !s.ack_req()) && more[63].ack_req());
+
+    node.feed(ack(SQ_PSN + 191), &[]);
+    let rest = node.transmit();
+    assert_eq!(shape(&rest).last(), Some(&(Operation::WriteLast, SQ_PSN + packets - 1, true)));
+    assert_eq!(rest.len(), 8);
+    let payload: Vec<u8> = sent.iter().chain(&more).chain(&rest).flat_map(|s| s.payload.clone()).collect();
+    assert_eq!(payload, data);
+    assert!(node.completions().is_empty());
+
+    node.feed(ack(SQ_PSN + packets - 1), &[]);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![success(1, WcOpcode::RdmaWrite)]);
+    assert_eq!(wcs[0].1.byte_len, packets * MTU as u32);
+}
+
+#[test]
+fn coalesced_ack_completes_every_message_it_covers_in_order() {
+    let (mut node, _) = requester(attr(), 8192);
+    node.post_send(send(1, 0, 3000));
+    node.post_send(send(2, 0, 100));
+    node.post_send(send(3, 0, 2000));
+    let psns: Vec<u32> = node.transmit().iter().map(Sent::psn).collect();
+    assert_eq!(psns, (SQ_PSN..SQ_PSN + 6).collect::<Vec<_>>());
+
+    // An ACK in the middle of the first message completes nothing.
+    node.feed(ack(SQ_PSN + 1), &[]);
+    assert!(node.completions().is_empty());
+
+    node.feed(ack(SQ_PSN + 5), &[]);
+    let wcs = node.completions();
+    let op = WcOpcode::Send;
+    assert_eq!(summary(&wcs), vec![success(1, op), success(2, op), success(3, op)]);
+    assert_eq!(wcs.iter().map(|(_, wc)| wc.byte_len).collect::<Vec<_>>(), vec![3000, 100, 2000]);
+    assert_eq!(node.qp.poll_timeout(), None);
+}
+
+#[test]
+fn sequence_nak_goes_back_to_the_naked_psn_mid_message() {
+    let (mut node, data) = requester(attr(), 3000);
+    node.post_send(send(1, 0, 3000));
+    node.post_send(send(2, 0, 100));
+    assert_eq!(node.transmit().len(), 4);
+
+    node.feed(nak(SQ_PSN + 1, NakCode::PsnSequenceError), &[]);
+    assert!(node.completions().is_empty());
+    let sent = node.transmit();
+    assert_eq!(
+        shape(&sent),
+        vec![
+            (Operation::SendMiddle, SQ_PSN + 1, false),
+            (Operation::SendLast, SQ_PSN + 2, true),
+            (Operation::SendOnly, SQ_PSN + 3, true),
+        ]
+    );
+    assert_eq!(sent[0].payload, data[MTU..2 * MTU]);
+    assert_eq!(sent[1].payload, data[2 * MTU..]);
+    assert_eq!(node.qp.counters().seq_naks_received, 1);
+
+    node.feed(ack(SQ_PSN + 3), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send), success(2, WcOpcode::Send)]);
+}
+
+#[test]
+fn rnr_nak_holds_transmission_until_the_rnr_timer_elapses() {
+    let (mut node, _) = requester(attr(), 100);
+    node.post_send(send(1, 0, 100));
+    node.post_send(send(2, 0, 100));
+    assert_eq!(node.transmit().len(), 2);
+
+    node.now += Duration::from_micros(50);
+    let timer = 14;
+    node.feed(rnr_nak(SQ_PSN, timer), &[]);
+    let wait = Duration::from_micros(u64::from(Syndrome::rnr_timer_micros(timer)));
+    assert_eq!(wait, Duration::from_micros(1280));
+    let deadline = node.now + wait;
+    assert_eq!(node.qp.poll_timeout(), Some(deadline));
+    assert!(node.transmit().is_empty());
+
+    node.advance_to(deadline - Duration::from_nanos(1));
+    assert!(node.transmit().is_empty());
+    node.advance_to(deadline);
+    let sent = node.transmit();
+    assert_eq!(shape(&sent), vec![(Operation::SendOnly, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 1, true)]);
+    assert_eq!(node.qp.poll_timeout(), Some(deadline + ACK_TIMEOUT));
+
+    node.feed(ack(SQ_PSN + 1), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send), success(2, WcOpcode::Send)]);
+}
+
+#[test]
+fn rnr_retry_exhaustion_fails_the_request_and_flushes_the_rest() {
+    let (mut node, _) = requester(QpAttr { rnr_retry: 2, ..attr() }, 100);
+    node.post_send(send(1, 0, 100));
+    node.post_send(send(2, 0, 100));
+    assert_eq!(node.transmit().len(), 2);
+    for _ in 0..2 {
+        node.feed(rnr_nak(SQ_PSN, 1), &[]);
+        assert!(node.transmit().is_empty());
+        node.expire();
+        assert_eq!(shape(&node.transmit())[0], (Operation::SendOnly, SQ_PSN, true));
+        assert!(node.completions().is_empty());
+    }
+    node.feed(rnr_nak(SQ_PSN, 1), &[]);
+    assert_eq!(
+        summary(&node.completions()),
+        vec![(CqKind::Send, 1, WcStatus::RnrRetryExcErr, WcOpcode::Send), flushed(2, WcOpcode::Send)]
+    );
+    assert_eq!(node.qp.state(), QpState::Err);
+    assert_eq!(node.events(), vec![AsyncEvent::QpFatal { qpn: QPN }]);
+    assert_eq!(node.qp.poll_timeout(), None);
+
+    node.post_send(send(3, 0, 100));
+    assert_eq!(summary(&node.completions()), vec![flushed(3, WcOpcode::Send)]);
+    assert!(node.transmit().is_empty());
+}
+
+#[test]
+fn rnr_retry_7_retries_forever() {
+    let (mut node, _) = requester(attr(), 100);
+    node.post_send(send(1, 0, 100));
+    assert_eq!(node.transmit().len(), 1);
+    for _ in 0..20 {
+        node.feed(rnr_nak(SQ_PSN, 1), &[]);
+        assert!(node.transmit().is_empty());
+        node.expire();
+        assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN, true)]);
+    }
+    assert_eq!(node.qp.counters().rnr_naks_received, 20);
+    node.feed(ack(SQ_PSN), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send)]);
+    assert_eq!(node.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn local_ack_timeout_resends_from_the_oldest_unacked_psn() {
+    let (mut node, data) = requester(attr(), 3000);
+    node.post_send(send(1, 0, 3000));
+    let start = node.now;
+    assert_eq!(node.transmit().len(), 3);
+    assert_eq!(ACK_TIMEOUT, Duration::from_nanos(4_194_304));
+    assert_eq!(node.qp.poll_timeout(), Some(start + ACK_TIMEOUT));
+
+    // Progress restarts the timer.
+    node.now += Duration::from_millis(1);
+    node.feed(ack(SQ_PSN), &[]);
+    let deadline = node.now + ACK_TIMEOUT;
+    assert_eq!(node.qp.poll_timeout(), Some(deadline));
+
+    node.advance_to(deadline - Duration::from_nanos(1));
+    assert!(node.transmit().is_empty());
+    node.advance_to(deadline);
+    let sent = node.transmit();
+    assert_eq!(shape(&sent), vec![(Operation::SendMiddle, SQ_PSN + 1, false), (Operation::SendLast, SQ_PSN + 2, true)]);
+    assert_eq!(sent[0].payload, data[MTU..2 * MTU]);
+    assert_eq!(node.qp.counters().timeouts, 1);
+    assert_eq!(node.qp.poll_timeout(), Some(deadline + ACK_TIMEOUT));
+
+    node.feed(ack(SQ_PSN + 2), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send)]);
+    assert_eq!(node.qp.poll_timeout(), None);
+}
+
+#[test]
+fn retry_exhaustion_after_retry_cnt_timeouts() {
+    let (mut node, _) = requester(QpAttr { retry_cnt: 2, ..attr() }, 100);
+    node.post_send(send(1, 0, 100));
+    node.post_send(send(2, 0, 100));
+    assert_eq!(node.transmit().len(), 2);
+    for _ in 0..2 {
+        node.expire();
+        let psns: Vec<u32> = node.transmit().iter().map(Sent::psn).collect();
+        assert_eq!(psns, vec![SQ_PSN, SQ_PSN + 1]);
+    }
+    node.expire();
+    assert_eq!(
+        summary(&node.completions()),
+        vec![(CqKind::Send, 1, WcStatus::RetryExcErr, WcOpcode::Send), flushed(2, WcOpcode::Send)]
+    );
+    assert_eq!(node.qp.state(), QpState::Err);
+    assert_eq!(node.events(), vec![AsyncEvent::QpFatal { qpn: QPN }]);
+    assert!(node.transmit().is_empty());
+    assert_eq!(node.qp.poll_timeout(), None);
+}
+
+#[test]
+fn progress_restores_the_retry_budget() {
+    let (mut node, _) = requester(QpAttr { retry_cnt: 2, ..attr() }, 100);
+    node.post_send(send(1, 0, 100));
+    node.post_send(send(2, 0, 100));
+    assert_eq!(node.transmit().len(), 2);
+    for _ in 0..2 {
+        node.expire();
+        assert_eq!(node.transmit().len(), 2);
+    }
+    node.feed(ack(SQ_PSN), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send)]);
+    for _ in 0..2 {
+        node.expire();
+        assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, true)]);
+        assert!(node.completions().is_empty());
+    }
+    node.expire();
+    assert_eq!(summary(&node.completions()), vec![(CqKind::Send, 2, WcStatus::RetryExcErr, WcOpcode::Send)]);
+}
+
+#[test]
+fn sequence_naks_spend_the_retry_budget() {
+    let (mut node, _) = requester(QpAttr { retry_cnt: 1, ..attr() }, 100);
+    node.post_send(send(1, 0, 100));
+    assert_eq!(node.transmit().len(), 1);
+    node.feed(nak(SQ_PSN, NakCode::PsnSequenceError), &[]);
+    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN, true)]);
+    node.feed(nak(SQ_PSN, NakCode::PsnSequenceError), &[]);
+    assert_eq!(summary(&node.completions()), vec![(CqKind::Send, 1, WcStatus::RetryExcErr, WcOpcode::Send)]);
+    assert_eq!(node.qp.state(), QpState::Err);
+}
+
+#[test]
+fn read_takes_one_psn_per_response_packet_and_places_the_data() {
+    let (mut node, _) = requester(attr(), 100);
+    node.post_send(read(1, 0x8000, 3000));
+    node.post_send(send(2, 0, 100));
+    let sent = node.transmit();
+    assert_eq!(shape(&sent), vec![(Operation::ReadRequest, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 3, true)]);
+    assert_eq!(sent[0].reth(), RethRepr { va: REMOTE_VA, rkey: RKEY, dma_len: 3000 });
+    assert!(sent[0].payload.is_empty());
+
+    let remote = pattern(3000, 42);
+    node.feed(read_response(Operation::ReadResponseFirst, SQ_PSN), &remote[..MTU]);
+    node.feed(read_response(Operation::ReadResponseMiddle, SQ_PSN + 1), &remote[MTU..2 * MTU]);
+    assert!(node.completions().is_empty());
+    node.feed(read_response(Operation::ReadResponseLast, SQ_PSN + 2), &remote[2 * MTU..]);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![success(1, WcOpcode::RdmaRead)]);
+    assert_eq!(wcs[0].1.byte_len, 3000);
+    assert_eq!(node.bytes(0x8000, 3000), remote);
+
+    node.feed(ack(SQ_PSN + 3), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(2, WcOpcode::Send)]);
+}
+
+#[test]
+fn lost_read_response_retries_a_read_for_the_rest_only() {
+    let (mut node, _) = requester(attr(), 100);
+    node.post_send(read(1, 0x8000, 3000));
+    assert_eq!(node.transmit().len(), 1);
+
+    let remote = pattern(3000, 43);
+    node.feed(read_response(Operation::ReadResponseFirst, SQ_PSN), &remote[..MTU]);
+    // The MIDDLE is lost; the LAST shows it.
+    node.feed(read_response(Operation::ReadResponseLast, SQ_PSN + 2), &remote[2 * MTU..]);
+    assert_eq!(node.bytes(0x8000 + 2 * MTU as u64, 3000 - 2 * MTU), vec![0; 3000 - 2 * MTU]);
+    let sent = node.transmit();
+    assert_eq!(shape(&sent), vec![(Operation::ReadRequest, SQ_PSN + 1, true)]);
+    let rest = 3000 - MTU as u32;
+    assert_eq!(sent[0].reth(), RethRepr { va: REMOTE_VA + MTU as u64, rkey: RKEY, dma_len: rest });
+    assert!(node.completions().is_empty());
+
+    // The responder answers the retry as a new READ: FIRST then LAST.
+    node.feed(read_response(Operation::ReadResponseFirst, SQ_PSN + 1), &remote[MTU..2 * MTU]);
+    node.feed(read_response(Operation::ReadResponseLast, SQ_PSN + 2), &remote[2 * MTU..]);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![success(1, WcOpcode::RdmaRead)]);
+    assert_eq!(wcs[0].1.byte_len, 3000);
+    assert_eq!(node.bytes(0x8000, 3000), remote);
+    assert_eq!(node.qp.poll_timeout(), None);
+}
+
+#[test]
+fn atomic_ack_writes_the_original_value_locally() {
+    let (mut node, _) = requester(attr(), 0);
+    let op = SendOp::FetchAdd { remote_addr: REMOTE_VA, rkey: RKEY, add: 5 };
+    node.post_send(SendWr::new(1, op).with_sge(sge(0x9000, 8)));
+    let sent = node.transmit();
+    assert_eq!(shape(&sent), vec![(Operation::FetchAdd, SQ_PSN, true)]);
+    let eth = sent[0].header.atomic_eth.unwrap();
+    assert_eq!((eth.va, eth.rkey, eth.swap_add), (REMOTE_VA, RKEY, 5));
+
+    node.feed(atomic_ack(SQ_PSN, 0x1234_5678_9abc), &[]);
+    let wcs = node.completions();
+    assert_eq!(summary(&wcs), vec![success(1, WcOpcode::FetchAdd)]);
+    assert_eq!(wcs[0].1.byte_len, 8);
+    assert_eq!(node.bytes(0x9000, 8), 0x1234_5678_9abcu64.to_ne_bytes());
+}
+
+#[test]
+fn lost_atomic_ack_shown_by_a_later_ack_retries_the_atomic() {
+    let (mut node, _) = requester(attr(), 100);
+    let op = SendOp::CompareSwap { remote_addr: REMOTE_VA, rkey: RKEY, compare: 1, swap: 2 };
+    node.post_send(SendWr::new(1, op).with_sge(sge(0x9000, 8)));
+    node.post_send(send(2, 0, 100));
+    let first = node.transmit();
+    assert_eq!(shape(&first), vec![(Operation::CompareSwap, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 1, true)]);
+
+    node.feed(ack(SQ_PSN + 1), &[]);
+    assert!(node.completions().is_empty());
+    let retry = node.transmit();
+    assert_eq!(shape(&retry), shape(&first));
+    assert_eq!(retry[0].header.atomic_eth, first[0].header.atomic_eth);
+
+    node.feed(atomic_ack(SQ_PSN, 1), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::CompSwap)]);
+    assert_eq!(node.bytes(0x9000, 8), 1u64.to_ne_bytes());
+    node.feed(ack(SQ_PSN + 1), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(2, WcOpcode::Send)]);
+}
+
+#[test]
+fn max_rd_atomic_1_holds_the_second_read_until_the_first_completes() {
+    let (mut node, _) = requester(QpAttr { max_rd_atomic: 1, ..attr() }, 0);
+    node.post_send(read(1, 0x8000, 1000));
+    node.post_send(read(2, 0x9000, 1000));
+    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN, true)]);
+    assert!(node.transmit().is_empty());
+
+    node.feed(read_response(Operation::ReadResponseOnly, SQ_PSN), &pattern(1000, 1));
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::RdmaRead)]);
+    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 1, true)]);
+}
+
+#[test]
+fn fenced_send_waits_for_the_outstanding_read() {
+    let (mut node, _) = requester(attr(), 100);
+    node.post_send(read(1, 0x8000, 1000));
+    let mut fenced = send(2, 0, 100);
+    fenced.flags.fence = true;
+    node.post_send(fenced);
+    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN, true)]);
+
+    node.feed(read_response(Operation::ReadResponseOnly, SQ_PSN), &pattern(1000, 1));
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::RdmaRead)]);
+    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, true)]);
+}
+
+#[test]
+fn fatal_naks_complete_with_remote_errors_and_flush_the_rest() {
+    for (code, status) in [
+        (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
+        (NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+        (NakCode::RemoteOperationalError, WcStatus::RemOpErr),
+    ] {
+        let (mut node, _) = requester(attr(), 100);
+        node.post_send(send(1, 0, 100));
+        node.post_send(write(2, 100));
+        node.post_send(send(3, 0, 100));
+        assert_eq!(node.transmit().len(), 3);
+
+        // The NAK implicitly acknowledges the SEND before it.
+        node.feed(nak(SQ_PSN + 1, code), &[]);
+        assert_eq!(
+            summary(&node.completions()),
+            vec![
+                success(1, WcOpcode::Send),
+                (CqKind::Send, 2, status, WcOpcode::RdmaWrite),
+                flushed(3, WcOpcode::Send),
+            ],
+            "{code:?}"
+        );
+        assert_eq!(node.qp.state(), QpState::Err);
+        assert_eq!(node.events(), vec![AsyncEvent::QpFatal { qpn: QPN }]);
+        assert_eq!(node.qp.poll_timeout(), None);
+
+        node.post_send(send(4, 0, 100));
+        assert_eq!(summary(&node.completions()), vec![flushed(4, WcOpcode::Send)]);
+        assert!(node.transmit().is_empty());
+    }
+}
+
+#[test]
+fn psns_wrap_around_at_2_pow_24() {
+    let mut node = Node::with_psns(QpType::Rc, attr(), 0xff_fffe, RQ_PSN);
+    node.post_send(send(1, 0, 5 * MTU as u32 - 10));
+    let sent = node.transmit();
+    assert_eq!(
+        shape(&sent),
+        vec![
+            (Operation::SendFirst, 0xff_fffe, false),
+            (Operation::SendMiddle, 0xff_ffff, false),
+            (Operation::SendMiddle, 0, false),
+            (Operation::SendMiddle, 1, false),
+            (Operation::SendLast, 2, true),
+        ]
+    );
+    node.feed(ack(2), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send)]);
+    node.post_send(send(2, 0, 10));
+    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, 3, true)]);
+}
+
+// ---------------------------------------------------------------------------
+// The QP state machine.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn modify_names_missing_and_unexpected_attributes() {
+    let mut qp = Qp::new(QPN, QpType::Rc, PD, QpCap::default(), None);
+    let base = QpAttr { dest: Some(REMOTE), dest_qpn: PEER_QPN, ..attr() };
+
+    let rts = QpAttr { state: QpState::Rts, ..base };
+    assert_eq!(
+        qp.modify(&rts, AttrMask::STATE | rts_mask(QpType::Rc)),
+        Err(ModifyError::InvalidTransition { from: QpState::Reset, to: QpState::Rts })
+    );
+
+    let init = QpAttr { state: QpState::Init, ..base };
+    let err = qp.modify(&init, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT).unwrap_err();
+    assert_eq!(
+        err,
+        ModifyError::MissingAttributes { from: QpState::Reset, to: QpState::Init, missing: AttrMask::ACCESS_FLAGS }
+    );
+    assert!(err.to_string().contains("ACCESS_FLAGS"), "{err}");
+    let init_mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+    let err = qp.modify(&init, init_mask | AttrMask::SQ_PSN).unwrap_err();
+    assert_eq!(
+        err,
+        ModifyError::UnexpectedAttributes { from: QpState::Reset, to: QpState::Init, unexpected: AttrMask::SQ_PSN }
+    );
+    assert!(err.to_string().contains("SQ_PSN"), "{err}");
+    assert_eq!(qp.state(), QpState::Reset);
+    qp.modify(&init, init_mask).unwrap();
+
+    let rtr = QpAttr { state: QpState::Rtr, ..base };
+    let err = qp.modify(&rtr, AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN).unwrap_err();
+    let missing = AttrMask::RQ_PSN | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+    assert_eq!(err, ModifyError::MissingAttributes { from: QpState::Init, to: QpState::Rtr, missing });
+    let text = err.to_string();
+    assert!(["RQ_PSN", "MAX_DEST_RD_ATOMIC", "MIN_RNR_TIMER"].iter().all(|n| text.contains(n)), "{text}");
+    assert_eq!(qp.state(), QpState::Init);
+    qp.modify(&rtr, AttrMask::STATE | rtr_mask(QpType::Rc)).unwrap();
+
+    let err = qp.modify(&rts, AttrMask::STATE | AttrMask::SQ_PSN).unwrap_err();
+    let missing = AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
+    assert_eq!(err, ModifyError::MissingAttributes { from: QpState::Rtr, to: QpState::Rts, missing });
+    let err = qp.modify(&rts, AttrMask::STATE | rts_mask(QpType::Rc) | AttrMask::RQ_PSN).unwrap_err();
+    assert_eq!(
+        err,
+        ModifyError::UnexpectedAttributes { from: QpState::Rtr, to: QpState::Rts, unexpected: AttrMask::RQ_PSN }
+    );
+    assert_eq!(qp.state(), QpState::Rtr);
+    qp.modify(&rts, AttrMask::STATE | rts_mask(QpType::Rc)).unwrap();
+    assert_eq!(qp.state(), QpState::Rts);
+}
+
+#[test]
+fn moving_to_err_from_any_state_flushes_everything() {
+    let to_err = QpAttr { state: QpState::Err, ..QpAttr::default() };
+
+    // INIT and RTR hold receives only.
+    for target in [QpState::Init, QpState::Rtr] {
+        let mut qp = Qp::new(QPN, QpType::Rc, PD, QpCap::default(), None);
+        let mut at = QpAttr { dest: Some(REMOTE), dest_qpn: PEER_QPN, state: QpState::Init, ..attr() };
+        qp.modify(&at, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
+        if target == QpState::Rtr {
+            at.state = QpState::Rtr;
+            qp.modify(&at, AttrMask::STATE | rtr_mask(QpType::Rc)).unwrap();
+        }
+        qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![sge(0, 64)] }).unwrap();
+        qp.modify(&to_err, AttrMask::STATE).unwrap();
+        assert_eq!(qp.state(), QpState::Err);
+        let wcs: Vec<_> = std::iter::from_fn(|| qp.poll_completion()).collect();
+        assert_eq!(summary(&wcs), vec![(CqKind::Recv, 1, WcStatus::WrFlushErr, WcOpcode::Recv)], "{target:?}");
+    }
+
+    // RTS: a send in flight, one not yet sent, and a receive.
+    let (mut node, _) = requester(attr(), 100);
+    node.post_send(send(1, 0, 100));
+    assert_eq!(node.transmit().len(), 1);
+    node.post_send(read(2, 0x8000, 100));
+    node.post_recv(3, 0x9000, 64);
+    node.qp.modify(&to_err, AttrMask::STATE).unwrap();
+    assert_eq!(
+        summary(&node.completions()),
+        vec![flushed(1, WcOpcode::Send), flushed(2, WcOpcode::RdmaRead), (CqKind::Recv, 3, WcStatus::WrFlushErr, WcOpcode::Recv)]
+    );
+    assert_eq!(node.qp.poll_timeout(), None);
+    assert!(node.transmit().is_empty());
+    // A late ACK for the flushed send changes nothing.
+    node.feed(ack(SQ_PSN), &[]);
+    assert!(node.completions().is_empty());
+
+    // ERR → RESET empties the QP; it takes no receives until INIT.
+    let reset = QpAttr { state: QpState::Reset, ..QpAttr::default() };
+    node.qp.modify(&reset, AttrMask::STATE).unwrap();
+    assert_eq!(node.qp.state(), QpState::Reset);
+    assert_eq!(node.qp.post_recv(RecvWr { wr_id: 4, sg_list: vec![] }), Err(PostRecvError::InvalidState));
+}
