@@ -172,7 +172,12 @@ mod support {
 
         /// Hands the QP a packet from the peer.
         pub fn feed(&mut self, header: RoceRepr, payload: &[u8]) {
-            let pkt = Incoming { src: REMOTE, dst: LOCAL, header: &header, payload };
+            self.feed_from(REMOTE, header, payload);
+        }
+
+        /// Feeds a packet that claims to come from `src`.
+        pub fn feed_from(&mut self, src: IpAddr, header: RoceRepr, payload: &[u8]) {
+            let pkt = Incoming { src, dst: LOCAL, header: &header, payload };
             self.qp.handle_packet(self.now, pkt, &mut self.mem, None);
         }
 
@@ -359,6 +364,22 @@ fn responder_acks_send_only_with_credits_and_msn() {
     assert_eq!(wcs[0].1.byte_len, 100);
     assert_eq!(node.bytes(0x8000, 100), data);
     assert!(node.transmit().is_empty());
+}
+
+#[test]
+fn connected_qp_ignores_packets_from_other_addresses() {
+    let mut node = Node::rc();
+    node.post_recv(7, 0x8000, 4096);
+    let spoofer: IpAddr = "10.0.0.66".parse().unwrap();
+    node.feed_from(spoofer, rc(Operation::SendOnly, RQ_PSN).ack_req(), &pattern(100, 3));
+    node.feed_from(spoofer, rc(Operation::Acknowledge, SQ_PSN).aeth(ACK, 1), &[]);
+    assert!(node.transmit().is_empty());
+    assert!(node.completions().is_empty());
+    assert_eq!(node.qp.counters().dropped, 2);
+    assert_eq!(node.bytes(0x8000, 100), vec![0; 100]);
+    // The same SEND from the peer is executed.
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &pattern(100, 3));
+    assert_one_ack(&node.transmit(), RQ_PSN, ACK, 1);
 }
 
 #[test]
