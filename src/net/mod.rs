@@ -3,7 +3,70 @@
 //!
 //! - [`sim`]: a deterministic in-memory network with a virtual clock and fault
 //!   injection, for tests and reproducible experiments.
+//! - [`udp`]: real UDP sockets, to talk to kernel rxe, NICs and other processes.
+//!
+//! Both implement [`Link`], the interface engines drive.
 
 pub mod sim;
+pub mod udp;
+
+use std::io;
+use std::net::IpAddr;
+use std::time::Duration;
 
 pub use sim::{Delivery, Faults, SimNet, Stats};
+pub use udp::UdpLink;
+
+/// A packet a QP hands to a link: RoCE bytes (BTH up to a placeholder ICRC),
+/// which the link completes with the ICRC of the headers it puts below.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// UDP source port (kernel rxe's per-connection choice, where the link
+    /// can honour it).
+    pub src_port: u16,
+    pub roce: &'a mut [u8],
+}
+
+/// A packet a link received and whose ICRC it verified: its RoCE bytes are
+/// the first `len` bytes of the buffer given to [`Link::receive`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub len: usize,
+}
+
+/// What a link counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    pub sent: u64,
+    pub received: u64,
+    pub icrc_errors: u64,
+    pub malformed: u64,
+}
+
+/// A network an engine drives QPs over. Links carry packets for a set of
+/// local addresses; time is the engine's.
+pub trait Link {
+    /// Makes `addr` one of the link's local addresses.
+    fn attach(&mut self, addr: IpAddr) -> io::Result<()>;
+
+    /// Sends one packet, filling in its ICRC.
+    fn transmit(&mut self, now: Duration, out: Outgoing<'_>) -> io::Result<()>;
+
+    /// The next packet that arrived by `now` with a good ICRC, if any; packets
+    /// with a bad ICRC are dropped and counted.
+    fn receive(&mut self, now: Duration, buf: &mut [u8]) -> Option<Received>;
+
+    /// When the link will next have a packet, for links that know (virtual
+    /// time); `None` for real networks.
+    fn next_event(&self) -> Option<Duration>;
+
+    /// Blocks until a packet may be ready or `timeout` passes (real
+    /// networks); virtual-time links return at once.
+    fn wait(&mut self, timeout: Duration);
+
+    fn stats(&self) -> LinkStats;
+}

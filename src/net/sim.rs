@@ -26,7 +26,10 @@ use std::time::Duration;
 
 use etherparse::{Ipv4HeaderSlice, Ipv6HeaderSlice, UdpHeader};
 
+use super::{Link, LinkStats, Outgoing, Received};
 use crate::capture::{CaptureError, IpPcapWriter};
+use crate::wire::packet::{encapsulate, ip_header};
+use crate::wire::{Packet, ROCE_UDP_PORT};
 
 /// What can go wrong on a link, and how long a packet takes to cross it.
 ///
@@ -125,18 +128,20 @@ pub struct SimNet<W: Write = io::Sink> {
     faults: Faults,
     endpoints: BTreeSet<IpAddr>,
     /// Per-direction state, keyed by (source, destination).
-    links: BTreeMap<(IpAddr, IpAddr), Link>,
+    links: BTreeMap<(IpAddr, IpAddr), Direction>,
     in_flight: BinaryHeap<InFlight>,
     /// Send order of the next copy scheduled; breaks ties in delivery time.
     next_seq: u64,
     stats: Stats,
+    /// What the [`super::Link`] face of the network counted.
+    link_stats: LinkStats,
     pcap: Option<IpPcapWriter<W>>,
     pcap_error: Option<CaptureError>,
 }
 
 /// One direction of a link between two endpoints.
 #[derive(Debug, Default)]
-struct Link {
+struct Direction {
     /// Faults overriding the network's, set by [`SimNet::set_link_faults`].
     faults: Option<Faults>,
     /// Arrival time of the latest packet scheduled in FIFO order; no later
@@ -155,6 +160,7 @@ impl SimNet {
             in_flight: BinaryHeap::new(),
             next_seq: 0,
             stats: Stats::default(),
+            link_stats: LinkStats::default(),
             pcap: None,
             pcap_error: None,
         }
@@ -170,6 +176,7 @@ impl SimNet {
             in_flight: self.in_flight,
             next_seq: self.next_seq,
             stats: self.stats,
+            link_stats: self.link_stats,
             pcap: Some(pcap),
             pcap_error: None,
         }
@@ -384,6 +391,65 @@ impl SplitMix64 {
     fn up_to(&mut self, max: Duration) -> Duration {
         let max = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
         Duration::from_nanos(self.below(max.saturating_add(1)))
+    }
+}
+
+/// The simulated network as an engine's link: it adds IP and UDP headers on
+/// the way in, and checks the ICRC strictly on the way out (it has the whole
+/// header), dropping and counting bad packets.
+impl<W: Write> Link for SimNet<W> {
+    fn attach(&mut self, addr: IpAddr) -> io::Result<()> {
+        SimNet::attach(self, addr);
+        Ok(())
+    }
+
+    fn transmit(&mut self, now: Duration, out: Outgoing<'_>) -> io::Result<()> {
+        let udp = UdpHeader {
+            source_port: out.src_port,
+            destination_port: ROCE_UDP_PORT,
+            length: 0,
+            checksum: 0,
+        };
+        let packet = ip_header(out.src, out.dst)
+            .and_then(|ip| encapsulate(&ip, &udp, out.roce))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        self.link_stats.sent += 1;
+        self.send(now, packet);
+        Ok(())
+    }
+
+    fn receive(&mut self, now: Duration, buf: &mut [u8]) -> Option<Received> {
+        while let Some(delivery) = self.poll_deliver(now) {
+            self.link_stats.received += 1;
+            let Ok(pkt) = Packet::parse(&delivery.packet) else {
+                self.link_stats.malformed += 1;
+                continue;
+            };
+            if !pkt.icrc_ok() {
+                self.link_stats.icrc_errors += 1;
+                continue;
+            }
+            let bytes = pkt.bytes();
+            let roce = &bytes[bytes.len() - usize::from(pkt.udp.length) + UdpHeader::LEN..];
+            let Some(dest) = buf.get_mut(..roce.len()) else {
+                self.link_stats.malformed += 1;
+                continue;
+            };
+            dest.copy_from_slice(roce);
+            let (src, dst) = (pkt.ip.source(), pkt.ip.destination());
+            return Some(Received { src, dst, len: roce.len() });
+        }
+        None
+    }
+
+    fn next_event(&self) -> Option<Duration> {
+        self.next_delivery()
+    }
+
+    fn wait(&mut self, _timeout: Duration) {}
+
+    fn stats(&self) -> LinkStats {
+        self.link_stats
     }
 }
 

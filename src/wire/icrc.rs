@@ -53,7 +53,10 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
         }
         _ => return Err(Error::BadIp),
     }
-    if udp_header.len() != 8 || roce.len() < 12 {
+    if udp_header.len() != 8 {
+        return Err(Error::BadIp);
+    }
+    if roce.len() < 12 {
         return Err(Error::Truncated { needed: 12, got: roce.len() });
     }
     let mut udp = [0u8; 8];

@@ -168,6 +168,12 @@ pub fn rxe_source_port(local_qpn: u32, remote_qpn: u32) -> u16 {
     0xc000 | low as u16
 }
 
+/// The UDP source port kernel rxe gives a UD QP: 0xC000 plus 14 bits of a
+/// golden-ratio hash of its QPN (`hash_32(qpn, 14)`).
+pub fn rxe_ud_source_port(qpn: u32) -> u16 {
+    0xc000 + (qpn.wrapping_mul(0x61c8_8647) >> (32 - 14)) as u16
+}
+
 /// The IP header softroce sends from `src` to `dst`: DF set and ID 0 (what an
 /// unconnected UDP socket with `IP_PMTUDISC_DO` sends), TTL 64, and for IPv6
 /// hop limit 64. Lengths are filled in by [`encapsulate`].
@@ -258,6 +264,8 @@ mod tests {
         assert_eq!(rxe_source_port(0x11, 0x11), 0xc121);
         assert_ne!(rxe_source_port(0x11, 0x12), 0xc121);
         assert!(rxe_source_port(0xff_ffff, 0xff_fffe) >= 0xc000);
+        // UD QP 0x11: port 0xdf94 in tests/data/ud_send.pcap.
+        assert_eq!(rxe_ud_source_port(0x11), 0xdf94);
     }
 
     #[test]

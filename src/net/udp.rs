@@ -1,0 +1,179 @@
+//! The UDP link: RoCEv2 over ordinary UDP sockets, one per local address.
+//!
+//! The kernel adds the IP and UDP headers, so the link sends and receives
+//! RoCE bytes (BTH … ICRC). Sockets are unconnected and set
+//! `IP_PMTUDISC_DO`, so IPv4 packets leave with DF and Identification 0 — the
+//! ICRC this link computes over that header is the one a strict peer (kernel
+//! rxe, a NIC) checks. On receive the sender's Identification is unknown, so
+//! IPv4 ICRCs are checked "up to the ID" (`icrc::verify_ipv4_unknown_id`);
+//! IPv6 headers have no such field and are checked exactly.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use etherparse::{IpNumber, Ipv6Header, UdpHeader};
+
+use super::{Link, LinkStats, Outgoing, Received};
+use crate::wire::icrc;
+use crate::wire::ROCE_UDP_PORT;
+
+/// Sockets bound to local addresses, all on one UDP port.
+pub struct UdpLink {
+    port: u16,
+    sockets: BTreeMap<IpAddr, UdpSocket>,
+    stats: LinkStats,
+}
+
+impl UdpLink {
+    /// A link whose sockets bind `port` (4791 to talk to other RoCE peers;
+    /// another port lets tests run without privileges or conflicts).
+    pub fn new(port: u16) -> UdpLink {
+        UdpLink { port, sockets: BTreeMap::new(), stats: LinkStats::default() }
+    }
+
+    /// The standard RoCEv2 link on port 4791.
+    pub fn standard() -> UdpLink {
+        UdpLink::new(ROCE_UDP_PORT)
+    }
+
+    /// Binds a socket to `addr` on the link's port.
+    pub fn bind(&mut self, addr: IpAddr) -> io::Result<()> {
+        let socket = UdpSocket::bind(SocketAddr::new(addr, self.port))?;
+        socket.set_nonblocking(true)?;
+        if addr.is_ipv4() {
+            set_pmtudisc_do(&socket)?;
+        }
+        self.sockets.insert(addr, socket);
+        Ok(())
+    }
+
+    /// The UDP header of a datagram of `roce_len` bytes between our port and `peer_port`.
+    fn udp_header(&self, source_port: u16, destination_port: u16, roce_len: usize) -> Option<[u8; 8]> {
+        let length = u16::try_from(UdpHeader::LEN + roce_len).ok()?;
+        Some(UdpHeader { source_port, destination_port, length, checksum: 0 }.to_bytes())
+    }
+
+    /// Checks the ICRC of a datagram as well as a UDP receiver can.
+    fn icrc_ok(&self, src: SocketAddr, dst: IpAddr, roce: &[u8]) -> bool {
+        let Some(udp) = self.udp_header(src.port(), self.port, roce.len()) else { return false };
+        match (src.ip(), dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                matches!(icrc::verify_ipv4_unknown_id(s, d, &udp, roce), Ok(Some(_)))
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                let ip = ipv6_header(s.octets(), d.octets(), UdpHeader::LEN + roce.len());
+                icrc::verify(&ip, &udp, roce).unwrap_or(false)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// An IPv6 header as the ICRC sees it (traffic class, flow label and hop
+/// limit are masked, so zero will do).
+fn ipv6_header(source: [u8; 16], destination: [u8; 16], udp_len: usize) -> [u8; 40] {
+    Ipv6Header {
+        traffic_class: 0,
+        flow_label: Default::default(),
+        payload_length: udp_len as u16,
+        next_header: IpNumber::UDP,
+        hop_limit: 0,
+        source,
+        destination,
+    }
+    .to_bytes()
+}
+
+impl Link for UdpLink {
+    fn attach(&mut self, addr: IpAddr) -> io::Result<()> {
+        self.bind(addr)
+    }
+
+    fn transmit(&mut self, _now: Duration, out: Outgoing<'_>) -> io::Result<()> {
+        let socket = self.sockets.get(&out.src).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src))
+        })?;
+        let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+        let udp = self.udp_header(self.port, self.port, out.roce.len()).ok_or_else(|| invalid("packet too large"))?;
+        let udp_len = UdpHeader::LEN + out.roce.len();
+        let filled = match (out.src, out.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                // What the kernel will send: DF, Identification 0.
+                let ip = icrc::ipv4_header(s, d, (20 + udp_len) as u16, 0, 0x40);
+                icrc::fill(&ip, &udp, out.roce)
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                icrc::fill(&ipv6_header(s.octets(), d.octets(), udp_len), &udp, out.roce)
+            }
+            _ => return Err(invalid("source and destination are of different IP versions")),
+        };
+        filled.map_err(|e| invalid(&e.to_string()))?;
+        socket.send_to(out.roce, SocketAddr::new(out.dst, self.port))?;
+        self.stats.sent += 1;
+        Ok(())
+    }
+
+    fn receive(&mut self, now: Duration, buf: &mut [u8]) -> Option<Received> {
+        let mut found = None;
+        for (&local, socket) in &self.sockets {
+            match socket.recv_from(buf) {
+                Ok((len, src)) => {
+                    found = Some((local, src, len));
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => self.stats.malformed += 1,
+            }
+        }
+        let (local, src, len) = found?;
+        self.stats.received += 1;
+        if !self.icrc_ok(src, local, &buf[..len]) {
+            self.stats.icrc_errors += 1;
+            return self.receive(now, buf);
+        }
+        Some(Received { src: src.ip(), dst: local, len })
+    }
+
+    fn next_event(&self) -> Option<Duration> {
+        None
+    }
+
+    fn wait(&mut self, timeout: Duration) {
+        let mut fds: Vec<libc::pollfd> = self
+            .sockets
+            .values()
+            .map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+    }
+
+    fn stats(&self) -> LinkStats {
+        self.stats
+    }
+}
+
+/// Sets `IP_MTU_DISCOVER` to `IP_PMTUDISC_DO`: DF on, and (for unconnected
+/// sockets) IPv4 Identification 0.
+fn set_pmtudisc_do(socket: &UdpSocket) -> io::Result<()> {
+    let value: libc::c_int = libc::IP_PMTUDISC_DO;
+    // SAFETY: a valid socket fd and a pointer to a c_int of the given size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
