@@ -1112,13 +1112,18 @@ fn progress_restores_the_retry_budget() {
 }
 
 #[test]
-fn sequence_naks_spend_the_retry_budget() {
+fn sequence_naks_spend_one_retry_per_gap() {
     let (mut node, _) = requester(QpAttr { retry_cnt: 1, ..attr() }, 100);
     node.post_send(send(1, 0, 100));
     assert_eq!(node.transmit().len(), 1);
     node.feed(nak(SQ_PSN, NakCode::PsnSequenceError), &[]);
     assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN, true)]);
+    // The same NAK again (duplicated by the network) is not a new gap.
     node.feed(nak(SQ_PSN, NakCode::PsnSequenceError), &[]);
+    assert!(node.transmit().is_empty());
+    assert!(node.completions().is_empty());
+    // The retry was spent: the next timeout exhausts the budget.
+    node.expire();
     assert_eq!(summary(&node.completions()), vec![(CqKind::Send, 1, WcStatus::RetryExcErr, WcOpcode::Send)]);
     assert_eq!(node.qp.state(), QpState::Err);
 }

@@ -146,7 +146,13 @@ impl Qp {
         match code {
             NakCode::PsnSequenceError => {
                 self.counters.seq_naks_received += 1;
-                if self.take_retry() {
+                // One retry per gap, like rxe's `started_retry`: a NAK the
+                // network duplicated, or one drawn by requests sent behind an
+                // RNR-NAKed one, asks for a go-back already under way. If the
+                // resent packets are lost too, the ACK timer catches it.
+                let under_way = self.comp.retry_started_at == Some(psn)
+                    || (self.comp.rnr_until.is_some() && self.comp.rnr_psn == psn);
+                if !under_way && self.take_retry() {
                     self.go_back_to(psn);
                 }
             }
