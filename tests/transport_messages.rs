@@ -336,8 +336,8 @@ struct Pair {
 impl Pair {
     fn new(qp_type: QpType, mtu: Mtu, family: Family, region_len: usize) -> Pair {
         let mut w = SimWorld::new(ideal_net());
-        w.add_host(family.host(A));
-        w.add_host(family.host(B));
+        w.add_host(family.host(A)).unwrap();
+        w.add_host(family.host(B)).unwrap();
         w.create_qp(A, QPN_A, qp_type, qp_cap(), None);
         w.create_qp(B, QPN_B, qp_type, qp_cap(), None);
         for mr in [A0, A1, B0, B1] {
@@ -754,7 +754,7 @@ fn srq_shared_by_three_qps() {
 
     let mut w = SimWorld::new(ideal_net());
     for h in 0..=RECEIVER {
-        w.add_host(Family::V4.host(h));
+        w.add_host(Family::V4.host(h)).unwrap();
     }
     for &mr in &regions {
         register_random(&mut w, mr, REGION_LEN);
@@ -819,8 +819,8 @@ fn srq_limit_event_fires_once() {
     const SRQ: u32 = 9;
     for qp_type in [QpType::Rc, QpType::Ud] {
         let mut w = SimWorld::new(ideal_net());
-        w.add_host(Family::V4.host(A));
-        w.add_host(Family::V4.host(B));
+        w.add_host(Family::V4.host(A)).unwrap();
+        w.add_host(Family::V4.host(B)).unwrap();
         register_random(&mut w, A0, REGION_LEN);
         register_random(&mut w, B0, REGION_LEN);
         w.hosts[B].srqs.insert(SRQ, Srq::new(SRQ, 16, 1));

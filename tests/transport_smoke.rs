@@ -14,8 +14,8 @@ const ALL: Access = Access::LOCAL_WRITE;
 
 fn world(faults: Faults, seed: u64) -> SimWorld {
     let mut w = SimWorld::new(SimNet::new(seed, Faults { latency: Duration::from_micros(5), ..faults }));
-    w.add_host(A);
-    w.add_host(B);
+    w.add_host(A).unwrap();
+    w.add_host(B).unwrap();
     w.create_qp(0, 0x11, QpType::Rc, QpCap::default(), None);
     w.create_qp(1, 0x22, QpType::Rc, QpCap::default(), None);
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
@@ -100,6 +100,6 @@ fn faults_really_happen() {
     assert!(w.run_until(Duration::from_secs(60), |w| w.hosts[0].completions.len() == 20));
     let s = w.net.stats().clone();
     let c = *w.hosts[0].qps[&0x11].counters();
-    eprintln!("net {s:?}\nA {c:?}\nB {:?}\nicrc {} {}", w.hosts[1].qps[&0x22].counters(), w.hosts[0].icrc_errors, w.hosts[1].icrc_errors);
+    eprintln!("net {s:?}\nA {c:?}\nB {:?}\nlink {:?}", w.hosts[1].qps[&0x22].counters(), softroce::net::Link::stats(&w.net));
     assert!(s.dropped > 0 && s.corrupted > 0 && c.retries > 0);
 }

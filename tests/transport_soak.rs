@@ -279,8 +279,8 @@ impl Scenario {
     /// FETCH_ADD word starts at zero).
     fn world(&self) -> SimWorld {
         let mut w = SimWorld::new(SimNet::new(self.seed, self.faults));
-        w.add_host(ADDR_A);
-        w.add_host(ADDR_B);
+        w.add_host(ADDR_A).unwrap();
+        w.add_host(ADDR_B).unwrap();
         w.create_qp(A, QPN_A, QpType::Rc, QpCap::default(), None);
         w.create_qp(B, QPN_B, QpType::Rc, QpCap::default(), None);
         let mut rng = Rng(self.seed);

@@ -1,9 +1,17 @@
 //! Engines join the transport to a network: they move packets between QPs
 //! and a link, run the timers and collect completions.
 //!
-//! - [`sim`]: a single-threaded engine over the simulated network, in
-//!   virtual time — deterministic, for tests, fuzzing and teaching.
+//! - [`World`]: a single-threaded engine over any [`crate::net::Link`], in
+//!   virtual time (simulated networks: deterministic, for tests, fuzzing and
+//!   teaching) or real time (UDP sockets).
 
-pub mod sim;
+pub mod world;
 
-pub use sim::{Host, SimWorld};
+use std::io;
+
+pub use world::{Host, World, PD};
+
+use crate::net::SimNet;
+
+/// A world on the simulated network, in virtual time.
+pub type SimWorld<W = io::Sink> = World<SimNet<W>>;
