@@ -17,4 +17,5 @@ pub mod capture;
 pub mod engine;
 pub mod net;
 pub mod transport;
+pub mod verbs;
 pub mod wire;

@@ -81,7 +81,7 @@ fn udp_link_drops_a_corrupted_datagram() {
     let mut buf = vec![0u8; 2048];
     let mut got = None;
     for _ in 0..100 {
-        link.wait(Duration::from_millis(10));
+        softroce::net::wait_readable(&link.raw_fds(), Duration::from_millis(10));
         got = link.receive(Duration::ZERO, &mut buf);
         if link.stats().received > 0 {
             break;

@@ -191,7 +191,7 @@ impl<L: Link> World<L> {
                     }
                     let until = next.unwrap_or(deadline).min(deadline);
                     let wait = until.saturating_sub(self.now).min(Duration::from_millis(10));
-                    self.net.wait(wait);
+                    crate::net::wait_readable(&self.net.raw_fds(), wait);
                 }
             }
         }

@@ -12,10 +12,20 @@ pub mod udp;
 
 use std::io;
 use std::net::IpAddr;
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 pub use sim::{Delivery, Faults, SimNet, Stats};
 pub use udp::UdpLink;
+
+/// Blocks until one of `fds` is readable or `timeout` passes.
+pub fn wait_readable(fds: &[RawFd], timeout: Duration) {
+    let mut polls: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `polls` is a valid array of `polls.len()` pollfd structs.
+    unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, millis) };
+}
 
 /// A packet a QP hands to a link: RoCE bytes (BTH up to a placeholder ICRC),
 /// which the link completes with the ICRC of the headers it puts below.
@@ -64,9 +74,12 @@ pub trait Link {
     /// time); `None` for real networks.
     fn next_event(&self) -> Option<Duration>;
 
-    /// Blocks until a packet may be ready or `timeout` passes (real
-    /// networks); virtual-time links return at once.
-    fn wait(&mut self, timeout: Duration);
+    /// The local addresses attached so far.
+    fn local_addrs(&self) -> Vec<IpAddr>;
+
+    /// File descriptors that become readable when a packet arrives (real
+    /// networks); none for virtual-time links.
+    fn raw_fds(&self) -> Vec<RawFd>;
 
     fn stats(&self) -> LinkStats;
 }

@@ -446,7 +446,13 @@ impl<W: Write> Link for SimNet<W> {
         self.next_delivery()
     }
 
-    fn wait(&mut self, _timeout: Duration) {}
+    fn local_addrs(&self) -> Vec<IpAddr> {
+        self.endpoints.iter().copied().collect()
+    }
+
+    fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
+        Vec::new()
+    }
 
     fn stats(&self) -> LinkStats {
         self.link_stats

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use etherparse::{IpNumber, Ipv6Header, UdpHeader};
@@ -141,15 +141,12 @@ impl Link for UdpLink {
         None
     }
 
-    fn wait(&mut self, timeout: Duration) {
-        let mut fds: Vec<libc::pollfd> = self
-            .sockets
-            .values()
-            .map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 })
-            .collect();
-        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+    fn local_addrs(&self) -> Vec<IpAddr> {
+        self.sockets.keys().copied().collect()
+    }
+
+    fn raw_fds(&self) -> Vec<RawFd> {
+        self.sockets.values().map(|s| s.as_raw_fd()).collect()
     }
 
     fn stats(&self) -> LinkStats {

@@ -225,6 +225,14 @@ impl Qp {
         self.qpn
     }
 
+    /// UD QPs take no path MTU attribute; they use the port's (as rxe), which
+    /// the engine that owns the port sets here.
+    pub fn set_ud_mtu(&mut self, mtu: super::attr::Mtu) {
+        if self.qp_type == QpType::Ud {
+            self.attr.path_mtu = mtu;
+        }
+    }
+
     pub fn qp_type(&self) -> QpType {
         self.qp_type
     }
@@ -319,7 +327,9 @@ impl Qp {
         match to {
             QpState::Reset => {
                 let (qpn, qp_type, pd, cap, srq) = (self.qpn, self.qp_type, self.pd, self.cap, self.srq);
+                let port_mtu = self.attr.path_mtu;
                 *self = Qp::new(qpn, qp_type, pd, cap, srq);
+                self.set_ud_mtu(port_mtu);
             }
             QpState::Err if from != QpState::Err => self.flush(),
             QpState::Sqd => self.sqd_notified = false,

@@ -1,0 +1,124 @@
+//! Memory regions the application registered, as the engine reaches them:
+//! raw ranges of the process's memory, checked on every access.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::transport::{Access, AtomicOp, MemError, Memory};
+
+/// A registered range of process memory.
+#[derive(Debug, Clone, Copy)]
+pub struct RawRegion {
+    pub base: *mut u8,
+    pub len: usize,
+    /// The address peers and SGEs use for the first byte (the VA, as with
+    /// `ibv_reg_mr`).
+    pub iova: u64,
+    pub pd: u32,
+    pub access: Access,
+}
+
+// SAFETY: a RawRegion is an address range; whoever registers it promises the
+// memory stays valid until it is deregistered (see `verbs::Pd::reg_mr`), and
+// every access goes through the checks below under the registry lock.
+unsafe impl Send for RawRegion {}
+unsafe impl Sync for RawRegion {}
+
+impl RawRegion {
+    /// The pointer to `[addr, addr + len)` if it lies inside the region.
+    fn range(&self, addr: u64, len: u64) -> Result<*mut u8, MemError> {
+        let end = addr.checked_add(len).ok_or(MemError::OutOfBounds)?;
+        let region_end = self.iova.checked_add(self.len as u64).ok_or(MemError::OutOfBounds)?;
+        if addr < self.iova || end > region_end {
+            return Err(MemError::OutOfBounds);
+        }
+        // SAFETY: the offset is inside the registered range.
+        Ok(unsafe { self.base.add((addr - self.iova) as usize) })
+    }
+}
+
+/// Regions by key (lkey and rkey are the same number, as in rxe).
+#[derive(Debug, Default)]
+pub struct Registry {
+    regions: HashMap<u32, RawRegion>,
+}
+
+impl Registry {
+    pub fn insert(&mut self, key: u32, region: RawRegion) {
+        self.regions.insert(key, region);
+    }
+
+    pub fn remove(&mut self, key: u32) -> Option<RawRegion> {
+        self.regions.remove(&key)
+    }
+
+    pub fn contains(&self, key: u32) -> bool {
+        self.regions.contains_key(&key)
+    }
+
+    fn lookup(&self, key: u32, pd: u32, access: Access) -> Result<&RawRegion, MemError> {
+        let region = self.regions.get(&key).ok_or(MemError::InvalidKey(key))?;
+        if region.pd != pd {
+            return Err(MemError::WrongPd);
+        }
+        if !region.access.contains(access) {
+            return Err(MemError::AccessDenied);
+        }
+        Ok(region)
+    }
+}
+
+/// The registry as the transport's [`Memory`], for one engine step: the
+/// caller holds the registry's lock, so no region can go away meanwhile.
+pub struct RegistryAccess<'a>(pub &'a Registry);
+
+impl Memory for RegistryAccess<'_> {
+    fn check(&self, key: u32, pd: u32, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
+        self.0.lookup(key, pd, access)?.range(addr, len).map(|_| ())
+    }
+
+    fn read(&self, key: u32, pd: u32, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
+        let src = self.0.lookup(key, pd, access)?.range(addr, out.len() as u64)?;
+        // SAFETY: `src` has `out.len()` registered bytes. The application may
+        // write them concurrently, as with any RDMA device: bytes, not Rust
+        // references, are shared.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn write(&mut self, key: u32, pd: u32, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {
+        let dst = self.0.lookup(key, pd, access)?.range(addr, data.len() as u64)?;
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    fn atomic(&mut self, key: u32, pd: u32, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
+        if addr % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        let region = self.0.lookup(key, pd, Access::REMOTE_ATOMIC)?;
+        let ptr = region.range(addr, 8)?;
+        if ptr as usize % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        // SAFETY: 8 aligned registered bytes; a real atomic, so the
+        // application's own atomics on the word stay coherent with ours.
+        let word = unsafe { AtomicU64::from_ptr(ptr.cast()) };
+        Ok(match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+            AtomicOp::FetchAdd { add } => word.fetch_add(add, Ordering::SeqCst),
+        })
+    }
+
+    fn invalidate(&mut self, _rkey: u32, _pd: u32) -> Result<(), MemError> {
+        // Remote invalidation needs memory windows or fast-registration MRs,
+        // which softroce does not have: plain MRs cannot be invalidated
+        // remotely (IBTA o10-37), so the request fails.
+        Err(MemError::AccessDenied)
+    }
+}

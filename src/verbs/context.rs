@@ -1,0 +1,670 @@
+//! The verbs object model: contexts, protection domains, memory regions,
+//! completion queues and channels, queue pairs, SRQs and address handles,
+//! as libibverbs has them.
+
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use memmap2::MmapMut;
+
+use super::device::Device;
+use super::error::{Error, Result};
+use super::gid::Gid;
+use crate::engine::threaded::{lock, Arm, ChannelShared, CqShared, Engine, QpCell};
+use crate::engine::{EventFd, RawRegion};
+use crate::net::{LinkStats, UdpLink};
+use crate::transport::{
+    Access, AsyncEvent, AttrMask, Counters, Mtu, Qp, QpAttr, QpCap, QpState, QpType, RecvWr,
+    SendWr, Sge, Srq, UdDest, WorkCompletion,
+};
+use crate::wire::{Psn, ROCE_UDP_PORT};
+
+/// How a context runs its engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextOptions {
+    /// UDP port of the RoCE link (4791; tests choose free ones).
+    pub port: u16,
+    /// The engine spins instead of sleeping: lowest latency, one core spent.
+    pub busy_poll: bool,
+}
+
+impl Default for ContextOptions {
+    fn default() -> ContextOptions {
+        ContextOptions { port: ROCE_UDP_PORT, busy_poll: false }
+    }
+}
+
+/// A 32-bit value from the kernel's CSPRNG: keys and initial PSNs must not be
+/// guessable by an off-path attacker (ReDMArk, USENIX Security 2021).
+pub(crate) fn random_u32() -> u32 {
+    let mut v = [0u8; 4];
+    let mut filled = 0;
+    while filled < 4 {
+        // SAFETY: writes at most the remaining bytes of `v`.
+        let n = unsafe { libc::getrandom(v[filled..].as_mut_ptr().cast(), 4 - filled, 0) };
+        if n > 0 {
+            filled += n as usize;
+        }
+    }
+    u32::from_ne_bytes(v)
+}
+
+#[derive(Debug)]
+struct ContextInner {
+    device: Device,
+    engine: Engine,
+    next_qpn: AtomicU32,
+    next_id: AtomicU32,
+}
+
+impl ContextInner {
+    fn id(&self) -> u32 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// An open device (`ibv_context`): its engine thread runs while any object
+/// of the context lives.
+#[derive(Debug, Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl Context {
+    /// Opens `device`: binds its addresses on the RoCE port and starts its
+    /// engine.
+    pub fn open(device: &Device, options: ContextOptions) -> Result<Context> {
+        let mut link = UdpLink::new(options.port);
+        for addr in device.addresses() {
+            link.bind(addr).map_err(|e| {
+                Error::Io(std::io::Error::new(e.kind(), format!("bind {addr} port {}: {e}", options.port)))
+            })?;
+        }
+        let engine = Engine::start(link, options.busy_poll, device.name())?;
+        let inner = ContextInner { device: device.clone(), engine, next_qpn: AtomicU32::new(0x11), next_id: AtomicU32::new(1) };
+        Ok(Context { inner: Arc::new(inner) })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        Ok(ProtectionDomain { ctx: Arc::clone(&self.inner), pd: self.inner.id() })
+    }
+
+    /// A completion queue of `cqe` entries; completions beyond that are lost
+    /// and the queue reports overflow, as a CQ overrun does.
+    pub fn create_cq(&self, cqe: usize, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
+        const MAX_CQE: usize = (1 << 15) - 1;
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(Error::Limit { what: "cqe", max: MAX_CQE as u64 });
+        }
+        let shared = CqShared {
+            id: self.inner.id(),
+            entries: crossbeam_channel::bounded(cqe),
+            arm: Mutex::new(Arm::Off),
+            overflowed: Default::default(),
+            channel: channel.map(|c| Arc::clone(&c.shared)),
+        };
+        Ok(CompletionQueue { _ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
+    }
+
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        let shared = ChannelShared { fd: EventFd::new()?, events: crossbeam_channel::unbounded() };
+        Ok(CompletionChannel { shared: Arc::new(shared) })
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`, without blocking).
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        let mut events = lock(&self.inner.engine.shared.events);
+        (!events.is_empty()).then(|| events.remove(0))
+    }
+
+    /// Device-wide counters, like rxe's hw_counters: the sum over every QP
+    /// (destroyed ones included) plus the link's.
+    pub fn counters(&self) -> DeviceCounters {
+        let shared = &self.inner.engine.shared;
+        let mut qp_totals = *lock(&shared.retired);
+        for cell in lock(&shared.qps).values() {
+            add_counters(&mut qp_totals, lock(&cell.qp).counters());
+        }
+        DeviceCounters { qp: qp_totals, link: *lock(&shared.link_stats) }
+    }
+}
+
+/// Counters of a device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    pub qp: Counters,
+    pub link: LinkStats,
+}
+
+fn add_counters(total: &mut Counters, c: &Counters) {
+    total.sent_packets += c.sent_packets;
+    total.received_packets += c.received_packets;
+    total.retries += c.retries;
+    total.timeouts += c.timeouts;
+    total.rnr_naks_received += c.rnr_naks_received;
+    total.rnr_naks_sent += c.rnr_naks_sent;
+    total.seq_naks_received += c.seq_naks_received;
+    total.seq_naks_sent += c.seq_naks_sent;
+    total.duplicate_requests += c.duplicate_requests;
+    total.dropped += c.dropped;
+}
+
+/// A protection domain (`ibv_pd`).
+#[derive(Debug)]
+pub struct ProtectionDomain {
+    ctx: Arc<ContextInner>,
+    pd: u32,
+}
+
+impl ProtectionDomain {
+    /// Allocates `len` zeroed, page-aligned bytes and registers them.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("memory region length 0".into()));
+        }
+        let mut map = MmapMut::map_anon(len)?;
+        let base = map.as_mut_ptr();
+        // SAFETY: the mapping lives in the MemoryRegion, which deregisters
+        // before unmapping.
+        let mut mr = unsafe { self.reg_mr(base, len, access)? };
+        mr.map = Some(map);
+        Ok(mr)
+    }
+
+    /// Registers `len` bytes at `ptr` (`ibv_reg_mr`); their address is the VA
+    /// peers use.
+    ///
+    /// # Safety
+    /// The memory must stay valid until the returned region is dropped, and
+    /// the caller must accept that the engine and remote peers read and write
+    /// it at any time, as an RDMA NIC would: access it only through raw
+    /// pointers or the region's copy methods, never through `&`/`&mut`
+    /// references that assume nobody else writes.
+    pub unsafe fn reg_mr(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        if ptr.is_null() || len == 0 {
+            return Err(Error::InvalidArgument("null or empty memory region".into()));
+        }
+        if access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC) {
+            if !access.contains(Access::LOCAL_WRITE) {
+                // libibverbs: remote write or atomic rights need local write.
+                return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE".into()));
+            }
+        }
+        let mut registry = self.ctx.engine.shared.registry.write().unwrap_or_else(|e| e.into_inner());
+        let key = loop {
+            let k = random_u32();
+            if k != 0 && !registry.contains(k) {
+                break k;
+            }
+        };
+        let iova = ptr as u64;
+        registry.insert(key, RawRegion { base: ptr, len, iova, pd: self.pd, access });
+        Ok(MemoryRegion { ctx: Arc::clone(&self.ctx), key, base: ptr, len, map: None })
+    }
+
+    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
+        let qpn = self.ctx.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+        let mut qp = Qp::new(qpn, init.qp_type, self.pd, init.cap, init.srq.map(|s| s.id));
+        if init.qp_type == QpType::Ud {
+            // UD has no path MTU attribute: it uses the port's, as rxe does.
+            qp.set_ud_mtu(self.ctx.device.active_mtu());
+        }
+        let cell = Arc::new(QpCell {
+            qp: Mutex::new(qp),
+            send_cq: Arc::clone(&init.send_cq.shared),
+            recv_cq: Arc::clone(&init.recv_cq.shared),
+            srq: init.srq.map(|s| Arc::clone(&s.srq)),
+        });
+        let shared = &self.ctx.engine.shared;
+        lock(&shared.qps).insert(qpn, Arc::clone(&cell));
+        shared.qps_version.fetch_add(1, Ordering::Release);
+        let psn = Psn::new(random_u32());
+        Ok(QueuePair { ctx: Arc::clone(&self.ctx), cell, qpn, psn, sig_all: init.sq_sig_all })
+    }
+
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        const MAX_SRQ_WR: u32 = 0x4000;
+        if max_wr == 0 || max_wr > MAX_SRQ_WR {
+            return Err(Error::Limit { what: "max_wr", max: MAX_SRQ_WR.into() });
+        }
+        let id = self.ctx.id();
+        let srq = Arc::new(Mutex::new(Srq::new(id, max_wr, max_sge)));
+        Ok(SharedReceiveQueue { ctx: Arc::clone(&self.ctx), srq, id })
+    }
+
+    /// An address handle for UD sends to `gid`.
+    pub fn create_ah(&self, gid: Gid) -> AddressHandle {
+        AddressHandle { dest: gid.to_ip() }
+    }
+}
+
+/// A registered memory region (`ibv_mr`). The bytes are shared with the
+/// engine and with remote peers, so they are reached only by copying.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    ctx: Arc<ContextInner>,
+    key: u32,
+    base: *mut u8,
+    len: usize,
+    map: Option<MmapMut>,
+}
+
+// SAFETY: the region is a raw byte range shared with the engine by design;
+// every access copies through raw pointers.
+unsafe impl Send for MemoryRegion {}
+unsafe impl Sync for MemoryRegion {}
+
+impl MemoryRegion {
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+
+    /// The virtual address of the first byte, as peers address it.
+    pub fn addr(&self) -> u64 {
+        self.base as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A scatter/gather element for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        Sge { addr: self.addr() + offset as u64, length: len as u32, lkey: self.key }
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "bytes {offset}..{} outside a {}-byte memory region",
+                offset.saturating_add(len),
+                self.len
+            ))),
+        }
+    }
+
+    /// Copies bytes out of the region.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check(offset, out.len())?;
+        // SAFETY: in bounds of the registered range, which lives as long as self.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes into the region.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len())?;
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Reads a 64-bit word atomically (the target of remote atomics).
+    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+        self.check(offset, 8)?;
+        // SAFETY: in bounds; alignment checked first.
+        let ptr = unsafe { self.base.add(offset) };
+        if ptr as usize % 8 != 0 {
+            return Err(Error::InvalidArgument(format!("offset {offset} is not 8-byte aligned")));
+        }
+        let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(ptr.cast()) };
+        Ok(word.load(Ordering::SeqCst))
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // Deregister first: the engine holds the registry lock for each
+        // access, so once this returns nothing touches the memory.
+        let shared = &self.ctx.engine.shared;
+        shared.registry.write().unwrap_or_else(|e| e.into_inner()).remove(self.key);
+        drop(self.map.take());
+    }
+}
+
+/// A completion queue (`ibv_cq`).
+#[derive(Debug)]
+pub struct CompletionQueue {
+    _ctx: Arc<ContextInner>,
+    shared: Arc<CqShared>,
+}
+
+impl CompletionQueue {
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            match self.shared.entries.1.try_recv() {
+                Ok(wc) => {
+                    out[n] = wc;
+                    n += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        n
+    }
+
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        self.shared.entries.1.try_recv().ok()
+    }
+
+    /// Waits up to `timeout` for a completion (blocking mode).
+    pub fn wait_one(&self, timeout: Duration) -> Option<WorkCompletion> {
+        self.shared.entries.1.recv_timeout(timeout).ok()
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (or, with `solicited_only`,
+    /// the next solicited or failed one) raises one event on the channel.
+    pub fn req_notify(&self, solicited_only: bool) {
+        // As in libibverbs, completions already queued raise no event: poll
+        // after arming to catch them.
+        *lock(&self.shared.arm) = if solicited_only { Arm::Solicited } else { Arm::Next };
+    }
+
+    /// Completions were lost because the queue was full.
+    pub fn overflowed(&self) -> bool {
+        self.shared.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Identifies this CQ in channel events.
+    pub fn id(&self) -> u32 {
+        self.shared.id
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): its file descriptor is
+/// readable while events wait, so it works with poll, epoll and async runtimes.
+#[derive(Debug)]
+pub struct CompletionChannel {
+    shared: Arc<ChannelShared>,
+}
+
+impl CompletionChannel {
+    /// The next event: the id of the CQ that fired. Waits up to `timeout`.
+    pub fn get_event(&self, timeout: Duration) -> Option<u32> {
+        if let Ok(id) = self.shared.events.1.try_recv() {
+            return Some(id);
+        }
+        crate::net::wait_readable(&[self.shared.fd.as_raw_fd()], timeout);
+        self.shared.fd.drain();
+        self.shared.events.1.try_recv().ok()
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.shared.fd.as_raw_fd()
+    }
+}
+
+/// What a QP is created with (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInit<'a> {
+    pub qp_type: QpType,
+    pub send_cq: &'a CompletionQueue,
+    pub recv_cq: &'a CompletionQueue,
+    pub srq: Option<&'a SharedReceiveQueue>,
+    pub cap: QpCap,
+    /// Every send completes, signaled flag or not.
+    pub sq_sig_all: bool,
+}
+
+/// A queue pair (`ibv_qp`).
+#[derive(Debug)]
+pub struct QueuePair {
+    ctx: Arc<ContextInner>,
+    cell: Arc<QpCell>,
+    qpn: u32,
+    /// The first PSN this QP sends with, chosen at random when it was created.
+    psn: Psn,
+    sig_all: bool,
+}
+
+impl QueuePair {
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn state(&self) -> QpState {
+        lock(&self.cell.qp).state()
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        lock(&self.cell.qp).modify(attr, mask)?;
+        self.ctx.engine.shared.ring();
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> QpAttr {
+        *lock(&self.cell.qp).attr()
+    }
+
+    /// `ibv_post_send`: nothing is queued if it fails.
+    pub fn post_send(&self, mut wr: SendWr) -> Result<()> {
+        if self.sig_all {
+            wr.flags.signaled = true;
+        }
+        let mut qp = lock(&self.cell.qp);
+        qp.post_send(wr)?;
+        // A request posted in ERR is flushed at once: hand it to the CQ now.
+        while let Some((_, wc)) = qp.poll_completion() {
+            self.cell.send_cq.push(wc);
+        }
+        drop(qp);
+        self.ctx.engine.shared.ring();
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let mut qp = lock(&self.cell.qp);
+        qp.post_recv(wr)?;
+        while let Some((_, wc)) = qp.poll_completion() {
+            self.cell.recv_cq.push(wc);
+        }
+        drop(qp);
+        self.ctx.engine.shared.ring();
+        Ok(())
+    }
+
+    /// What a peer needs to connect to this QP, using GID `gid_index` of the
+    /// device.
+    pub fn endpoint(&self, gid_index: usize) -> Result<Endpoint> {
+        let gids = self.ctx.device.gid_table();
+        let gid = *gids.get(gid_index).ok_or_else(|| {
+            Error::InvalidArgument(format!("GID index {gid_index} (the table has {})", gids.len()))
+        })?;
+        Ok(Endpoint { qpn: self.qpn, psn: self.psn, gid })
+    }
+
+    /// Brings an RC or UC QP from RESET to RTS, connected to `remote`: the
+    /// INIT, RTR and RTS steps of `ibv_rc_pingpong`. For UD, `remote` is
+    /// ignored and the QP is made ready to send and receive.
+    pub fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<()> {
+        let qp_type = lock(&self.cell.qp).qp_type();
+        let mut attr = QpAttr {
+            state: QpState::Init,
+            access_flags: options.access,
+            qkey: options.qkey,
+            dest: Some(remote.gid.to_ip()),
+            path_mtu: options.mtu.unwrap_or_else(|| self.ctx.device.active_mtu()),
+            timeout: options.timeout,
+            retry_cnt: options.retry_cnt,
+            rnr_retry: options.rnr_retry,
+            rq_psn: remote.psn,
+            sq_psn: self.psn,
+            max_rd_atomic: options.max_rd_atomic,
+            max_dest_rd_atomic: options.max_dest_rd_atomic,
+            min_rnr_timer: options.min_rnr_timer,
+            dest_qpn: remote.qpn,
+            ..QpAttr::default()
+        };
+        let base = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
+        let (init, rtr, rts) = match qp_type {
+            QpType::Rc => (
+                AttrMask::ACCESS_FLAGS,
+                AttrMask::AV
+                    | AttrMask::PATH_MTU
+                    | AttrMask::DEST_QPN
+                    | AttrMask::RQ_PSN
+                    | AttrMask::MAX_DEST_RD_ATOMIC
+                    | AttrMask::MIN_RNR_TIMER,
+                AttrMask::TIMEOUT
+                    | AttrMask::RETRY_CNT
+                    | AttrMask::RNR_RETRY
+                    | AttrMask::SQ_PSN
+                    | AttrMask::MAX_QP_RD_ATOMIC,
+            ),
+            QpType::Uc => (
+                AttrMask::ACCESS_FLAGS,
+                AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
+                AttrMask::SQ_PSN,
+            ),
+            QpType::Ud => (AttrMask::QKEY, AttrMask::empty(), AttrMask::SQ_PSN),
+        };
+        self.modify(&attr, base | init)?;
+        attr.state = QpState::Rtr;
+        self.modify(&attr, AttrMask::STATE | rtr)?;
+        attr.state = QpState::Rts;
+        self.modify(&attr, AttrMask::STATE | rts)
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let shared = &self.ctx.engine.shared;
+        lock(&shared.qps).remove(&self.qpn);
+        shared.qps_version.fetch_add(1, Ordering::Release);
+        add_counters(&mut lock(&shared.retired), lock(&self.cell.qp).counters());
+    }
+}
+
+/// Attributes for [`QueuePair::connect`], with `ibv_rc_pingpong`'s defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    pub access: Access,
+    /// Path MTU; the port's active MTU when `None`.
+    pub mtu: Option<Mtu>,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    /// Q_Key of a UD QP.
+    pub qkey: u32,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> ConnectOptions {
+        ConnectOptions {
+            access: Access::LOCAL_WRITE,
+            mtu: None,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            qkey: 0x1111_1111,
+        }
+    }
+}
+
+/// A shared receive queue (`ibv_srq`).
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    ctx: Arc<ContextInner>,
+    srq: Arc<Mutex<Srq>>,
+    id: u32,
+}
+
+impl SharedReceiveQueue {
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        lock(&self.srq).post(wr)?;
+        self.ctx.engine.shared.ring();
+        Ok(())
+    }
+
+    /// Arms the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`).
+    pub fn arm_limit(&self, limit: u32) {
+        lock(&self.srq).arm_limit(limit);
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+/// An address handle (`ibv_ah`) for UD sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressHandle {
+    dest: IpAddr,
+}
+
+impl AddressHandle {
+    /// The destination of a UD send through this handle.
+    pub fn ud_dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest { dest: self.dest, remote_qpn, remote_qkey }
+    }
+}
+
+/// What one side tells the other to connect QPs: QP number, first PSN and
+/// GID. 24 bytes on the wire (QPN and PSN big-endian, then the GID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    pub qpn: u32,
+    pub psn: Psn,
+    pub gid: Gid,
+}
+
+impl Endpoint {
+    pub const LEN: usize = 24;
+
+    pub fn to_bytes(&self) -> [u8; Endpoint::LEN] {
+        let mut b = [0u8; Endpoint::LEN];
+        b[..4].copy_from_slice(&self.qpn.to_be_bytes());
+        b[4..8].copy_from_slice(&self.psn.value().to_be_bytes());
+        b[8..].copy_from_slice(&<[u8; 16]>::from(self.gid));
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; Endpoint::LEN]) -> Endpoint {
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[8..]);
+        Endpoint {
+            qpn: u32::from_be_bytes([b[0], b[1], b[2], b[3]]) & 0x00ff_ffff,
+            psn: Psn::new(u32::from_be_bytes([b[4], b[5], b[6], b[7]])),
+            gid: Gid::from(gid),
+        }
+    }
+
+    /// Sends ours and reads theirs over a stream (a TCP connection, say):
+    /// how Rust RDMA programs usually connect QPs.
+    pub fn exchange<S: std::io::Read + std::io::Write>(&self, stream: &mut S) -> std::io::Result<Endpoint> {
+        stream.write_all(&self.to_bytes())?;
+        stream.flush()?;
+        let mut theirs = [0u8; Endpoint::LEN];
+        stream.read_exact(&mut theirs)?;
+        Ok(Endpoint::from_bytes(&theirs))
+    }
+}

@@ -1,0 +1,580 @@
+//! Devices as `ibv_get_device_list` shows them: one per network interface
+//! that is up and has an address, named `sr_<ifname>`, each with one port
+//! whose GID table is laid out as kernel rxe lays it out, and with rxe's
+//! device and port attributes.
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::error::{Error, Result};
+use super::gid::{eui64, Gid};
+use crate::transport::attr::{Mtu, PORT};
+
+/// Device names are this prefix and the interface name. Short, because
+/// tools print device names in narrow columns (`rxe0` is four characters).
+const NAME_PREFIX: &str = "sr_";
+
+/// The environment variable naming the device [`Device::default_device`]
+/// returns.
+pub const DEVICE_ENV: &str = "SOFTROCE_DEVICE";
+
+/// Room rxe keeps in each link-MTU frame for its headers
+/// (`RXE_MAX_HDR_LENGTH`: Ethernet, IPv6, UDP, BTH and the largest extension
+/// headers), so the RoCE MTU is the largest that fits in the rest.
+const MAX_HDR_LENGTH: u32 = 80;
+
+/// One softroce device: a network interface (or, from [`Device::custom`],
+/// chosen addresses) and the RoCE port on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    name: String,
+    netdev: Option<String>,
+    mac: [u8; 6],
+    link_mtu: u32,
+    running: bool,
+    gids: Vec<Gid>,
+}
+
+impl Device {
+    /// The devices of this host, in `ibv_get_device_list` order: interfaces
+    /// by index, loopback last, so the first device is a real interface.
+    pub fn list() -> Result<Vec<Device>> {
+        let mut interfaces: Vec<Interface> =
+            interfaces()?.into_iter().filter(|i| i.up && !i.addrs.is_empty()).collect();
+        interfaces.sort_by_key(|i| (i.loopback, i.index));
+        let mut devices = Vec::with_capacity(interfaces.len());
+        for interface in interfaces {
+            let link_mtu = match read_link_mtu(&interface.name) {
+                Ok(mtu) => mtu,
+                // Gone since it was listed.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            };
+            // rxe enumerates IPv4 addresses before IPv6 ones.
+            let mut addrs = interface.addrs;
+            addrs.sort_by_key(|a| a.is_ipv6());
+            devices.push(Device {
+                name: format!("{NAME_PREFIX}{}", interface.name),
+                netdev: Some(interface.name),
+                mac: interface.mac,
+                link_mtu,
+                running: interface.running,
+                gids: gid_table(interface.mac, &addrs),
+            });
+        }
+        Ok(devices)
+    }
+
+    /// The device of this name (`ibv_devinfo -d`).
+    pub fn by_name(name: &str) -> Result<Device> {
+        Device::pick(Device::list()?, Some(name))
+    }
+
+    /// The device named by `SOFTROCE_DEVICE`, or else the first device.
+    pub fn default_device() -> Result<Device> {
+        let requested = std::env::var(DEVICE_ENV).ok();
+        Device::pick(Device::list()?, requested.as_deref().filter(|name| !name.is_empty()))
+    }
+
+    /// The device named `requested` among `devices`, or the first one if no
+    /// name is given: the choice [`Device::default_device`] makes.
+    pub fn pick(devices: Vec<Device>, requested: Option<&str>) -> Result<Device> {
+        match requested {
+            Some(name) => {
+                let known: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
+                devices
+                    .into_iter()
+                    .find(|d| d.name == name)
+                    .ok_or_else(|| Error::NoSuchDevice { name: name.to_owned(), known })
+            }
+            None => devices.into_iter().next().ok_or_else(|| {
+                let why = "no RDMA devices: no network interface is up with an address";
+                Error::Io(io::Error::new(io::ErrorKind::NotFound, why))
+            }),
+        }
+    }
+
+    /// A device on chosen addresses, for tests and demos that need several
+    /// devices on one host (say on 127.0.0.1 and 127.0.0.2). Its GID table is
+    /// built as for an interface, with the addresses in the order given.
+    pub fn custom(name: &str, addrs: Vec<IpAddr>, mac: [u8; 6], link_mtu: u32) -> Device {
+        Device {
+            name: name.to_owned(),
+            netdev: None,
+            mac,
+            link_mtu,
+            running: true,
+            gids: gid_table(mac, &addrs),
+        }
+    }
+
+    /// `ibv_get_device_name`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The network interface the device is on; `None` for a custom device.
+    pub fn netdev(&self) -> Option<&str> {
+        self.netdev.as_deref()
+    }
+
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    /// The interface's MTU in bytes (IP packet size).
+    pub fn link_mtu(&self) -> u32 {
+        self.link_mtu
+    }
+
+    /// The GID table of port 1: index 0 is the link-local GID of the MAC,
+    /// then one RoCEv2 GID per address (IPv4 ones first, as in rxe), so with
+    /// one IPv4 address "GID index 1" names it, as it does with rxe.
+    pub fn gid_table(&self) -> &[Gid] {
+        &self.gids
+    }
+
+    /// `ibv_query_gid` on port 1.
+    pub fn gid(&self, index: usize) -> Option<Gid> {
+        self.gids.get(index).copied()
+    }
+
+    /// The IP addresses of the GIDs that a socket can bind: all but the
+    /// link-local ones (GID 0 is one), which would need an interface scope.
+    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.gids.iter().map(|gid| gid.to_ip()).filter(|ip| !is_link_local(*ip))
+    }
+
+    /// The RoCE MTU of the port, derived from the link MTU as rxe derives it.
+    pub fn active_mtu(&self) -> Mtu {
+        active_mtu(self.link_mtu)
+    }
+
+    /// `ibv_query_device`, with kernel rxe's values.
+    pub fn query_device(&self) -> DeviceAttr {
+        let guid = u64::from_be_bytes(eui64(self.mac));
+        DeviceAttr {
+            fw_ver: "0.0.0".to_owned(),
+            node_guid: guid,
+            sys_image_guid: guid,
+            max_mr_size: u64::MAX,
+            page_size_cap: 0xffff_f000,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            max_qp: 0x10000,
+            max_qp_wr: 0x4000,
+            device_cap_flags: DeviceCapFlags::SOFTROCE,
+            max_sge: 32,
+            max_sge_rd: 32,
+            max_cq: 16384,
+            max_cqe: (1 << 15) - 1,
+            max_mr: 256 * 1024,
+            max_pd: 0x7ffc,
+            max_qp_rd_atom: 128,
+            max_ee_rd_atom: 0,
+            max_res_rd_atom: 0x3f000,
+            max_qp_init_rd_atom: 128,
+            max_ee_init_rd_atom: 0,
+            atomic_cap: AtomicCap::Hca,
+            max_ee: 0,
+            max_rdd: 0,
+            max_mw: 0,
+            max_raw_ipv6_qp: 0,
+            max_raw_ethy_qp: 0,
+            // rxe offers 8192 groups; softroce has no multicast.
+            max_mcast_grp: 0,
+            max_mcast_qp_attach: 0,
+            max_total_mcast_qp_attach: 0,
+            max_ah: 100,
+            max_fmr: 0,
+            max_map_per_fmr: 0,
+            max_srq: 960,
+            max_srq_wr: 0x4000,
+            max_srq_sge: 27,
+            max_pkeys: 64,
+            local_ca_ack_delay: 15,
+            phys_port_cnt: 1,
+            max_inline_data: 400,
+        }
+    }
+
+    /// `ibv_query_port`, with kernel rxe's values; the only port is 1.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        if port != PORT {
+            return Err(Error::InvalidArgument(format!("port {port} (devices have port {PORT} only)")));
+        }
+        let (state, phys_state) = if self.running {
+            (PortState::Active, PhysState::LinkUp)
+        } else {
+            // Up without carrier, as rxe reports it.
+            (PortState::Down, PhysState::Polling)
+        };
+        Ok(PortAttr {
+            state,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: self.active_mtu(),
+            gid_tbl_len: 1024,
+            port_cap_flags: PORT_CM_SUP,
+            port_cap_flags2: 0,
+            max_msg_sz: 0x80_0000,
+            bad_pkey_cntr: 0,
+            qkey_viol_cntr: 0,
+            pkey_tbl_len: 64,
+            lid: 0,
+            sm_lid: 0,
+            lmc: 0,
+            max_vl_num: 1,
+            sm_sl: 0,
+            subnet_timeout: 0,
+            init_type_reply: 0,
+            active_width: 1,
+            active_speed: 1,
+            phys_state,
+            link_layer: LinkLayer::Ethernet,
+        })
+    }
+}
+
+/// The RoCE MTU rxe derives from a link MTU: the largest IB MTU that fits
+/// after its header allowance, and 256 when none does.
+fn active_mtu(link_mtu: u32) -> Mtu {
+    let room = link_mtu.saturating_sub(MAX_HDR_LENGTH) as usize;
+    Mtu::from_bytes(room).unwrap_or(Mtu::Mtu256)
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// `IB_PORT_CM_SUP`, the capability bit current rxe reports.
+const PORT_CM_SUP: u32 = 1 << 16;
+
+/// The GID table rxe builds: the link-local GID first, then the addresses'
+/// GIDs in order, each once.
+fn gid_table(mac: [u8; 6], addrs: &[IpAddr]) -> Vec<Gid> {
+    let mut gids = vec![Gid::link_local(mac)];
+    for &addr in addrs {
+        let gid = Gid::from_ip(addr);
+        // An interface's own link-local address is usually the first GID.
+        if !gids.contains(&gid) {
+            gids.push(gid);
+        }
+    }
+    gids
+}
+
+/// `ibv_device_attr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    /// The modified EUI-64 of the MAC address, as rxe sets it.
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub device_cap_flags: DeviceCapFlags,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_ee_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_ee_init_rd_atom: u32,
+    pub atomic_cap: AtomicCap,
+    pub max_ee: u32,
+    pub max_rdd: u32,
+    pub max_mw: u32,
+    pub max_raw_ipv6_qp: u32,
+    pub max_raw_ethy_qp: u32,
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_total_mcast_qp_attach: u32,
+    pub max_ah: u32,
+    pub max_fmr: u32,
+    pub max_map_per_fmr: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+    /// Not in `ibv_device_attr`: the most inline data a send may carry.
+    pub max_inline_data: u32,
+}
+
+/// `ibv_atomic_cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AtomicCap {
+    None = 0,
+    /// Atomic operations are atomic among the operations of this device.
+    Hca = 1,
+    /// Also atomic with respect to the CPU and other devices.
+    Glob = 2,
+}
+
+/// `ibv_device_cap_flags`, with libibverbs' bit values; the named flags are
+/// those kernel rxe reports.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DeviceCapFlags(u32);
+
+impl DeviceCapFlags {
+    pub const BAD_PKEY_CNTR: DeviceCapFlags = DeviceCapFlags(1 << 1);
+    pub const BAD_QKEY_CNTR: DeviceCapFlags = DeviceCapFlags(1 << 2);
+    pub const AUTO_PATH_MIG: DeviceCapFlags = DeviceCapFlags(1 << 4);
+    pub const CHANGE_PHY_PORT: DeviceCapFlags = DeviceCapFlags(1 << 5);
+    pub const UD_AV_PORT_ENFORCE: DeviceCapFlags = DeviceCapFlags(1 << 6);
+    pub const PORT_ACTIVE_EVENT: DeviceCapFlags = DeviceCapFlags(1 << 10);
+    pub const SYS_IMAGE_GUID: DeviceCapFlags = DeviceCapFlags(1 << 11);
+    pub const RC_RNR_NAK_GEN: DeviceCapFlags = DeviceCapFlags(1 << 12);
+    pub const SRQ_RESIZE: DeviceCapFlags = DeviceCapFlags(1 << 13);
+    pub const MEM_MGT_EXTENSIONS: DeviceCapFlags = DeviceCapFlags(1 << 21);
+
+    /// Names in bit order, as `ibv_devinfo -v` lists them.
+    pub const NAMES: [(DeviceCapFlags, &'static str); 10] = [
+        (DeviceCapFlags::BAD_PKEY_CNTR, "BAD_PKEY_CNTR"),
+        (DeviceCapFlags::BAD_QKEY_CNTR, "BAD_QKEY_CNTR"),
+        (DeviceCapFlags::AUTO_PATH_MIG, "AUTO_PATH_MIG"),
+        (DeviceCapFlags::CHANGE_PHY_PORT, "CHANGE_PHY_PORT"),
+        (DeviceCapFlags::UD_AV_PORT_ENFORCE, "UD_AV_PORT_ENFORCE"),
+        (DeviceCapFlags::PORT_ACTIVE_EVENT, "PORT_ACTIVE_EVENT"),
+        (DeviceCapFlags::SYS_IMAGE_GUID, "SYS_IMAGE_GUID"),
+        (DeviceCapFlags::RC_RNR_NAK_GEN, "RC_RNR_NAK_GEN"),
+        (DeviceCapFlags::SRQ_RESIZE, "SRQ_RESIZE"),
+        (DeviceCapFlags::MEM_MGT_EXTENSIONS, "MEM_MGT_EXTENSIONS"),
+    ];
+
+    /// What a softroce device reports: rxe's flags except
+    /// MEM_MGT_EXTENSIONS, since softroce has no fast-registration MRs.
+    pub const SOFTROCE: DeviceCapFlags = DeviceCapFlags(
+        Self::BAD_PKEY_CNTR.0
+            | Self::BAD_QKEY_CNTR.0
+            | Self::AUTO_PATH_MIG.0
+            | Self::CHANGE_PHY_PORT.0
+            | Self::UD_AV_PORT_ENFORCE.0
+            | Self::PORT_ACTIVE_EVENT.0
+            | Self::SYS_IMAGE_GUID.0
+            | Self::RC_RNR_NAK_GEN.0
+            | Self::SRQ_RESIZE.0,
+    );
+
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    pub const fn contains(self, other: DeviceCapFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl fmt::Debug for DeviceCapFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> =
+            Self::NAMES.iter().filter(|(flag, _)| self.contains(*flag)).map(|(_, n)| *n).collect();
+        write!(f, "DeviceCapFlags({})", names.join("|"))
+    }
+}
+
+/// `ibv_port_attr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    pub state: PortState,
+    pub max_mtu: Mtu,
+    pub active_mtu: Mtu,
+    pub gid_tbl_len: u32,
+    pub port_cap_flags: u32,
+    pub port_cap_flags2: u16,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    /// IB encoding: 1 = 1X.
+    pub active_width: u8,
+    /// IB encoding: 1 = SDR (2.5 Gb/s per lane). Kernel rxe derives width
+    /// and speed from the link speed; this is what it reports for links of
+    /// 1 Gb/s and below or of unknown speed (loopback, veth).
+    pub active_speed: u8,
+    pub phys_state: PhysState,
+    pub link_layer: LinkLayer,
+}
+
+/// `ibv_port_state`: a port is active while its interface has carrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortState {
+    Down = 1,
+    Active = 4,
+}
+
+/// Physical port states, with the values `ibv_devinfo` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PhysState {
+    Polling = 2,
+    LinkUp = 5,
+}
+
+/// `IBV_LINK_LAYER_*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinkLayer {
+    Ethernet = 2,
+}
+
+/// What `getifaddrs` tells of one interface.
+struct Interface {
+    name: String,
+    index: u32,
+    up: bool,
+    running: bool,
+    loopback: bool,
+    mac: [u8; 6],
+    addrs: Vec<IpAddr>,
+}
+
+/// The host's interfaces with their flags, MAC and addresses, each family's
+/// addresses in the kernel's order.
+fn interfaces() -> io::Result<Vec<Interface>> {
+    let list = IfAddrs::new()?;
+    let mut interfaces: Vec<Interface> = Vec::new();
+    let mut next = list.0;
+    while !next.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, alive until `list` drops.
+        let ifa = unsafe { &*next };
+        next = ifa.ifa_next;
+        // SAFETY: getifaddrs gives every node a NUL-terminated name.
+        let label = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
+        // An IPv4 address with a label ("eth0:1") belongs to the interface
+        // before the colon; interface names cannot contain one.
+        let name = label.split(':').next().unwrap_or_default();
+        let at = match interfaces.iter().position(|i| i.name == name) {
+            Some(at) => at,
+            None => {
+                let flags = ifa.ifa_flags as libc::c_int;
+                interfaces.push(Interface {
+                    name: name.to_owned(),
+                    index: if_index(name),
+                    up: flags & libc::IFF_UP != 0,
+                    running: flags & libc::IFF_RUNNING != 0,
+                    loopback: flags & libc::IFF_LOOPBACK != 0,
+                    mac: [0; 6],
+                    addrs: Vec::new(),
+                });
+                interfaces.len() - 1
+            }
+        };
+        let interface = &mut interfaces[at];
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null ifa_addr points to a socket address whose
+        // family field says which sockaddr type it is.
+        match libc::c_int::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                // SAFETY: AF_INET addresses are sockaddr_in.
+                let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                interface.addrs.push(IpAddr::V4(ip));
+            }
+            libc::AF_INET6 => {
+                // SAFETY: AF_INET6 addresses are sockaddr_in6.
+                let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                interface.addrs.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+            }
+            libc::AF_PACKET => {
+                // SAFETY: AF_PACKET addresses are sockaddr_ll.
+                let sll = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_ll>() };
+                if sll.sll_halen == 6 {
+                    interface.mac.copy_from_slice(&sll.sll_addr[..6]);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(interfaces)
+}
+
+/// The interface index, for ordering devices as the interfaces were made;
+/// 0 if the interface is gone.
+fn if_index(name: &str) -> u32 {
+    let Ok(name) = CString::new(name) else { return 0 };
+    // SAFETY: `name` is NUL-terminated; if_nametoindex only reads it.
+    unsafe { libc::if_nametoindex(name.as_ptr()) }
+}
+
+/// The list `getifaddrs` allocates, freed on drop.
+struct IfAddrs(*mut libc::ifaddrs);
+
+impl IfAddrs {
+    fn new() -> io::Result<IfAddrs> {
+        let mut head = std::ptr::null_mut();
+        // SAFETY: getifaddrs writes a list head (or NULL) to `head`.
+        if unsafe { libc::getifaddrs(&mut head) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(IfAddrs(head))
+    }
+}
+
+impl Drop for IfAddrs {
+    fn drop(&mut self) {
+        // SAFETY: the list came from getifaddrs and is freed once.
+        unsafe { libc::freeifaddrs(self.0) }
+    }
+}
+
+fn read_link_mtu(ifname: &str) -> io::Result<u32> {
+    let path = format!("/sys/class/net/{ifname}/mtu");
+    let text = std::fs::read_to_string(&path)?;
+    text.trim().parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn active_mtu_leaves_rxe_header_room() {
+        assert_eq!(active_mtu(1500), Mtu::Mtu1024);
+        assert_eq!(active_mtu(1400), Mtu::Mtu1024);
+        assert_eq!(active_mtu(4096 + 80), Mtu::Mtu4096);
+        assert_eq!(active_mtu(4096 + 79), Mtu::Mtu2048);
+        assert_eq!(active_mtu(256 + 80), Mtu::Mtu256);
+        // Too small for any IB MTU: rxe falls back to 256.
+        assert_eq!(active_mtu(300), Mtu::Mtu256);
+        assert_eq!(active_mtu(0), Mtu::Mtu256);
+    }
+
+    #[test]
+    fn gid_table_lists_each_gid_once() {
+        let mac = [0x02, 0xfc, 0, 0, 0, 1];
+        let link_local: IpAddr = "fe80::fc:ff:fe00:1".parse().unwrap();
+        let v4: IpAddr = "192.0.2.2".parse().unwrap();
+        let gids = gid_table(mac, &[v4, link_local, v4]);
+        assert_eq!(gids, vec![Gid::from_ip(link_local), Gid::from_ip(v4)]);
+    }
+
+    #[test]
+    fn this_hosts_interfaces_have_names_and_indices() {
+        let interfaces = interfaces().unwrap();
+        let lo = interfaces.iter().find(|i| i.loopback).expect("a loopback interface");
+        assert_ne!(lo.index, 0);
+        assert!(lo.addrs.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert!(interfaces.iter().all(|i| !i.name.is_empty() && !i.name.contains(':')));
+    }
+}

@@ -1,0 +1,73 @@
+use std::fmt;
+use std::io;
+
+use crate::transport::{ModifyError, PostRecvError, PostSendError};
+
+/// Why a verb failed. Each variant says which object, attribute or limit.
+#[derive(Debug)]
+pub enum Error {
+    /// No device by that name (the list of known names is included).
+    NoSuchDevice { name: String, known: Vec<String> },
+    /// A value out of range or an object of another context / PD.
+    InvalidArgument(String),
+    /// A limit of the device was reached (e.g. max_cqe).
+    Limit { what: &'static str, max: u64 },
+    Modify(ModifyError),
+    PostSend(PostSendError),
+    PostRecv(PostRecvError),
+    Io(io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoSuchDevice { name, known } => {
+                write!(f, "no RDMA device named {name:?} (devices: {})", known.join(", "))
+            }
+            Error::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
+            Error::Limit { what, max } => write!(f, "{what} exceeds the device limit of {max}"),
+            Error::Modify(e) => write!(f, "modify QP: {e}"),
+            Error::PostSend(e) => write!(f, "post send: {e}"),
+            Error::PostRecv(e) => write!(f, "post receive: {e}"),
+            Error::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Modify(e) => Some(e),
+            Error::PostSend(e) => Some(e),
+            Error::PostRecv(e) => Some(e),
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Error {
+        Error::Io(e)
+    }
+}
+
+impl From<ModifyError> for Error {
+    fn from(e: ModifyError) -> Error {
+        Error::Modify(e)
+    }
+}
+
+impl From<PostSendError> for Error {
+    fn from(e: PostSendError) -> Error {
+        Error::PostSend(e)
+    }
+}
+
+impl From<PostRecvError> for Error {
+    fn from(e: PostRecvError) -> Error {
+        Error::PostRecv(e)
+    }
+}
