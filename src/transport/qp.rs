@@ -449,6 +449,9 @@ impl Qp {
     /// Feeds one received packet addressed to this QP. `srq` must be the SRQ
     /// this QP was created with, if any.
     pub fn handle_packet(&mut self, now: Duration, pkt: Incoming<'_>, mem: &mut dyn Memory, srq: Option<&mut Srq>) {
+        let _span = tracing::trace_span!("qp", qpn = self.qpn).entered();
+        let bth = &pkt.header.bth;
+        tracing::trace!(opcode = %bth.opcode, psn = bth.psn.value(), len = pkt.payload.len(), src = %pkt.src, "rx");
         self.counters.received_packets += 1;
         if pkt.header.bth.opcode.operation().is_request() {
             self.handle_request(pkt, mem, srq);
@@ -466,8 +469,14 @@ impl Qp {
             tracing::warn!(qpn = self.qpn, needed, got = buf.len(), "transmit buffer too small");
             return None;
         }
+        let _span = tracing::trace_span!("qp", qpn = self.qpn).entered();
         let tx = self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?;
         self.counters.sent_packets += 1;
+        if tracing::enabled!(tracing::Level::TRACE) {
+            if let Ok(sent) = RoceRepr::parse(&buf[..tx.len]).map(|p| p.header.bth) {
+                tracing::trace!(opcode = %sent.opcode, psn = sent.psn.value(), len = tx.len, dest = %tx.dest, "tx");
+            }
+        }
         Some(tx)
     }
 

@@ -71,7 +71,6 @@ impl Qp {
             self.fail(super::types::AsyncEvent::QpFatal { qpn: self.qpn });
             return None;
         }
-        trace!(qpn = self.qpn, opcode = %plan.repr.bth.opcode, psn = plan.repr.bth.psn.value(), "request");
 
         let wqe = &mut self.sq[index];
         wqe.next_pkt += 1;
