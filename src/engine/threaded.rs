@@ -239,6 +239,7 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
                 (a, b) => a.or(b),
             };
         }
+        link.flush();
         *lock(&shared.link_stats) = link.stats();
 
         if !busy && !busy_poll {

@@ -224,6 +224,7 @@ impl<L: Link> World<L> {
         for h in 0..self.hosts.len() {
             busy |= self.transmit_all(h);
         }
+        self.net.flush();
         while let Some(rx) = self.net.receive(now, &mut self.buf) {
             busy = true;
             if let Some(h) = self.hosts.iter().position(|h| h.addr == rx.dst) {

@@ -4,9 +4,13 @@
 //! - [`sim`]: a deterministic in-memory network with a virtual clock and fault
 //!   injection, for tests and reproducible experiments.
 //! - [`udp`]: real UDP sockets, to talk to kernel rxe, NICs and other processes.
+//! - [`raw`]: whole Ethernet frames over `AF_PACKET` (needs `CAP_NET_RAW`), for
+//!   strict ICRC checks and crafted packets in conformance tests and fuzzing.
 //!
-//! Both implement [`Link`], the interface engines drive.
+//! All implement [`Link`], the interface engines drive.
 
+pub mod raw;
+mod mmsg;
 pub mod sim;
 pub mod udp;
 
@@ -15,6 +19,7 @@ use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+pub use raw::RawLink;
 pub use sim::{Delivery, Faults, SimNet, Stats};
 pub use udp::UdpLink;
 
@@ -65,6 +70,10 @@ pub trait Link {
 
     /// Sends one packet, filling in its ICRC.
     fn transmit(&mut self, now: Duration, out: Outgoing<'_>) -> io::Result<()>;
+
+    /// Sends whatever [`Link::transmit`] batched. Engines call it after each
+    /// round of transmissions.
+    fn flush(&mut self) {}
 
     /// The next packet that arrived by `now` with a good ICRC, if any; packets
     /// with a bad ICRC are dropped and counted.

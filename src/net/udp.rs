@@ -16,14 +16,19 @@ use std::time::Duration;
 
 use etherparse::{IpNumber, Ipv6Header, UdpHeader};
 
+use super::mmsg::{RecvBatch, SendBatch};
 use super::{Link, LinkStats, Outgoing, Received};
 use crate::wire::icrc;
 use crate::wire::ROCE_UDP_PORT;
 
-/// Sockets bound to local addresses, all on one UDP port.
+/// Sockets bound to local addresses, all on one UDP port; datagrams move in
+/// batches (`sendmmsg`/`recvmmsg`).
 pub struct UdpLink {
     port: u16,
-    sockets: BTreeMap<IpAddr, UdpSocket>,
+    sockets: BTreeMap<IpAddr, (UdpSocket, SendBatch)>,
+    /// Datagrams received and not yet handed out, and the address they came to.
+    rx: RecvBatch,
+    rx_local: Option<IpAddr>,
     stats: LinkStats,
 }
 
@@ -31,7 +36,7 @@ impl UdpLink {
     /// A link whose sockets bind `port` (4791 to talk to other RoCE peers;
     /// another port lets tests run without privileges or conflicts).
     pub fn new(port: u16) -> UdpLink {
-        UdpLink { port, sockets: BTreeMap::new(), stats: LinkStats::default() }
+        UdpLink { port, sockets: BTreeMap::new(), rx: RecvBatch::default(), rx_local: None, stats: LinkStats::default() }
     }
 
     /// The standard RoCEv2 link on port 4791.
@@ -46,29 +51,34 @@ impl UdpLink {
         if addr.is_ipv4() {
             set_pmtudisc_do(&socket)?;
         }
-        self.sockets.insert(addr, socket);
+        // A full RC window (128 PSNs of 4 KiB, both directions of several
+        // QPs) must fit in the socket buffers, or the kernel drops what RC
+        // then has to retransmit.
+        set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, SOCKET_BUFFER);
+        set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SOCKET_BUFFER);
+        self.sockets.insert(addr, (socket, SendBatch::default()));
         Ok(())
     }
 
-    /// The UDP header of a datagram of `roce_len` bytes between our port and `peer_port`.
-    fn udp_header(&self, source_port: u16, destination_port: u16, roce_len: usize) -> Option<[u8; 8]> {
-        let length = u16::try_from(UdpHeader::LEN + roce_len).ok()?;
-        Some(UdpHeader { source_port, destination_port, length, checksum: 0 }.to_bytes())
-    }
+}
 
-    /// Checks the ICRC of a datagram as well as a UDP receiver can.
-    fn icrc_ok(&self, src: SocketAddr, dst: IpAddr, roce: &[u8]) -> bool {
-        let Some(udp) = self.udp_header(src.port(), self.port, roce.len()) else { return false };
-        match (src.ip(), dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                matches!(icrc::verify_ipv4_unknown_id(s, d, &udp, roce), Ok(Some(_)))
-            }
-            (IpAddr::V6(s), IpAddr::V6(d)) => {
-                let ip = ipv6_header(s.octets(), d.octets(), UdpHeader::LEN + roce.len());
-                icrc::verify(&ip, &udp, roce).unwrap_or(false)
-            }
-            _ => false,
+/// The UDP header of a datagram of `roce_len` bytes.
+fn udp_header(source_port: u16, destination_port: u16, roce_len: usize) -> Option<[u8; 8]> {
+    let length = u16::try_from(UdpHeader::LEN + roce_len).ok()?;
+    Some(UdpHeader { source_port, destination_port, length, checksum: 0 }.to_bytes())
+}
+
+/// Checks the ICRC of a datagram that arrived at `dst` on `port`, as well as
+/// a UDP receiver can.
+fn icrc_ok(src: SocketAddr, dst: IpAddr, port: u16, roce: &[u8]) -> bool {
+    let Some(udp) = udp_header(src.port(), port, roce.len()) else { return false };
+    match (src.ip(), dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => matches!(icrc::verify_ipv4_unknown_id(s, d, &udp, roce), Ok(Some(_))),
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let ip = ipv6_header(s.octets(), d.octets(), UdpHeader::LEN + roce.len());
+            icrc::verify(&ip, &udp, roce).unwrap_or(false)
         }
+        _ => false,
     }
 }
 
@@ -93,11 +103,8 @@ impl Link for UdpLink {
     }
 
     fn transmit(&mut self, _now: Duration, out: Outgoing<'_>) -> io::Result<()> {
-        let socket = self.sockets.get(&out.src).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src))
-        })?;
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
-        let udp = self.udp_header(self.port, self.port, out.roce.len()).ok_or_else(|| invalid("packet too large"))?;
+        let udp = udp_header(self.port, self.port, out.roce.len()).ok_or_else(|| invalid("packet too large"))?;
         let udp_len = UdpHeader::LEN + out.roce.len();
         let filled = match (out.src, out.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -111,30 +118,57 @@ impl Link for UdpLink {
             _ => return Err(invalid("source and destination are of different IP versions")),
         };
         filled.map_err(|e| invalid(&e.to_string()))?;
-        socket.send_to(out.roce, SocketAddr::new(out.dst, self.port))?;
+        let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src))
+        })?;
+        batch.push(SocketAddr::new(out.dst, self.port), out.roce)?;
         self.stats.sent += 1;
+        if batch.is_full() {
+            batch.flush(socket.as_raw_fd())?;
+        }
         Ok(())
     }
 
-    fn receive(&mut self, now: Duration, buf: &mut [u8]) -> Option<Received> {
-        let mut found = None;
-        for (&local, socket) in &self.sockets {
-            match socket.recv_from(buf) {
-                Ok((len, src)) => {
-                    found = Some((local, src, len));
-                    break;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => self.stats.malformed += 1,
+    fn flush(&mut self) {
+        for (socket, batch) in self.sockets.values_mut() {
+            if !batch.is_empty() {
+                let _ = batch.flush(socket.as_raw_fd());
             }
         }
-        let (local, src, len) = found?;
-        self.stats.received += 1;
-        if !self.icrc_ok(src, local, &buf[..len]) {
-            self.stats.icrc_errors += 1;
-            return self.receive(now, buf);
+    }
+
+    fn receive(&mut self, _now: Duration, buf: &mut [u8]) -> Option<Received> {
+        loop {
+            if let (Some((src, datagram)), Some(local)) = (self.rx.pop(), self.rx_local) {
+                self.stats.received += 1;
+                let Some(src) = src.filter(|_| !datagram.is_empty() && datagram.len() <= buf.len()) else {
+                    self.stats.malformed += 1;
+                    continue;
+                };
+                if !icrc_ok(src, local, self.port, datagram) {
+                    self.stats.icrc_errors += 1;
+                    continue;
+                }
+                buf[..datagram.len()].copy_from_slice(datagram);
+                return Some(Received { src: src.ip(), dst: local, len: datagram.len() });
+            }
+            // Refill from the first socket with datagrams waiting.
+            let mut filled = false;
+            for (&local, (socket, _)) in &self.sockets {
+                match self.rx.fill(socket.as_raw_fd()) {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        self.rx_local = Some(local);
+                        filled = true;
+                        break;
+                    }
+                    Err(_) => self.stats.malformed += 1,
+                }
+            }
+            if !filled {
+                return None;
+            }
         }
-        Some(Received { src: src.ip(), dst: local, len })
     }
 
     fn next_event(&self) -> Option<Duration> {
@@ -146,11 +180,35 @@ impl Link for UdpLink {
     }
 
     fn raw_fds(&self) -> Vec<RawFd> {
-        self.sockets.values().map(|s| s.as_raw_fd()).collect()
+        self.sockets.values().map(|(s, _)| s.as_raw_fd()).collect()
     }
 
     fn stats(&self) -> LinkStats {
         self.stats
+    }
+}
+
+/// Bytes of socket buffer to ask for in each direction.
+const SOCKET_BUFFER: libc::c_int = 8 << 20;
+
+/// Sets a socket buffer size: the privileged option first (beyond
+/// `net.core.rmem_max`), else the ordinary one, which the kernel caps. A
+/// refusal leaves the default, which only costs throughput.
+fn set_buffer(socket: &UdpSocket, forced: libc::c_int, plain: libc::c_int, bytes: libc::c_int) {
+    for option in [forced, plain] {
+        // SAFETY: a valid socket fd and a pointer to a c_int of the given size.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            return;
+        }
     }
 }
 

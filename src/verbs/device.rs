@@ -3,10 +3,11 @@
 //! whose GID table is laid out as kernel rxe lays it out, and with rxe's
 //! device and port attributes.
 
-use std::ffi::{CStr, CString};
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
+
+use pnet_datalink::NetworkInterface;
 
 use super::error::{Error, Result};
 use super::gid::{eui64, Gid};
@@ -41,9 +42,9 @@ impl Device {
     /// The devices of this host, in `ibv_get_device_list` order: interfaces
     /// by index, loopback last, so the first device is a real interface.
     pub fn list() -> Result<Vec<Device>> {
-        let mut interfaces: Vec<Interface> =
-            interfaces()?.into_iter().filter(|i| i.up && !i.addrs.is_empty()).collect();
-        interfaces.sort_by_key(|i| (i.loopback, i.index));
+        let mut interfaces: Vec<NetworkInterface> =
+            interfaces().into_iter().filter(|i| i.is_up() && !i.ips.is_empty()).collect();
+        interfaces.sort_by_key(|i| (i.is_loopback(), i.index));
         let mut devices = Vec::with_capacity(interfaces.len());
         for interface in interfaces {
             let link_mtu = match read_link_mtu(&interface.name) {
@@ -53,15 +54,16 @@ impl Device {
                 Err(e) => return Err(e.into()),
             };
             // rxe enumerates IPv4 addresses before IPv6 ones.
-            let mut addrs = interface.addrs;
+            let mut addrs: Vec<IpAddr> = interface.ips.iter().map(|network| network.ip()).collect();
             addrs.sort_by_key(|a| a.is_ipv6());
+            let mac = interface.mac.map_or([0; 6], |mac| mac.octets());
             devices.push(Device {
                 name: format!("{NAME_PREFIX}{}", interface.name),
+                running: interface.is_running(),
                 netdev: Some(interface.name),
-                mac: interface.mac,
+                mac,
                 link_mtu,
-                running: interface.running,
-                gids: gid_table(interface.mac, &addrs),
+                gids: gid_table(mac, &addrs),
             });
         }
         Ok(devices)
@@ -204,7 +206,9 @@ impl Device {
     /// `ibv_query_port`, with kernel rxe's values; the only port is 1.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         if port != PORT {
-            return Err(Error::InvalidArgument(format!("port {port} (devices have port {PORT} only)")));
+            return Err(Error::InvalidArgument(format!(
+                "port {port} (devices have port {PORT} only)"
+            )));
         }
         let (state, phys_state) = if self.running {
             (PortState::Active, PhysState::LinkUp)
@@ -436,112 +440,28 @@ pub enum LinkLayer {
     Ethernet = 2,
 }
 
-/// What `getifaddrs` tells of one interface.
-struct Interface {
-    name: String,
-    index: u32,
-    up: bool,
-    running: bool,
-    loopback: bool,
-    mac: [u8; 6],
-    addrs: Vec<IpAddr>,
-}
-
-/// The host's interfaces with their flags, MAC and addresses, each family's
-/// addresses in the kernel's order.
-fn interfaces() -> io::Result<Vec<Interface>> {
-    let list = IfAddrs::new()?;
-    let mut interfaces: Vec<Interface> = Vec::new();
-    let mut next = list.0;
-    while !next.is_null() {
-        // SAFETY: a node of the list getifaddrs returned, alive until `list` drops.
-        let ifa = unsafe { &*next };
-        next = ifa.ifa_next;
-        // SAFETY: getifaddrs gives every node a NUL-terminated name.
-        let label = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
-        // An IPv4 address with a label ("eth0:1") belongs to the interface
-        // before the colon; interface names cannot contain one.
-        let name = label.split(':').next().unwrap_or_default();
-        let at = match interfaces.iter().position(|i| i.name == name) {
-            Some(at) => at,
-            None => {
-                let flags = ifa.ifa_flags as libc::c_int;
-                interfaces.push(Interface {
-                    name: name.to_owned(),
-                    index: if_index(name),
-                    up: flags & libc::IFF_UP != 0,
-                    running: flags & libc::IFF_RUNNING != 0,
-                    loopback: flags & libc::IFF_LOOPBACK != 0,
-                    mac: [0; 6],
-                    addrs: Vec::new(),
-                });
-                interfaces.len() - 1
-            }
-        };
-        let interface = &mut interfaces[at];
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: a non-null ifa_addr points to a socket address whose
-        // family field says which sockaddr type it is.
-        match libc::c_int::from(unsafe { (*ifa.ifa_addr).sa_family }) {
-            libc::AF_INET => {
-                // SAFETY: AF_INET addresses are sockaddr_in.
-                let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
-                let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                interface.addrs.push(IpAddr::V4(ip));
-            }
-            libc::AF_INET6 => {
-                // SAFETY: AF_INET6 addresses are sockaddr_in6.
-                let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
-                interface.addrs.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
-            }
-            libc::AF_PACKET => {
-                // SAFETY: AF_PACKET addresses are sockaddr_ll.
-                let sll = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_ll>() };
-                if sll.sll_halen == 6 {
-                    interface.mac.copy_from_slice(&sll.sll_addr[..6]);
-                }
-            }
-            _ => {}
+/// The host's interfaces with their addresses in the kernel's order.
+fn interfaces() -> Vec<NetworkInterface> {
+    let mut interfaces: Vec<NetworkInterface> = Vec::new();
+    for interface in pnet_datalink::interfaces() {
+        // getifaddrs names an IPv4 address with a label ("eth0:1") by the
+        // label; it belongs to the interface before the colon, as interface
+        // names cannot contain one.
+        let owner = interface.name.split(':').next().unwrap_or_default();
+        match interfaces.iter_mut().find(|i| i.name == owner) {
+            Some(owner) => owner.ips.extend(interface.ips),
+            None => interfaces.push(interface),
         }
     }
-    Ok(interfaces)
-}
-
-/// The interface index, for ordering devices as the interfaces were made;
-/// 0 if the interface is gone.
-fn if_index(name: &str) -> u32 {
-    let Ok(name) = CString::new(name) else { return 0 };
-    // SAFETY: `name` is NUL-terminated; if_nametoindex only reads it.
-    unsafe { libc::if_nametoindex(name.as_ptr()) }
-}
-
-/// The list `getifaddrs` allocates, freed on drop.
-struct IfAddrs(*mut libc::ifaddrs);
-
-impl IfAddrs {
-    fn new() -> io::Result<IfAddrs> {
-        let mut head = std::ptr::null_mut();
-        // SAFETY: getifaddrs writes a list head (or NULL) to `head`.
-        if unsafe { libc::getifaddrs(&mut head) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(IfAddrs(head))
-    }
-}
-
-impl Drop for IfAddrs {
-    fn drop(&mut self) {
-        // SAFETY: the list came from getifaddrs and is freed once.
-        unsafe { libc::freeifaddrs(self.0) }
-    }
+    interfaces
 }
 
 fn read_link_mtu(ifname: &str) -> io::Result<u32> {
     let path = format!("/sys/class/net/{ifname}/mtu");
     let text = std::fs::read_to_string(&path)?;
-    text.trim().parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
+    text.trim()
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
 }
 
 #[cfg(test)]
@@ -570,11 +490,11 @@ mod tests {
     }
 
     #[test]
-    fn this_hosts_interfaces_have_names_and_indices() {
-        let interfaces = interfaces().unwrap();
-        let lo = interfaces.iter().find(|i| i.loopback).expect("a loopback interface");
+    fn interfaces_are_named_without_address_labels() {
+        let interfaces = interfaces();
+        let lo = interfaces.iter().find(|i| i.is_loopback()).expect("a loopback interface");
         assert_ne!(lo.index, 0);
-        assert!(lo.addrs.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert!(lo.ips.iter().any(|network| network.ip() == IpAddr::from([127, 0, 0, 1])));
         assert!(interfaces.iter().all(|i| !i.name.is_empty() && !i.name.contains(':')));
     }
 }
