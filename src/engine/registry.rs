@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::transport::memory::offset_in;
 use crate::transport::{Access, AtomicOp, MemError, Memory};
 
 /// A registered range of process memory.
@@ -27,13 +28,9 @@ unsafe impl Sync for RawRegion {}
 impl RawRegion {
     /// The pointer to `[addr, addr + len)` if it lies inside the region.
     fn range(&self, addr: u64, len: u64) -> Result<*mut u8, MemError> {
-        let end = addr.checked_add(len).ok_or(MemError::OutOfBounds)?;
-        let region_end = self.iova.checked_add(self.len as u64).ok_or(MemError::OutOfBounds)?;
-        if addr < self.iova || end > region_end {
-            return Err(MemError::OutOfBounds);
-        }
+        let offset = offset_in(self.iova, self.len as u64, addr, len)?;
         // SAFETY: the offset is inside the registered range.
-        Ok(unsafe { self.base.add((addr - self.iova) as usize) })
+        Ok(unsafe { self.base.add(offset) })
     }
 }
 

@@ -10,8 +10,8 @@ use tracing::trace;
 
 use crate::net::{Link, Outgoing};
 use crate::transport::{
-    Access, AsyncEvent, AttrMask, CqKind, Incoming, MemoryTable, ModifyError, Qp, QpAttr, QpCap,
-    QpState, QpType, Region, Srq, WorkCompletion, TRANSMIT_HEADROOM,
+    Access, AsyncEvent, CqKind, Incoming, MemoryTable, ModifyError, Qp, QpAttr, QpCap, QpType,
+    Region, Srq, WorkCompletion, TRANSMIT_HEADROOM,
 };
 use crate::wire::packet::rxe_source_port;
 use crate::wire::{Bth, Psn, RoceRepr};
@@ -125,45 +125,8 @@ impl<L: Link> World<L> {
     ) -> Result<(), ModifyError> {
         for (me, peer, my_psn, peer_psn) in [(a, b, psns.0, psns.1), (b, a, psns.1, psns.0)] {
             let peer_addr = self.hosts[peer.0].addr;
-            let qp = self.hosts[me.0].qp(me.1);
-            let ty = qp.qp_type();
-            let mut at = *attr;
-            at.dest = Some(peer_addr);
-            at.dest_qpn = peer.1;
-            at.state = QpState::Init;
-            let init = match ty {
-                QpType::Ud => AttrMask::QKEY,
-                _ => AttrMask::ACCESS_FLAGS,
-            };
-            qp.modify(&at, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | init)?;
-            at.state = QpState::Rtr;
-            at.rq_psn = peer_psn;
-            let rtr = match ty {
-                QpType::Rc => {
-                    AttrMask::AV
-                        | AttrMask::PATH_MTU
-                        | AttrMask::DEST_QPN
-                        | AttrMask::RQ_PSN
-                        | AttrMask::MAX_DEST_RD_ATOMIC
-                        | AttrMask::MIN_RNR_TIMER
-                }
-                QpType::Uc => AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
-                QpType::Ud => AttrMask::empty(),
-            };
-            qp.modify(&at, AttrMask::STATE | rtr)?;
-            at.state = QpState::Rts;
-            at.sq_psn = my_psn;
-            let rts = match ty {
-                QpType::Rc => {
-                    AttrMask::TIMEOUT
-                        | AttrMask::RETRY_CNT
-                        | AttrMask::RNR_RETRY
-                        | AttrMask::SQ_PSN
-                        | AttrMask::MAX_QP_RD_ATOMIC
-                }
-                _ => AttrMask::SQ_PSN,
-            };
-            qp.modify(&at, AttrMask::STATE | rts)?;
+            let at = QpAttr { dest: Some(peer_addr), dest_qpn: peer.1, rq_psn: peer_psn, sq_psn: my_psn, ..*attr };
+            self.hosts[me.0].qp(me.1).connect(&at)?;
         }
         Ok(())
     }

@@ -77,15 +77,21 @@ pub struct Region {
     pub data: Vec<u8>,
 }
 
+/// Where `[addr, addr + len)` starts inside a region of `region_len` bytes at
+/// `region_addr`, if it lies wholly inside — ranges wrapping 2^64 never do.
+pub fn offset_in(region_addr: u64, region_len: u64, addr: u64, len: u64) -> Result<usize, MemError> {
+    let end = addr.checked_add(len).ok_or(MemError::OutOfBounds)?;
+    let region_end = region_addr.checked_add(region_len).ok_or(MemError::OutOfBounds)?;
+    if addr < region_addr || end > region_end {
+        return Err(MemError::OutOfBounds);
+    }
+    Ok((addr - region_addr) as usize)
+}
+
 impl Region {
     /// The byte range of `[addr, addr + len)` inside `data`, if it fits.
     fn range(&self, addr: u64, len: u64) -> Result<std::ops::Range<usize>, MemError> {
-        let end = addr.checked_add(len).ok_or(MemError::OutOfBounds)?;
-        let region_end = self.addr + self.data.len() as u64;
-        if addr < self.addr || end > region_end {
-            return Err(MemError::OutOfBounds);
-        }
-        let start = (addr - self.addr) as usize;
+        let start = offset_in(self.addr, self.data.len() as u64, addr, len)?;
         Ok(start..start + len as usize)
     }
 }

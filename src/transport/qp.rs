@@ -319,6 +319,18 @@ impl Qp {
         Ok(())
     }
 
+    /// RESET → INIT → RTR → RTS in one go, each step with exactly the
+    /// attributes this QP type requires (what `ibv_rc_pingpong` and most
+    /// programs do to connect): `attr` holds the values.
+    pub fn connect(&mut self, attr: &QpAttr) -> Result<(), ModifyError> {
+        for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
+            let (required, _) = super::attr::transition_masks(self.qp_type, from, to)
+                .ok_or(ModifyError::InvalidTransition { from, to })?;
+            self.modify(&QpAttr { state: to, ..*attr }, AttrMask::STATE | required)?;
+        }
+        Ok(())
+    }
+
     /// Moves to `to`, doing what entering that state entails.
     pub(crate) fn enter(&mut self, to: QpState) {
         let from = self.attr.state;

@@ -500,9 +500,7 @@ impl QueuePair {
     /// INIT, RTR and RTS steps of `ibv_rc_pingpong`. For UD, `remote` is
     /// ignored and the QP is made ready to send and receive.
     pub fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<()> {
-        let qp_type = lock(&self.cell.qp).qp_type();
-        let mut attr = QpAttr {
-            state: QpState::Init,
+        let attr = QpAttr {
             access_flags: options.access,
             qkey: options.qkey,
             dest: Some(remote.gid.to_ip()),
@@ -518,34 +516,9 @@ impl QueuePair {
             dest_qpn: remote.qpn,
             ..QpAttr::default()
         };
-        let base = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
-        let (init, rtr, rts) = match qp_type {
-            QpType::Rc => (
-                AttrMask::ACCESS_FLAGS,
-                AttrMask::AV
-                    | AttrMask::PATH_MTU
-                    | AttrMask::DEST_QPN
-                    | AttrMask::RQ_PSN
-                    | AttrMask::MAX_DEST_RD_ATOMIC
-                    | AttrMask::MIN_RNR_TIMER,
-                AttrMask::TIMEOUT
-                    | AttrMask::RETRY_CNT
-                    | AttrMask::RNR_RETRY
-                    | AttrMask::SQ_PSN
-                    | AttrMask::MAX_QP_RD_ATOMIC,
-            ),
-            QpType::Uc => (
-                AttrMask::ACCESS_FLAGS,
-                AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
-                AttrMask::SQ_PSN,
-            ),
-            QpType::Ud => (AttrMask::QKEY, AttrMask::empty(), AttrMask::SQ_PSN),
-        };
-        self.modify(&attr, base | init)?;
-        attr.state = QpState::Rtr;
-        self.modify(&attr, AttrMask::STATE | rtr)?;
-        attr.state = QpState::Rts;
-        self.modify(&attr, AttrMask::STATE | rts)
+        lock(&self.cell.qp).connect(&attr)?;
+        self.ctx.engine.shared.ring();
+        Ok(())
     }
 }
 

@@ -21,9 +21,8 @@ const NAME_PREFIX: &str = "sr_";
 /// returns.
 pub const DEVICE_ENV: &str = "SOFTROCE_DEVICE";
 
-/// Room rxe keeps in each link-MTU frame for its headers
-/// (`RXE_MAX_HDR_LENGTH`: Ethernet, IPv6, UDP, BTH and the largest extension
-/// headers), so the RoCE MTU is the largest that fits in the rest.
+/// Room rxe leaves in a link-MTU packet for headers (`RXE_MAX_HDR_LENGTH`);
+/// the RoCE MTU is the largest IB MTU that fits in the rest.
 const MAX_HDR_LENGTH: u32 = 80;
 
 /// One softroce device: a network interface (or, from [`Device::custom`],
