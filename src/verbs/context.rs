@@ -99,9 +99,9 @@ impl Context {
     /// A completion queue of `cqe` entries; completions beyond that are lost
     /// and the queue reports overflow, as a CQ overrun does.
     pub fn create_cq(&self, cqe: usize, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
-        const MAX_CQE: usize = (1 << 15) - 1;
-        if cqe == 0 || cqe > MAX_CQE {
-            return Err(Error::Limit { what: "cqe", max: MAX_CQE as u64 });
+        let max_cqe = self.inner.device.query_device().max_cqe;
+        if cqe == 0 || cqe > max_cqe as usize {
+            return Err(Error::Limit { what: "cqe", max: u64::from(max_cqe) });
         }
         let shared = CqShared {
             id: self.inner.id(),
@@ -230,9 +230,12 @@ impl ProtectionDomain {
     }
 
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
-        const MAX_SRQ_WR: u32 = 0x4000;
-        if max_wr == 0 || max_wr > MAX_SRQ_WR {
-            return Err(Error::Limit { what: "max_wr", max: MAX_SRQ_WR.into() });
+        let limits = self.ctx.device.query_device();
+        if max_wr == 0 || max_wr > limits.max_srq_wr {
+            return Err(Error::Limit { what: "max_wr", max: limits.max_srq_wr.into() });
+        }
+        if max_sge > limits.max_srq_sge {
+            return Err(Error::Limit { what: "max_sge", max: limits.max_srq_sge.into() });
         }
         let id = self.ctx.id();
         let srq = Arc::new(Mutex::new(Srq::new(id, max_wr, max_sge)));

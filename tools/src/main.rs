@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod devinfo;
 mod dump;
 
 #[derive(Parser)]
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Decode RoCEv2 packets in pcap/pcapng captures and check their ICRC.
     Dump(dump::Args),
+    /// List the RDMA devices and their attributes, as ibv_devinfo does.
+    Devinfo(devinfo::Args),
 }
 
 fn main() -> ExitCode {
@@ -27,5 +30,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Dump(args) => dump::run(args),
+        Command::Devinfo(args) => devinfo::run(args),
     }
 }
