@@ -90,3 +90,28 @@ fn udp_link_drops_a_corrupted_datagram() {
     assert_eq!(got, None);
     assert_eq!(link.stats().icrc_errors, 1);
 }
+
+#[test]
+fn rc_between_two_qps_of_one_host_over_ipv6_loopback() {
+    let v6: IpAddr = "::1".parse().unwrap();
+    let port = loop {
+        let s = UdpSocket::bind((v6, 0)).unwrap();
+        break s.local_addr().unwrap().port();
+    };
+    let mut w = World::real_time(UdpLink::new(port));
+    w.add_host(v6).unwrap();
+    w.create_qp(0, 0x11, QpType::Rc, QpCap::default(), None);
+    w.create_qp(0, 0x12, QpType::Rc, QpCap::default(), None);
+    w.register(0, 1, 0x1000, 1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let attr = QpAttr { access_flags: Access::REMOTE_WRITE, path_mtu: Mtu::Mtu1024, ..QpAttr::default() };
+    w.connect((0, 0x11), (0, 0x12), &attr, (Psn::new(1), Psn::new(2))).unwrap();
+    let msg: Vec<u8> = (0..5000u32).map(|i| (i % 199) as u8).collect();
+    w.hosts[0].mem.region_mut(1).unwrap().data[..msg.len()].copy_from_slice(&msg);
+    let write = SendOp::RdmaWrite { remote_addr: 0x1000 + 0x8000, rkey: 1 };
+    let sge = Sge { addr: 0x1000, length: msg.len() as u32, lkey: 1 };
+    w.hosts[0].qp(0x11).post_send(SendWr::new(1, write).with_sge(sge)).unwrap();
+    assert!(w.run_until(Duration::from_secs(10), |w| !w.hosts[0].completions.is_empty()));
+    assert_eq!(w.hosts[0].completions[0].2.status, WcStatus::Success);
+    assert_eq!(&w.hosts[0].mem.region(1).unwrap().data[0x8000..0x8000 + msg.len()], &msg[..]);
+    assert_eq!(w.net.stats().icrc_errors, 0);
+}

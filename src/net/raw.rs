@@ -192,7 +192,7 @@ impl RawLink {
         let IpAddr::V4(v4) = ip else {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("no neighbour for {ip}: IPv6 neighbour discovery is not done, use RawLink::set_neighbour"),
+                format!("no neighbour for {ip}: IPv6 neighbour discovery is not done (RawLink::set_neighbour)"),
             ));
         };
         let table = std::fs::read_to_string("/proc/net/arp")?;
@@ -435,7 +435,8 @@ IP address       HW type     Flags       HW address            Mask     Device
         // Ethernet padding after the IP packet is not RoCE.
         let mut padded = good.clone();
         padded.extend_from_slice(&[0xaa; 8]);
-        assert!(matches!(classify(&padded, ROCE_UDP_PORT, &attached), Frame::Roce { roce, .. } if roce.len() == 24));
+        let kept = classify(&padded, ROCE_UDP_PORT, &attached);
+        assert!(matches!(kept, Frame::Roce { roce, .. } if roce.len() == 24), "{kept:?}");
         // For us but cut short, or too short to hold a BTH and an ICRC.
         assert_eq!(classify(&good[..good.len() - 1], ROCE_UDP_PORT, &attached), Frame::Malformed);
         let mut short = good[..Ethernet2Header::LEN + 20 + 8 + 12].to_vec();

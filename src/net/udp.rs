@@ -50,6 +50,10 @@ impl UdpLink {
         socket.set_nonblocking(true)?;
         if addr.is_ipv4() {
             set_pmtudisc_do(&socket)?;
+        } else {
+            // Kernel rxe sends IPv6 UDP with a zero checksum (RFC 6935 allows
+            // it for tunnels); Linux drops such datagrams unless asked not to.
+            set_int_option(&socket, libc::SOL_UDP, UDP_NO_CHECK6_RX, 1)?;
         }
         // A full RC window (128 PSNs of 4 KiB, both directions of several
         // QPs) must fit in the socket buffers, or the kernel drops what RC
@@ -195,33 +199,27 @@ const SOCKET_BUFFER: libc::c_int = 8 << 20;
 /// `net.core.rmem_max`), else the ordinary one, which the kernel caps. A
 /// refusal leaves the default, which only costs throughput.
 fn set_buffer(socket: &UdpSocket, forced: libc::c_int, plain: libc::c_int, bytes: libc::c_int) {
-    for option in [forced, plain] {
-        // SAFETY: a valid socket fd and a pointer to a c_int of the given size.
-        let rc = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                option,
-                (&bytes as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            return;
-        }
+    if set_int_option(socket, libc::SOL_SOCKET, forced, bytes).is_err() {
+        let _ = set_int_option(socket, libc::SOL_SOCKET, plain, bytes);
     }
 }
+
+/// `UDP_NO_CHECK6_RX` from linux/udp.h: accept zero UDP checksums over IPv6.
+const UDP_NO_CHECK6_RX: libc::c_int = 102;
 
 /// Sets `IP_MTU_DISCOVER` to `IP_PMTUDISC_DO`: DF on, and (for unconnected
 /// sockets) IPv4 Identification 0.
 fn set_pmtudisc_do(socket: &UdpSocket) -> io::Result<()> {
-    let value: libc::c_int = libc::IP_PMTUDISC_DO;
+    set_int_option(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
+}
+
+fn set_int_option(socket: &UdpSocket, level: libc::c_int, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: a valid socket fd and a pointer to a c_int of the given size.
     let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
+            level,
+            option,
             (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )

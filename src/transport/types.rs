@@ -298,6 +298,8 @@ pub enum AsyncEvent {
     SrqLimitReached { srq: u32 },
     /// The QP entered ERR and its last WQE was consumed (`IBV_EVENT_QP_LAST_WQE_REACHED`).
     LastWqeReached { qpn: u32 },
+    /// The port's link is up (`IBV_EVENT_PORT_ACTIVE`), raised when a context opens.
+    PortActive { port: u8 },
 }
 
 /// First PSN and PSN count of a work request once it is on the wire.

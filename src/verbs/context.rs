@@ -84,6 +84,10 @@ impl Context {
             })?;
         }
         let engine = Engine::start(link, options.busy_poll, device.name())?;
+        let port = device.query_port(1)?;
+        if port.state == super::device::PortState::Active {
+            lock(&engine.shared.events).push(AsyncEvent::PortActive { port: 1 });
+        }
         let inner = ContextInner { device: device.clone(), engine, next_qpn: AtomicU32::new(0x11), next_id: AtomicU32::new(1) };
         Ok(Context { inner: Arc::new(inner) })
     }
