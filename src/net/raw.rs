@@ -19,10 +19,16 @@
 //! keeps IPv4 or IPv6 UDP packets to its port addressed to an attached
 //! address and skips everything else without counting it. IPv6 packets with
 //! extension headers and non-first IPv4 fragments count as other traffic.
+//! The ICRC check is [`icrc::verify`] over the received header bytes, what
+//! `Packet::icrc_ok` does, on the link's own parse so ports other than 4791
+//! work.
 //! Filtering is done in userspace, so a busy interface costs a wakeup per
 //! frame. The kernel's own stack also sees the packets (it may answer with
 //! ICMP port unreachable when nothing listens on the port; the link ignores
-//! that).
+//! that). On `lo` it drops IPv4 frames this link sends with 127/8 addresses
+//! as martians unless `net.ipv4.conf.lo.route_localnet` is 1, so a kernel
+//! peer (rxe, a UDP socket) on `lo` is reached over `::1` or with that
+//! setting; other raw links on `lo` get the frames either way.
 //!
 //! Sending: the destination MAC is all zeros on a loopback interface;
 //! otherwise it comes from [`RawLink::set_neighbour`] or, for IPv4, from the
