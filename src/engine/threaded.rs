@@ -7,7 +7,7 @@
 //! write, not a round trip. Completions travel to the application through
 //! `crossbeam-channel` queues, one per CQ.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -93,7 +93,7 @@ pub(crate) struct QpCell {
 
 impl QpCell {
     /// Moves the QP's completions to its CQs and its events to `events`.
-    fn drain(&self, qp: &mut Qp, events: &Mutex<Vec<AsyncEvent>>) {
+    fn drain(&self, qp: &mut Qp, events: &Mutex<VecDeque<AsyncEvent>>) {
         while let Some((cq, wc)) = qp.poll_completion() {
             match cq {
                 CqKind::Send => self.send_cq.push(wc),
@@ -101,7 +101,7 @@ impl QpCell {
             }
         }
         while let Some(ev) = qp.poll_event() {
-            lock(events).push(ev);
+            lock(events).push_back(ev);
         }
     }
 }
@@ -113,7 +113,7 @@ pub(crate) struct EngineShared {
     pub qps: Mutex<BTreeMap<u32, Arc<QpCell>>>,
     /// Bumped whenever `qps` changes, so the engine re-reads it only then.
     pub qps_version: AtomicU64,
-    pub events: Mutex<Vec<AsyncEvent>>,
+    pub events: Mutex<VecDeque<AsyncEvent>>,
     pub stop: AtomicBool,
     pub doorbell: Option<EventFd>,
     pub link_stats: Mutex<LinkStats>,

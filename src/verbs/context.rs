@@ -86,7 +86,7 @@ impl Context {
         let engine = Engine::start(link, options.busy_poll, device.name())?;
         let port = device.query_port(1)?;
         if port.state == super::device::PortState::Active {
-            lock(&engine.shared.events).push(AsyncEvent::PortActive { port: 1 });
+            lock(&engine.shared.events).push_back(AsyncEvent::PortActive { port: 1 });
         }
         let inner = ContextInner { device: device.clone(), engine, next_qpn: AtomicU32::new(0x11), next_id: AtomicU32::new(1) };
         Ok(Context { inner: Arc::new(inner) })
@@ -124,8 +124,7 @@ impl Context {
 
     /// The next asynchronous event (`ibv_get_async_event`, without blocking).
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        let mut events = lock(&self.inner.engine.shared.events);
-        (!events.is_empty()).then(|| events.remove(0))
+        lock(&self.inner.engine.shared.events).pop_front()
     }
 
     /// Device-wide counters, like rxe's hw_counters: the sum over every QP
