@@ -10,8 +10,81 @@
 //!   is a deterministic in-memory one with fault injection.
 //! - [`transport`]: the RC/UC/UD queue pair as a sans-IO state machine
 //!   (requester, responder, completer), with checked access to memory.
-//! - [`engine`]: joins QPs to a network; [`engine::sim`] drives them over the
-//!   simulated network in virtual time.
+//! - [`engine`]: joins QPs to a network; [`engine::SimWorld`] drives them over
+//!   the simulated network in virtual time.
+//! - [`verbs`]: the libibverbs-style API over real UDP sockets: devices,
+//!   contexts, protection domains, memory regions, CQs and QPs. Start here
+//!   to move data.
+//!
+//! # Example
+//!
+//! Two devices on loopback addresses, an RC queue pair on each, and an RDMA
+//! WRITE from one into the memory of the other. Two programs on two hosts
+//! would do the same, each with its half, swapping endpoints over TCP
+//! ([`verbs::Endpoint::exchange`]); `examples/` has such programs.
+//!
+//! ```
+//! use std::net::{IpAddr, Ipv4Addr};
+//! use std::time::Duration;
+//!
+//! use softroce::transport::{Access, QpCap, QpType, SendOp, SendWr, WcStatus};
+//! use softroce::verbs::{ConnectOptions, Context, ContextOptions, Device, QpInit};
+//!
+//! # /// A UDP port free on both addresses.
+//! # fn free_port(a: IpAddr, b: IpAddr) -> u16 {
+//! #     loop {
+//! #         let probe = std::net::UdpSocket::bind((a, 0)).unwrap();
+//! #         let port = probe.local_addr().unwrap().port();
+//! #         if std::net::UdpSocket::bind((b, port)).is_ok() {
+//! #             return port;
+//! #         }
+//! #     }
+//! # }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A device per address; with one address, GID index 1 is that address.
+//! let (ip_a, ip_b) = (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+//! let dev_a = Device::custom("sr_a", vec![ip_a], [2, 0, 0, 0, 0, 1], 65536);
+//! let dev_b = Device::custom("sr_b", vec![ip_b], [2, 0, 0, 0, 0, 2], 65536);
+//!
+//! // Both use the same RoCE UDP port: 4791 by default, a free one here.
+//! let options = ContextOptions { port: free_port(ip_a, ip_b), ..ContextOptions::default() };
+//! let (ctx_a, ctx_b) = (Context::open(&dev_a, options)?, Context::open(&dev_b, options)?);
+//! let (pd_a, pd_b) = (ctx_a.alloc_pd()?, ctx_b.alloc_pd()?);
+//!
+//! // A's buffer is only read locally; B's may be written by its peer.
+//! let source = pd_a.alloc_mr(4096, Access::LOCAL_WRITE)?;
+//! let target = pd_b.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+//!
+//! let (cq_a, cq_b) = (ctx_a.create_cq(16, None)?, ctx_b.create_cq(16, None)?);
+//! let init = |cq| QpInit { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
+//! let (qp_a, qp_b) = (pd_a.create_qp(&init(&cq_a))?, pd_b.create_qp(&init(&cq_b))?);
+//!
+//! // Each QP connects to the other's endpoint (QP number, first PSN, GID).
+//! // B's QP must also allow remote writes.
+//! let (ep_a, ep_b) = (qp_a.endpoint(1)?, qp_b.endpoint(1)?);
+//! qp_a.connect(&ep_b, &ConnectOptions::default())?;
+//! let writable = ConnectOptions { access: Access::LOCAL_WRITE | Access::REMOTE_WRITE, ..ConnectOptions::default() };
+//! qp_b.connect(&ep_a, &writable)?;
+//!
+//! // Write 17 bytes to offset 100 of B's buffer, by its address and R_Key.
+//! let message = b"hello over RoCEv2";
+//! source.write(0, message)?;
+//! let write = SendOp::RdmaWrite { remote_addr: target.addr() + 100, rkey: target.rkey() };
+//! qp_a.post_send(SendWr::new(1, write).with_sge(source.sge(0, message.len())))?;
+//!
+//! // The completion comes once B has acknowledged the data.
+//! let wc = cq_a.wait_one(Duration::from_secs(10)).expect("the WRITE completes");
+//! assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+//!
+//! // The bytes are in B's memory, and B's program was not involved: an
+//! // RDMA WRITE consumes no receive and completes nothing on B's side.
+//! let mut landed = [0u8; 17];
+//! target.read(100, &mut landed)?;
+//! assert_eq!(&landed, message);
+//! assert!(cq_b.poll_one().is_none());
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod capture;
 pub mod engine;

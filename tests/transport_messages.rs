@@ -412,7 +412,10 @@ impl Pair {
         }
         // A UD receive starts with the GRH area.
         let delivered = if ud {
-            [&grh_area(self.family.host(A), self.family.host(B), msg.len())[..], &msg].concat()
+            // BTH, DETH, ImmDt if any, payload and pad, ICRC.
+            let imm = if matches!(case.kind, Kind::SendImm) { 4 } else { 0 };
+            let roce_len = 12 + 8 + imm + msg.len().next_multiple_of(4) + 4;
+            [&grh_area(self.family.host(A), self.family.host(B), roce_len)[..], &msg].concat()
         } else {
             msg.clone()
         };

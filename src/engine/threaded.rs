@@ -93,7 +93,7 @@ pub(crate) struct QpCell {
 
 impl QpCell {
     /// Moves the QP's completions to its CQs and its events to `events`.
-    fn drain(&self, qp: &mut Qp, events: &Mutex<VecDeque<AsyncEvent>>) {
+    pub(crate) fn drain(&self, qp: &mut Qp, events: &Mutex<VecDeque<AsyncEvent>>) {
         while let Some((cq, wc)) = qp.poll_completion() {
             match cq {
                 CqKind::Send => self.send_cq.push(wc),

@@ -319,16 +319,30 @@ impl Qp {
         Ok(())
     }
 
-    /// RESET → INIT → RTR → RTS in one go, each step with exactly the
-    /// attributes this QP type requires (what `ibv_rc_pingpong` and most
-    /// programs do to connect): `attr` holds the values.
+    /// RESET → INIT → RTR → RTS, from whichever of the first three states
+    /// the QP is in, each step with exactly the attributes this QP type
+    /// requires (what `ibv_rc_pingpong` and most programs do to connect):
+    /// `attr` holds the values.
     pub fn connect(&mut self, attr: &QpAttr) -> Result<(), ModifyError> {
-        for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
+        let steps = [QpState::Init, QpState::Rtr, QpState::Rts];
+        let first = match self.attr.state {
+            QpState::Reset => 0,
+            QpState::Init => 1,
+            QpState::Rtr => 2,
+            from => return Err(ModifyError::InvalidTransition { from, to: QpState::Rts }),
+        };
+        for &to in &steps[first..] {
+            let from = self.attr.state;
             let (required, _) = super::attr::transition_masks(self.qp_type, from, to)
                 .ok_or(ModifyError::InvalidTransition { from, to })?;
             self.modify(&QpAttr { state: to, ..*attr }, AttrMask::STATE | required)?;
         }
         Ok(())
+    }
+
+    /// Capacities the QP was created with (`ibv_query_qp`'s `cap`).
+    pub fn cap(&self) -> QpCap {
+        self.cap
     }
 
     /// Moves to `to`, doing what entering that state entails.

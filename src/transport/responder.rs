@@ -534,7 +534,7 @@ impl Qp {
             self.completions.push_back((CqKind::Recv, wc));
             return;
         }
-        let grh = grh_area(pkt.src, pkt.dst, pkt.payload.len());
+        let grh = grh_area(pkt.src, pkt.dst, hdr.wire_len(pkt.payload.len()));
         let pd = self.pd;
         let mut scatter = |offset: u64, data: &[u8]| {
             for_each_piece(&recv.sg_list, offset, data.len(), |sge, addr, at, n| {
@@ -634,11 +634,12 @@ fn ack_syndrome() -> Syndrome {
 }
 
 /// The 40 bytes a UD receive starts with: the IPv6 header, or for IPv4 twenty
-/// zero bytes and then the IPv4 header, as kernel rxe writes them.
-pub fn grh_area(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; GRH_LEN] {
+/// zero bytes and then the IPv4 header, as kernel rxe writes them. `roce_len`
+/// is the packet's UDP payload (BTH through ICRC), so the lengths match what
+/// was on the wire.
+pub fn grh_area(src: IpAddr, dst: IpAddr, roce_len: usize) -> [u8; GRH_LEN] {
     let mut grh = [0u8; GRH_LEN];
-    // UDP (8) + BTH (12) + DETH (8) + payload + ICRC (4), as on the wire.
-    let udp_len = 8 + 12 + 8 + payload_len + 4;
+    let udp_len = 8 + roce_len;
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             let mut h = crate::wire::icrc::ipv4_header(s, d, (20 + udp_len) as u16, 0, 0x40);

@@ -165,6 +165,12 @@ impl SendWr {
         self
     }
 
+    /// Addresses a UD send.
+    pub fn with_ud(mut self, dest: UdDest) -> SendWr {
+        self.ud = Some(dest);
+        self
+    }
+
     /// Bytes of data the request moves (8 for atomics).
     pub fn length(&self) -> u64 {
         if self.op.is_atomic() {

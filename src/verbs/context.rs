@@ -114,7 +114,7 @@ impl Context {
             overflowed: Default::default(),
             channel: channel.map(|c| Arc::clone(&c.shared)),
         };
-        Ok(CompletionQueue { _ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
+        Ok(CompletionQueue { ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
     }
 
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
@@ -131,10 +131,14 @@ impl Context {
     /// (destroyed ones included) plus the link's.
     pub fn counters(&self) -> DeviceCounters {
         let shared = &self.inner.engine.shared;
+        // The QP map's lock is held while reading the retired totals too, so
+        // a QP being destroyed is counted exactly once.
+        let qps = lock(&shared.qps);
         let mut qp_totals = *lock(&shared.retired);
-        for cell in lock(&shared.qps).values() {
+        for cell in qps.values() {
             add_counters(&mut qp_totals, lock(&cell.qp).counters());
         }
+        drop(qps);
         DeviceCounters { qp: qp_totals, link: *lock(&shared.link_stats) }
     }
 }
@@ -213,6 +217,10 @@ impl ProtectionDomain {
     }
 
     pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
+        let ours = |ctx: &Arc<ContextInner>| Arc::ptr_eq(ctx, &self.ctx);
+        if !ours(&init.send_cq.ctx) || !ours(&init.recv_cq.ctx) || init.srq.is_some_and(|s| !ours(&s.ctx)) {
+            return Err(Error::InvalidArgument("CQ or SRQ of another context".into()));
+        }
         let qpn = self.ctx.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
         let mut qp = Qp::new(qpn, init.qp_type, self.pd, init.cap, init.srq.map(|s| s.id));
         if init.qp_type == QpType::Ud {
@@ -334,6 +342,39 @@ impl MemoryRegion {
     }
 }
 
+impl MemoryRegion {
+    /// What a peer needs to READ, WRITE or run atomics on this region.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion { addr: self.addr(), rkey: self.rkey(), len: self.len as u64 }
+    }
+}
+
+/// A region as a peer addresses it: VA, R_Key and length. 20 bytes on the
+/// wire (big-endian), for out-of-band exchange next to an [`Endpoint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRegion {
+    pub addr: u64,
+    pub rkey: u32,
+    pub len: u64,
+}
+
+impl RemoteRegion {
+    pub const LEN: usize = 20;
+
+    pub fn to_bytes(&self) -> [u8; RemoteRegion::LEN] {
+        let mut b = [0u8; RemoteRegion::LEN];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
+        b[12..].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; RemoteRegion::LEN]) -> RemoteRegion {
+        let word = |at: usize| u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        RemoteRegion { addr: word(0), rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]), len: word(12) }
+    }
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // Deregister first: the engine holds the registry lock for each
@@ -347,7 +388,7 @@ impl Drop for MemoryRegion {
 /// A completion queue (`ibv_cq`).
 #[derive(Debug)]
 pub struct CompletionQueue {
-    _ctx: Arc<ContextInner>,
+    ctx: Arc<ContextInner>,
     shared: Arc<CqShared>,
 }
 
@@ -405,12 +446,18 @@ pub struct CompletionChannel {
 impl CompletionChannel {
     /// The next event: the id of the CQ that fired. Waits up to `timeout`.
     pub fn get_event(&self, timeout: Duration) -> Option<u32> {
-        if let Ok(id) = self.shared.events.1.try_recv() {
-            return Some(id);
+        let events = &self.shared.events.1;
+        if events.is_empty() {
+            crate::net::wait_readable(&[self.shared.fd.as_raw_fd()], timeout);
         }
-        crate::net::wait_readable(&[self.shared.fd.as_raw_fd()], timeout);
+        // Drain before taking an event and signal again while more wait, so
+        // the descriptor is readable exactly while events wait.
         self.shared.fd.drain();
-        self.shared.events.1.try_recv().ok()
+        let id = events.try_recv().ok();
+        if !events.is_empty() {
+            self.shared.fd.signal();
+        }
+        id
     }
 }
 
@@ -471,10 +518,9 @@ impl QueuePair {
         }
         let mut qp = lock(&self.cell.qp);
         qp.post_send(wr)?;
-        // A request posted in ERR is flushed at once: hand it to the CQ now.
-        while let Some((_, wc)) = qp.poll_completion() {
-            self.cell.send_cq.push(wc);
-        }
+        // A request posted in ERR is flushed at once: hand it to the CQ now,
+        // and whatever else the QP holds to the CQ it belongs to.
+        self.cell.drain(&mut qp, &self.ctx.engine.shared.events);
         drop(qp);
         self.ctx.engine.shared.ring();
         Ok(())
@@ -484,12 +530,26 @@ impl QueuePair {
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let mut qp = lock(&self.cell.qp);
         qp.post_recv(wr)?;
-        while let Some((_, wc)) = qp.poll_completion() {
-            self.cell.recv_cq.push(wc);
-        }
+        self.cell.drain(&mut qp, &self.ctx.engine.shared.events);
         drop(qp);
         self.ctx.engine.shared.ring();
         Ok(())
+    }
+
+    /// Capacities the QP was created with.
+    pub fn cap(&self) -> QpCap {
+        lock(&self.cell.qp).cap()
+    }
+
+    /// RESET → INIT with `options`' access rights (or Q_Key, for UD), so
+    /// receives can be posted before the peer's endpoint is known, as the
+    /// classic examples do; [`QueuePair::connect`] continues from there.
+    pub fn init(&self, options: &ConnectOptions) -> Result<()> {
+        let attr = QpAttr { state: QpState::Init, access_flags: options.access, qkey: options.qkey, ..QpAttr::default() };
+        let qp_type = lock(&self.cell.qp).qp_type();
+        let (required, _) = crate::transport::attr::transition_masks(qp_type, QpState::Reset, QpState::Init)
+            .ok_or(crate::transport::ModifyError::InvalidTransition { from: QpState::Reset, to: QpState::Init })?;
+        self.modify(&attr, AttrMask::STATE | required)
     }
 
     /// What a peer needs to connect to this QP, using GID `gid_index` of the
@@ -502,9 +562,10 @@ impl QueuePair {
         Ok(Endpoint { qpn: self.qpn, psn: self.psn, gid })
     }
 
-    /// Brings an RC or UC QP from RESET to RTS, connected to `remote`: the
-    /// INIT, RTR and RTS steps of `ibv_rc_pingpong`. For UD, `remote` is
-    /// ignored and the QP is made ready to send and receive.
+    /// Brings an RC or UC QP from RESET (or INIT, after [`QueuePair::init`])
+    /// to RTS, connected to `remote`: the INIT, RTR and RTS steps of
+    /// `ibv_rc_pingpong`. For UD, `remote` is ignored and the QP is made ready
+    /// to send and receive.
     pub fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<()> {
         let attr = QpAttr {
             access_flags: options.access,
@@ -531,9 +592,11 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let shared = &self.ctx.engine.shared;
-        lock(&shared.qps).remove(&self.qpn);
-        shared.qps_version.fetch_add(1, Ordering::Release);
+        let mut qps = lock(&shared.qps);
+        qps.remove(&self.qpn);
         add_counters(&mut lock(&shared.retired), lock(&self.cell.qp).counters());
+        drop(qps);
+        shared.qps_version.fetch_add(1, Ordering::Release);
     }
 }
 

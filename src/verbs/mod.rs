@@ -7,6 +7,32 @@
 //! address handles follow `ibv_*` semantics: work requests and completions
 //! carry the same fields and status codes, and QPs follow the
 //! `ibv_modify_qp` state machine with its attribute masks.
+//!
+//! The objects, and what makes each:
+//!
+//! ```text
+//! Device --Context::open--> Context: engine thread, UDP socket on the device's addresses
+//!                             |-- alloc_pd ------------> ProtectionDomain
+//!                             |                           |-- alloc_mr, reg_mr -> MemoryRegion (addr, lkey, rkey)
+//!                             |                           |-- create_qp -------> QueuePair (on CQs, maybe an SRQ)
+//!                             |                           |-- create_srq ------> SharedReceiveQueue
+//!                             |                           '-- create_ah -------> AddressHandle (a UD destination)
+//!                             |-- create_cq -----------> CompletionQueue (maybe with a channel)
+//!                             '-- create_comp_channel -> CompletionChannel
+//! ```
+//!
+//! Dropping an object destroys it (there is no `ibv_destroy_*` to call),
+//! and PDs, MRs, CQs, QPs and SRQs keep their context, and so its engine,
+//! alive. To connect two QPs, each side gets its [`Endpoint`] (QP number,
+//! first PSN, GID), sends it to the other out of band
+//! ([`Endpoint::exchange`] over a TCP stream) and passes the peer's to
+//! [`QueuePair::connect`]. A memory region's bytes may change under the
+//! program at any time (the engine and remote peers write them), so they
+//! are reached by copying: [`MemoryRegion::read`], [`MemoryRegion::write`].
+//!
+//! The crate-level documentation has a complete example; `examples/` has
+//! `rc_pingpong`, `ud_pingpong` and `rdma_write_read`, written after
+//! libibverbs' C examples.
 
 mod context;
 pub mod device;
@@ -15,7 +41,7 @@ pub mod gid;
 
 pub use context::{
     AddressHandle, CompletionChannel, CompletionQueue, ConnectOptions, Context, ContextOptions,
-    DeviceCounters, Endpoint, MemoryRegion, ProtectionDomain, QpInit, QueuePair,
+    DeviceCounters, Endpoint, MemoryRegion, ProtectionDomain, QpInit, QueuePair, RemoteRegion,
     SharedReceiveQueue,
 };
 pub use device::Device;
