@@ -3,9 +3,14 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, reload, EnvFilter};
 
+mod demo;
 mod devinfo;
 mod dump;
+mod pingpong;
 
 #[derive(Parser)]
 #[command(name = "softroce", version, about = "Userspace RoCEv2 with kernel rxe semantics")]
@@ -16,20 +21,28 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run every RDMA operation between two devices on loopback, checked, then measure bandwidth and latency.
+    Demo(demo::Args),
     /// Decode RoCEv2 packets in pcap/pcapng captures and check their ICRC.
     Dump(dump::Args),
     /// List the RDMA devices and their attributes, as ibv_devinfo does.
     Devinfo(devinfo::Args),
+    /// Ping-pong SENDs with a peer, as ibv_rc/uc/ud/srq_pingpong do (and with them).
+    Pingpong(pingpong::Args),
 }
 
+/// The environment variable holding the log filter (`tracing` directives).
+const LOG_ENV: &str = "SOFTROCE_LOG";
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("SOFTROCE_LOG"))
-        .with_writer(std::io::stderr)
-        .init();
+    // Reloadable, so `demo -v` can widen it to the packet trace for a while.
+    let (filter, log_filter) = reload::Layer::new(EnvFilter::from_env(LOG_ENV));
+    tracing_subscriber::registry().with(filter).with(fmt::layer().with_writer(std::io::stderr)).init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Demo(args) => demo::run(args, &log_filter),
         Command::Dump(args) => dump::run(args),
         Command::Devinfo(args) => devinfo::run(args),
+        Command::Pingpong(args) => pingpong::run(args),
     }
 }
