@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -83,13 +83,7 @@ fn json_string_field(line: &str, name: &str) -> Option<String> {
 /// A UDP port free on both addresses: both devices bind the same RoCE port.
 fn free_udp_port() -> u16 {
     let (a, b): (IpAddr, IpAddr) = (SERVER_IP.parse().unwrap(), CLIENT_IP.parse().unwrap());
-    loop {
-        let socket = UdpSocket::bind((a, 0)).unwrap();
-        let port = socket.local_addr().unwrap().port();
-        if UdpSocket::bind((b, port)).is_ok() {
-            return port;
-        }
-    }
+    softroce::net::udp::free_port(&[a, b]).unwrap()
 }
 
 fn free_tcp_port() -> u16 {

@@ -14,13 +14,7 @@ const B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 
 /// A port free on both loopback addresses.
 fn free_port() -> u16 {
-    loop {
-        let a = UdpSocket::bind((A, 0)).unwrap();
-        let port = a.local_addr().unwrap().port();
-        if UdpSocket::bind((B, port)).is_ok() {
-            return port;
-        }
-    }
+    softroce::net::udp::free_port(&[A, B]).unwrap()
 }
 
 #[test]

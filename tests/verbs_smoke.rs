@@ -1,25 +1,15 @@
 //! The verbs API end to end over loopback UDP: two devices, one RC QP each.
 
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use softroce::transport::{Access, QpCap, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use softroce::verbs::*;
 
-fn free_port(a: IpAddr, b: IpAddr) -> u16 {
-    loop {
-        let s = UdpSocket::bind((a, 0)).unwrap();
-        let port = s.local_addr().unwrap().port();
-        if UdpSocket::bind((b, port)).is_ok() {
-            return port;
-        }
-    }
-}
-
 #[test]
 fn rc_verbs_over_loopback() {
     let (ip_a, ip_b) = (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
-    let options = ContextOptions { port: free_port(ip_a, ip_b), busy_poll: false };
+    let options = ContextOptions { port: softroce::net::udp::free_port(&[ip_a, ip_b]).unwrap(), busy_poll: false };
     let dev_a = Device::custom("test_a", vec![ip_a], [2, 0, 0, 0, 0, 1], 65536);
     let dev_b = Device::custom("test_b", vec![ip_b], [2, 0, 0, 0, 0, 2], 65536);
     let (ctx_a, ctx_b) = (Context::open(&dev_a, options).unwrap(), Context::open(&dev_b, options).unwrap());

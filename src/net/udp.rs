@@ -192,6 +192,22 @@ impl Link for UdpLink {
     }
 }
 
+/// A UDP port every address in `addrs` can bind right now: devices that
+/// talk to each other share one RoCE port, so tests and demos that cannot
+/// have 4791 need one free on all their addresses.
+pub fn free_port(addrs: &[IpAddr]) -> io::Result<u16> {
+    let (&first, rest) = addrs
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to probe"))?;
+    loop {
+        let probe = UdpSocket::bind((first, 0))?;
+        let port = probe.local_addr()?.port();
+        if rest.iter().all(|&addr| UdpSocket::bind((addr, port)).is_ok()) {
+            return Ok(port);
+        }
+    }
+}
+
 /// Bytes of socket buffer to ask for in each direction.
 const SOCKET_BUFFER: libc::c_int = 8 << 20;
 

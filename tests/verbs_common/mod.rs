@@ -5,7 +5,7 @@
 // Each test crate uses its own part of these helpers.
 #![allow(dead_code)]
 
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -34,16 +34,7 @@ pub const QUIET: Duration = Duration::from_millis(50);
 
 /// A UDP port that every address in `addrs` can bind.
 pub fn free_port(addrs: &[IpAddr]) -> u16 {
-    'probe: loop {
-        let first = UdpSocket::bind((addrs[0], 0)).unwrap();
-        let port = first.local_addr().unwrap().port();
-        for &addr in &addrs[1..] {
-            if UdpSocket::bind((addr, port)).is_err() {
-                continue 'probe;
-            }
-        }
-        return port;
-    }
+    softroce::net::udp::free_port(addrs).unwrap()
 }
 
 /// An open device with a protection domain and one completion queue,

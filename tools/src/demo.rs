@@ -4,7 +4,7 @@
 //! and completion, then measures bandwidth and latency.
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -184,7 +184,7 @@ fn open_devices(port: Option<u16>) -> Result<(Context, Context, u16), String> {
     };
     // Another process may take a free port before we bind it: try a few.
     for _ in 0..10 {
-        let port = free_port()?;
+        let port = softroce::net::udp::free_port(&[ADDRESS_A, ADDRESS_B]).map_err(|e| format!("no free UDP port: {e}"))?;
         if let Ok(opened) = open_both(&devices, port) {
             say!("port {ROCE_UDP_PORT} unavailable ({why}); using free port {port}");
             return Ok(opened);
@@ -196,17 +196,6 @@ fn open_devices(port: Option<u16>) -> Result<(Context, Context, u16), String> {
 fn open_both(devices: &[Device; 2], port: u16) -> verbs::Result<(Context, Context, u16)> {
     let options = ContextOptions { port, busy_poll: false };
     Ok((Context::open(&devices[0], options)?, Context::open(&devices[1], options)?, port))
-}
-
-/// A UDP port free on both addresses at the moment of asking.
-fn free_port() -> Result<u16, String> {
-    loop {
-        let a = UdpSocket::bind((ADDRESS_A, 0)).map_err(|e| format!("bind {ADDRESS_A}: {e}"))?;
-        let port = a.local_addr().map_err(|e| e.to_string())?.port();
-        if UdpSocket::bind((ADDRESS_B, port)).is_ok() {
-            return Ok(port);
-        }
-    }
 }
 
 /// One end of a connection.
