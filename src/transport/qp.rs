@@ -36,10 +36,15 @@ pub const TRANSMIT_HEADROOM: usize = 64;
 /// Capacities fixed at QP creation (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCap {
+    /// Send work requests the send queue holds.
     pub max_send_wr: u32,
+    /// Receive work requests the receive queue holds.
     pub max_recv_wr: u32,
+    /// Scatter/gather elements a send work request may have.
     pub max_send_sge: u32,
+    /// Scatter/gather elements a receive work request may have.
     pub max_recv_sge: u32,
+    /// Bytes of inline data a send work request may carry.
     pub max_inline_data: u32,
 }
 
@@ -52,7 +57,9 @@ impl Default for QpCap {
 /// Which completion queue a completion belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CqKind {
+    /// The send CQ: completions of send work requests.
     Send,
+    /// The receive CQ: completions of receive work requests.
     Recv,
 }
 
@@ -61,15 +68,36 @@ pub enum CqKind {
 pub enum PostSendError {
     /// Sends can be posted in RTS, SQD and SQE (and ERR, where they are flushed).
     InvalidState(QpState),
-    QueueFull { max_wr: u32 },
-    TooManySge { given: usize, max: u32 },
-    InlineTooLong { given: usize, max: u32 },
+    /// The send queue already holds `max_send_wr` requests.
+    QueueFull {
+        /// The send queue's capacity.
+        max_wr: u32,
+    },
+    /// More scatter/gather elements than `max_send_sge`.
+    TooManySge {
+        /// SGEs in the request.
+        given: usize,
+        /// The QP's `max_send_sge`.
+        max: u32,
+    },
+    /// More inline data than `max_inline_data`.
+    InlineTooLong {
+        /// Bytes of inline data in the request.
+        given: usize,
+        /// The QP's `max_inline_data`.
+        max: u32,
+    },
     /// The operation does not exist for this QP type (e.g. READ on UC).
     UnsupportedOp(QpType),
     /// UD sends need a destination; connected QPs take none.
     Destination,
     /// A UD message must fit one packet of the path MTU.
-    MessageTooLong { len: u64, max: u64 },
+    MessageTooLong {
+        /// Bytes in the message.
+        len: u64,
+        /// The path MTU in bytes.
+        max: u64,
+    },
     /// An atomic needs one SGE of exactly 8 bytes for the original value.
     AtomicSge,
 }
@@ -103,31 +131,45 @@ impl std::error::Error for PostSendError {}
 /// ICRC placeholder) are at the start of the buffer given to `poll_transmit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
+    /// IP address to send the packet to.
     pub dest: IpAddr,
+    /// Length of the RoCE bytes in the buffer, BTH through ICRC.
     pub len: usize,
 }
 
 /// A received packet as the QP sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Incoming<'a> {
+    /// IP source address (a connected QP accepts only its peer's).
     pub src: IpAddr,
+    /// IP destination address (UD receives copy it into the GRH area).
     pub dst: IpAddr,
+    /// BTH and extended headers, parsed.
     pub header: &'a RoceRepr,
+    /// The payload, without pad and ICRC.
     pub payload: &'a [u8],
 }
 
 /// Per-QP counters, like rxe's hw_counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
+    /// Packets handed out by [`Qp::poll_transmit`], requests and responses.
     pub sent_packets: u64,
+    /// Packets fed to [`Qp::handle_packet`], including those then dropped.
     pub received_packets: u64,
     /// Go-back-N restarts (timeouts, sequence NAKs, lost READ responses).
     pub retries: u64,
+    /// Local ACK timer expiries.
     pub timeouts: u64,
+    /// RNR NAKs received as requester.
     pub rnr_naks_received: u64,
+    /// RNR NAKs sent as responder.
     pub rnr_naks_sent: u64,
+    /// PSN sequence error NAKs received as requester.
     pub seq_naks_received: u64,
+    /// PSN sequence error NAKs sent as responder.
     pub seq_naks_sent: u64,
+    /// Duplicate requests (PSN before the expected one) seen as responder.
     pub duplicate_requests: u64,
     /// Packets dropped: wrong state, source, Q_Key, ghost responses, UC gaps.
     pub dropped: u64,
@@ -221,6 +263,7 @@ impl Qp {
         }
     }
 
+    /// The QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
@@ -233,14 +276,17 @@ impl Qp {
         }
     }
 
+    /// The transport type, fixed at creation.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
     }
 
+    /// The current state.
     pub fn state(&self) -> QpState {
         self.attr.state
     }
 
+    /// The id of the SRQ this QP draws receives from, if any.
     pub fn srq(&self) -> Option<u32> {
         self.srq
     }
@@ -250,6 +296,7 @@ impl Qp {
         &self.attr
     }
 
+    /// Packet, retry and NAK counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -499,8 +546,9 @@ impl Qp {
         let tx = self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?;
         self.counters.sent_packets += 1;
         if tracing::enabled!(tracing::Level::TRACE) {
-            if let Ok(sent) = RoceRepr::parse(&buf[..tx.len]).map(|p| p.header.bth) {
-                tracing::trace!(opcode = %sent.opcode, psn = sent.psn.value(), len = tx.len, dest = %tx.dest, "tx");
+            if let Ok(sent) = RoceRepr::parse(&buf[..tx.len]) {
+                let bth = sent.header.bth;
+                tracing::trace!(opcode = %bth.opcode, psn = bth.psn.value(), len = sent.payload.len(), dest = %tx.dest, "tx");
             }
         }
         Some(tx)

@@ -37,7 +37,10 @@ const LOG_ENV: &str = "SOFTROCE_LOG";
 fn main() -> ExitCode {
     // Reloadable, so `demo -v` can widen it to the packet trace for a while.
     let (filter, log_filter) = reload::Layer::new(EnvFilter::from_env(LOG_ENV));
-    tracing_subscriber::registry().with(filter).with(fmt::layer().with_writer(std::io::stderr)).init();
+    // Colours only on a terminal: traces saved to files stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let layer = fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    tracing_subscriber::registry().with(filter).with(layer).init();
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(args) => demo::run(args, &log_filter),
