@@ -17,8 +17,12 @@ use pcap_file::{DataLink, TsResolution};
 /// One captured frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
+    /// Capture time since the Unix epoch, as the file records it (zero for a
+    /// pcapng simple packet, which has none).
     pub timestamp: Duration,
+    /// Link type of the interface it was captured on ([`ip_bytes`] strips it).
     pub link: DataLink,
+    /// The captured bytes, from the link-layer header on.
     pub data: Vec<u8>,
     /// Length of the frame on the wire; more than `data.len()` when the
     /// capture cut it short (snap length).
@@ -28,6 +32,7 @@ pub struct Frame {
 /// Why a capture could not be read completely.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaptureError {
+    /// What went wrong, and where in the file.
     pub message: String,
 }
 
@@ -160,6 +165,7 @@ pub struct IpPcapWriter<W: Write> {
 }
 
 impl<W: Write> IpPcapWriter<W> {
+    /// Starts a pcap file on `writer`: raw IP link type, nanosecond timestamps.
     pub fn new(writer: W) -> Result<Self, CaptureError> {
         let header = PcapHeader {
             datalink: DataLink::RAW,
@@ -180,6 +186,7 @@ impl<W: Write> IpPcapWriter<W> {
             .map_err(|e| error(format!("pcap write: {e}")))
     }
 
+    /// The writer, with everything written so far.
     pub fn into_inner(self) -> W {
         self.inner.into_writer()
     }

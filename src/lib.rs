@@ -86,6 +86,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod capture;
 pub mod engine;
 pub mod net;

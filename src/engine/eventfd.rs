@@ -5,6 +5,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+/// A nonblocking, close-on-exec eventfd: readable while signalled.
 #[derive(Debug)]
 pub struct EventFd {
     fd: OwnedFd,

@@ -10,12 +10,16 @@ use crate::transport::{Access, AtomicOp, MemError, Memory};
 /// A registered range of process memory.
 #[derive(Debug, Clone, Copy)]
 pub struct RawRegion {
+    /// Where the first byte is in this process.
     pub base: *mut u8,
+    /// Length in bytes.
     pub len: usize,
     /// The address peers and SGEs use for the first byte (the VA, as with
     /// `ibv_reg_mr`).
     pub iova: u64,
+    /// The protection domain it belongs to.
     pub pd: u32,
+    /// The rights it grants.
     pub access: Access,
 }
 
@@ -41,14 +45,17 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// Registers `region` under `key`, replacing any region with that key.
     pub fn insert(&mut self, key: u32, region: RawRegion) {
         self.regions.insert(key, region);
     }
 
+    /// Deregisters the region with `key` and returns it, if there was one.
     pub fn remove(&mut self, key: u32) -> Option<RawRegion> {
         self.regions.remove(&key)
     }
 
+    /// Whether a region is registered under `key`.
     pub fn contains(&self, key: u32) -> bool {
         self.regions.contains_key(&key)
     }

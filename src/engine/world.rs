@@ -22,12 +22,17 @@ pub const PD: u32 = 1;
 /// One endpoint: an address, its memory, QPs and SRQs, and what they produced.
 #[derive(Debug)]
 pub struct Host {
+    /// The host's address on the link.
     pub addr: IpAddr,
+    /// Its registered memory, all in protection domain [`PD`].
     pub mem: MemoryTable,
+    /// Its QPs, by QP number.
     pub qps: BTreeMap<u32, Qp>,
+    /// Its SRQs, by id.
     pub srqs: BTreeMap<u32, Srq>,
     /// Completions in the order they were produced: (QPN, queue, completion).
     pub completions: Vec<(u32, CqKind, WorkCompletion)>,
+    /// Asynchronous events of its QPs and SRQs, in the order they were raised.
     pub events: Vec<AsyncEvent>,
     /// Packets that passed the link's ICRC check but are not valid RoCE.
     pub malformed: u64,
@@ -49,6 +54,7 @@ impl Host {
         }
     }
 
+    /// The QP with this number; panics if the host has none.
     pub fn qp(&mut self, qpn: u32) -> &mut Qp {
         self.qps.get_mut(&qpn).expect("no such QP")
     }
@@ -77,8 +83,11 @@ enum Clock {
 
 /// Hosts on a link, with the clock.
 pub struct World<L: Link> {
+    /// The link the hosts are attached to.
     pub net: L,
+    /// The current time: virtual, or elapsed since the world was created.
     pub now: Duration,
+    /// The hosts, by the index [`World::add_host`] returned.
     pub hosts: Vec<Host>,
     clock: Clock,
     buf: Vec<u8>,

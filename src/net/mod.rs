@@ -36,11 +36,14 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) {
 /// which the link completes with the ICRC of the headers it puts below.
 #[derive(Debug)]
 pub struct Outgoing<'a> {
+    /// Source address: one of the link's local addresses.
     pub src: IpAddr,
+    /// Destination address.
     pub dst: IpAddr,
     /// UDP source port (kernel rxe's per-connection choice, where the link
     /// can honour it).
     pub src_port: u16,
+    /// The RoCE bytes; mutable so the link can fill in the ICRC in place.
     pub roce: &'a mut [u8],
 }
 
@@ -48,17 +51,25 @@ pub struct Outgoing<'a> {
 /// the first `len` bytes of the buffer given to [`Link::receive`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Received {
+    /// Source address of the IP packet.
     pub src: IpAddr,
+    /// Destination address: the local address it arrived at.
     pub dst: IpAddr,
+    /// Length of the RoCE bytes, BTH through ICRC.
     pub len: usize,
 }
 
 /// What a link counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LinkStats {
+    /// Packets sent.
     pub sent: u64,
+    /// Packets received, including those then dropped.
     pub received: u64,
+    /// Received packets dropped for a bad ICRC.
     pub icrc_errors: u64,
+    /// Received packets dropped as malformed or too large for the buffer (on
+    /// the UDP link, failed socket reads too).
     pub malformed: u64,
 }
 
@@ -90,5 +101,6 @@ pub trait Link {
     /// networks); none for virtual-time links.
     fn raw_fds(&self) -> Vec<RawFd>;
 
+    /// What the link has counted so far.
     fn stats(&self) -> LinkStats;
 }

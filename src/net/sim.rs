@@ -261,6 +261,7 @@ impl<W: Write> SimNet<W> {
         self.in_flight.len()
     }
 
+    /// What the network has counted so far, faults included.
     pub fn stats(&self) -> &Stats {
         &self.stats
     }

@@ -11,12 +11,23 @@ use crate::wire::Psn;
 /// `ibv_qp_state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
+    /// `IBV_QPS_RESET`: just created or reset; holds no work and ignores packets.
     Reset,
+    /// `IBV_QPS_INIT`: receives may be posted; nothing is sent, and incoming
+    /// packets are dropped.
     Init,
+    /// `IBV_QPS_RTR`, ready to receive: the responder works.
     Rtr,
+    /// `IBV_QPS_RTS`, ready to send: requester and responder both work.
     Rts,
+    /// `IBV_QPS_SQD`, send queue drain: requests already started finish, new
+    /// ones wait; the responder keeps working.
     Sqd,
+    /// `IBV_QPS_SQE`, send queue error: where libibverbs puts a UC or UD QP
+    /// whose send failed. softroce never enters it (no modify leads there and
+    /// the transport moves to ERR instead); UC and UD QPs may leave it for RTS.
     Sqe,
+    /// `IBV_QPS_ERR`: every request is flushed with `WR_FLUSH_ERR`.
     Err,
 }
 
@@ -25,26 +36,49 @@ pub enum QpState {
 pub struct AttrMask(u32);
 
 impl AttrMask {
+    /// `IBV_QP_STATE`: `state`, the state to move to.
     pub const STATE: AttrMask = AttrMask(1 << 0);
+    /// `IBV_QP_CUR_STATE`: `cur_state`, which must be the state the QP is in.
     pub const CUR_STATE: AttrMask = AttrMask(1 << 1);
+    /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`: `en_sqd_async_notify`.
     pub const EN_SQD_ASYNC_NOTIFY: AttrMask = AttrMask(1 << 2);
+    /// `IBV_QP_ACCESS_FLAGS`: `access_flags`.
     pub const ACCESS_FLAGS: AttrMask = AttrMask(1 << 3);
+    /// `IBV_QP_PKEY_INDEX`: `pkey_index`.
     pub const PKEY_INDEX: AttrMask = AttrMask(1 << 4);
+    /// `IBV_QP_PORT`: `port`.
     pub const PORT: AttrMask = AttrMask(1 << 5);
+    /// `IBV_QP_QKEY`: `qkey`.
     pub const QKEY: AttrMask = AttrMask(1 << 6);
+    /// `IBV_QP_AV`: the address vector, here `dest`.
     pub const AV: AttrMask = AttrMask(1 << 7);
+    /// `IBV_QP_PATH_MTU`: `path_mtu`.
     pub const PATH_MTU: AttrMask = AttrMask(1 << 8);
+    /// `IBV_QP_TIMEOUT`: `timeout`.
     pub const TIMEOUT: AttrMask = AttrMask(1 << 9);
+    /// `IBV_QP_RETRY_CNT`: `retry_cnt`.
     pub const RETRY_CNT: AttrMask = AttrMask(1 << 10);
+    /// `IBV_QP_RNR_RETRY`: `rnr_retry`.
     pub const RNR_RETRY: AttrMask = AttrMask(1 << 11);
+    /// `IBV_QP_RQ_PSN`: `rq_psn`.
     pub const RQ_PSN: AttrMask = AttrMask(1 << 12);
+    /// `IBV_QP_MAX_QP_RD_ATOMIC`: `max_rd_atomic`.
     pub const MAX_QP_RD_ATOMIC: AttrMask = AttrMask(1 << 13);
+    /// `IBV_QP_ALT_PATH`: the alternate path; accepted where the kernel allows
+    /// it, but there are no alternate-path values here and nothing is applied.
     pub const ALT_PATH: AttrMask = AttrMask(1 << 14);
+    /// `IBV_QP_MIN_RNR_TIMER`: `min_rnr_timer`.
     pub const MIN_RNR_TIMER: AttrMask = AttrMask(1 << 15);
+    /// `IBV_QP_SQ_PSN`: `sq_psn`.
     pub const SQ_PSN: AttrMask = AttrMask(1 << 16);
+    /// `IBV_QP_MAX_DEST_RD_ATOMIC`: `max_dest_rd_atomic`.
     pub const MAX_DEST_RD_ATOMIC: AttrMask = AttrMask(1 << 17);
+    /// `IBV_QP_PATH_MIG_STATE`: path migration state; accepted where the kernel
+    /// allows it, but there is no value here and nothing is applied.
     pub const PATH_MIG_STATE: AttrMask = AttrMask(1 << 18);
+    /// `IBV_QP_CAP`: resizing the queues; no transition allows it.
     pub const CAP: AttrMask = AttrMask(1 << 19);
+    /// `IBV_QP_DEST_QPN`: `dest_qpn`.
     pub const DEST_QPN: AttrMask = AttrMask(1 << 20);
 
     const NAMES: [(AttrMask, &'static str); 21] = [
@@ -71,30 +105,37 @@ impl AttrMask {
         (AttrMask::DEST_QPN, "DEST_QPN"),
     ];
 
+    /// No attributes.
     pub const fn empty() -> AttrMask {
         AttrMask(0)
     }
 
+    /// The `ibv_qp_attr_mask` bits.
     pub const fn bits(self) -> u32 {
         self.0
     }
 
+    /// A mask from `ibv_qp_attr_mask` bits, unknown bits kept (a modify refuses them).
     pub const fn from_bits(bits: u32) -> AttrMask {
         AttrMask(bits)
     }
 
+    /// The attributes of both (also `|`).
     pub const fn union(self, other: AttrMask) -> AttrMask {
         AttrMask(self.0 | other.0)
     }
 
+    /// Whether every attribute of `other` is in the mask.
     pub const fn contains(self, other: AttrMask) -> bool {
         self.0 & other.0 == other.0
     }
 
+    /// The attributes of `self` that are not in `other`.
     pub const fn minus(self, other: AttrMask) -> AttrMask {
         AttrMask(self.0 & !other.0)
     }
 
+    /// Whether no attribute is in the mask.
     pub const fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -132,14 +173,20 @@ impl fmt::Display for AttrMask {
 /// Path MTU (`ibv_mtu`: 1 = 256 … 5 = 4096).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mtu {
+    /// `IBV_MTU_256`.
     Mtu256 = 1,
+    /// `IBV_MTU_512`.
     Mtu512 = 2,
+    /// `IBV_MTU_1024`.
     Mtu1024 = 3,
+    /// `IBV_MTU_2048`.
     Mtu2048 = 4,
+    /// `IBV_MTU_4096`.
     Mtu4096 = 5,
 }
 
 impl Mtu {
+    /// The MTU in bytes: the most payload one packet carries.
     pub const fn bytes(self) -> usize {
         128 << (self as usize)
     }
@@ -173,14 +220,25 @@ impl Mtu {
 /// modify reads is decided by the mask, as in libibverbs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpAttr {
+    /// `qp_state`: the state to move to; in [`Qp::attr`](crate::transport::Qp::attr),
+    /// the current one.
     pub state: QpState,
+    /// `cur_qp_state`: the state the caller believes the QP is in.
     pub cur_state: QpState,
+    /// `qp_access_flags`: the remote operations (WRITE, READ, atomics) this QP
+    /// executes as responder.
     pub access_flags: Access,
+    /// `pkey_index`: index in the P_Key table; only 0 (the default P_Key) exists.
     pub pkey_index: u16,
+    /// `port_num`: only port 1 exists.
     pub port: u8,
+    /// `qkey` (UD): the Q_Key incoming DETHs must carry, and the one sent when a
+    /// work request asks for the QP's own.
     pub qkey: u32,
     /// The peer's address (from the address vector's GID).
     pub dest: Option<IpAddr>,
+    /// `path_mtu`: payload per packet of a segmented message (connected QPs; UD
+    /// uses the port's).
     pub path_mtu: Mtu,
     /// Local ACK timeout: 4.096 µs × 2^timeout; 0 waits forever.
     pub timeout: u8,
@@ -188,7 +246,9 @@ pub struct QpAttr {
     pub retry_cnt: u8,
     /// RNR retries (0..=7, 7 = infinite).
     pub rnr_retry: u8,
+    /// `rq_psn`: the PSN the responder expects first.
     pub rq_psn: Psn,
+    /// `sq_psn`: the PSN of the first request packet.
     pub sq_psn: Psn,
     /// READ/atomic requests this QP may have outstanding as requester.
     pub max_rd_atomic: u8,
@@ -196,7 +256,9 @@ pub struct QpAttr {
     pub max_dest_rd_atomic: u8,
     /// RNR NAK timer code this responder advertises (0..=31).
     pub min_rnr_timer: u8,
+    /// `dest_qp_num`: the peer's QP number (connected QPs), 24 bits.
     pub dest_qpn: u32,
+    /// `en_sqd_async_notify`: raise `SqDrained` once the send queue drains in SQD.
     pub en_sqd_async_notify: bool,
 }
 
@@ -234,15 +296,44 @@ pub const PORT: u8 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModifyError {
     /// The transition from the current state to the requested one is not allowed.
-    InvalidTransition { from: QpState, to: QpState },
+    InvalidTransition {
+        /// The QP's current state.
+        from: QpState,
+        /// The state asked for.
+        to: QpState,
+    },
     /// Attributes the transition requires were not in the mask.
-    MissingAttributes { from: QpState, to: QpState, missing: AttrMask },
+    MissingAttributes {
+        /// The QP's current state.
+        from: QpState,
+        /// The state asked for.
+        to: QpState,
+        /// The required attributes that were not given.
+        missing: AttrMask,
+    },
     /// Attributes the transition does not allow were in the mask.
-    UnexpectedAttributes { from: QpState, to: QpState, unexpected: AttrMask },
+    UnexpectedAttributes {
+        /// The QP's current state.
+        from: QpState,
+        /// The state asked for.
+        to: QpState,
+        /// The attributes given that the transition does not accept.
+        unexpected: AttrMask,
+    },
     /// CUR_STATE named a state the QP is not in.
-    CurrentStateMismatch { actual: QpState, given: QpState },
+    CurrentStateMismatch {
+        /// The state the QP is in.
+        actual: QpState,
+        /// The state `cur_state` named.
+        given: QpState,
+    },
     /// An attribute value is out of range.
-    InvalidValue { attribute: &'static str, value: u64 },
+    InvalidValue {
+        /// The attribute, by its `ibv_qp_attr` field name.
+        attribute: &'static str,
+        /// The value given.
+        value: u64,
+    },
 }
 
 impl fmt::Display for ModifyError {

@@ -43,8 +43,18 @@ impl std::error::Error for MemError {}
 /// An atomic operation on a 64-bit word in the responder's byte order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtomicOp {
-    CompareSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    /// Writes `swap` if the word equals `compare`.
+    CompareSwap {
+        /// Value the word must hold.
+        compare: u64,
+        /// Value written when it does.
+        swap: u64,
+    },
+    /// Adds `add` to the word, wrapping at 2^64.
+    FetchAdd {
+        /// Value added.
+        add: u64,
+    },
 }
 
 /// Access to registered memory. Every method checks the key, the protection
@@ -70,10 +80,13 @@ pub trait Memory {
 /// A registered region backed by an owned buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Region {
+    /// The protection domain it belongs to.
     pub pd: u32,
     /// The virtual address the region's first byte has.
     pub addr: u64,
+    /// The rights it grants.
     pub access: Access,
+    /// Its bytes; the region is `data.len()` bytes long.
     pub data: Vec<u8>,
 }
 
@@ -103,6 +116,7 @@ pub struct MemoryTable {
 }
 
 impl MemoryTable {
+    /// An empty table.
     pub fn new() -> MemoryTable {
         MemoryTable::default()
     }
@@ -112,14 +126,17 @@ impl MemoryTable {
         self.regions.insert(key, region);
     }
 
+    /// Removes the region with `key` and returns it, if there was one.
     pub fn deregister(&mut self, key: u32) -> Option<Region> {
         self.regions.remove(&key)
     }
 
+    /// The region with `key`, unchecked (for setting up and inspecting tests).
     pub fn region(&self, key: u32) -> Option<&Region> {
         self.regions.get(&key)
     }
 
+    /// The region with `key`, mutably and unchecked.
     pub fn region_mut(&mut self, key: u32) -> Option<&mut Region> {
         self.regions.get_mut(&key)
     }

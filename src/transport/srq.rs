@@ -8,9 +8,17 @@ use super::types::RecvWr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostRecvError {
     /// The queue holds `max_wr` receives already.
-    QueueFull { max_wr: u32 },
+    QueueFull {
+        /// The queue's capacity.
+        max_wr: u32,
+    },
     /// More scatter/gather elements than the queue was created with.
-    TooManySge { given: usize, max: u32 },
+    TooManySge {
+        /// SGEs in the request.
+        given: usize,
+        /// The most the queue accepts.
+        max: u32,
+    },
     /// The QP is in RESET, or uses an SRQ (post to the SRQ instead).
     InvalidState,
 }
@@ -45,18 +53,23 @@ pub struct Srq {
 }
 
 impl Srq {
+    /// An empty SRQ, limit disarmed, holding at most `max_wr` receives of at
+    /// most `max_sge` SGEs each. `id` names it in events and to its QPs.
     pub fn new(id: u32, max_wr: u32, max_sge: u32) -> Srq {
         Srq { id, queue: VecDeque::new(), max_wr, max_sge, limit: 0, limit_reached: false }
     }
 
+    /// The id given at creation.
     pub fn id(&self) -> u32 {
         self.id
     }
 
+    /// Receives posted and not yet taken by a QP.
     pub fn len(&self) -> usize {
         self.queue.len()
     }
 
+    /// Whether no receive is posted.
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
@@ -66,10 +79,12 @@ impl Srq {
         self.limit = limit;
     }
 
+    /// The armed limit; 0 when disarmed (also after the event fired).
     pub fn limit(&self) -> u32 {
         self.limit
     }
 
+    /// `ibv_post_srq_recv`: queues a receive for any of the SRQ's QPs.
     pub fn post(&mut self, wr: RecvWr) -> Result<(), PostRecvError> {
         if wr.sg_list.len() > self.max_sge as usize {
             return Err(PostRecvError::TooManySge { given: wr.sg_list.len(), max: self.max_sge });

@@ -9,8 +9,14 @@ use crate::wire::Psn;
 /// Queue pair transport type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {
+    /// Reliable connected (`IBV_QPT_RC`): acknowledged and retransmitted, with
+    /// SEND, WRITE, READ and atomics.
     Rc,
+    /// Unreliable connected (`IBV_QPT_UC`): SEND and WRITE only, never
+    /// acknowledged; a lost packet loses its message.
     Uc,
+    /// Unreliable datagram (`IBV_QPT_UD`): single-packet SENDs, each addressed to
+    /// any QP by its work request.
     Ud,
 }
 
@@ -19,12 +25,20 @@ pub enum QpType {
 pub struct Access(u32);
 
 impl Access {
+    /// No rights beyond local read, which every region grants.
     pub const NONE: Access = Access(0);
+    /// `IBV_ACCESS_LOCAL_WRITE`: the local side may write the region (receive
+    /// buffers, READ and atomic results). Required with REMOTE_WRITE and
+    /// REMOTE_ATOMIC, as in libibverbs.
     pub const LOCAL_WRITE: Access = Access(1);
+    /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA WRITE to it.
     pub const REMOTE_WRITE: Access = Access(1 << 1);
+    /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA READ from it.
     pub const REMOTE_READ: Access = Access(1 << 2);
+    /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics on it.
     pub const REMOTE_ATOMIC: Access = Access(1 << 3);
 
+    /// The `ibv_access_flags` bits.
     pub const fn bits(self) -> u32 {
         self.0
     }
@@ -38,10 +52,12 @@ impl Access {
         }
     }
 
+    /// The rights of both (also `|`).
     pub const fn union(self, other: Access) -> Access {
         Access(self.0 | other.0)
     }
 
+    /// Whether every right in `other` is granted.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
@@ -71,30 +87,81 @@ impl fmt::Debug for Access {
 /// A scatter/gather element: `length` bytes at `addr` in the region of `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
+    /// Virtual address of the first byte, in the region's address space.
     pub addr: u64,
+    /// Length in bytes.
     pub length: u32,
+    /// Local key of the region the bytes lie in.
     pub lkey: u32,
 }
 
 /// Send work request opcodes (`ibv_wr_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
+    /// `IBV_WR_SEND`: consumes a receive WQE at the peer.
     Send,
+    /// `IBV_WR_SEND_WITH_IMM`: a SEND carrying this 32-bit immediate (ImmDt) to
+    /// the receive completion.
     SendWithImm(u32),
     /// SEND that invalidates the given R_Key at the responder.
     SendWithInv(u32),
-    RdmaWrite { remote_addr: u64, rkey: u32 },
-    RdmaWriteWithImm { remote_addr: u64, rkey: u32, imm: u32 },
-    RdmaRead { remote_addr: u64, rkey: u32 },
-    CompareSwap { remote_addr: u64, rkey: u32, compare: u64, swap: u64 },
-    FetchAdd { remote_addr: u64, rkey: u32, add: u64 },
+    /// `IBV_WR_RDMA_WRITE`: writes the data into the peer's memory; consumes no
+    /// receive.
+    RdmaWrite {
+        /// Peer virtual address of the first byte written (RETH VA).
+        remote_addr: u64,
+        /// R_Key of the peer's region.
+        rkey: u32,
+    },
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`: a WRITE that also consumes a receive WQE at
+    /// the peer, completing it with `imm`.
+    RdmaWriteWithImm {
+        /// Peer virtual address of the first byte written (RETH VA).
+        remote_addr: u64,
+        /// R_Key of the peer's region.
+        rkey: u32,
+        /// Immediate data (ImmDt) for the peer's receive completion.
+        imm: u32,
+    },
+    /// `IBV_WR_RDMA_READ`: reads the peer's memory into the local SGEs (RC only).
+    RdmaRead {
+        /// Peer virtual address of the first byte read (RETH VA).
+        remote_addr: u64,
+        /// R_Key of the peer's region.
+        rkey: u32,
+    },
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`: if the peer's 64-bit word equals `compare`,
+    /// replaces it with `swap`; the original value goes to the local 8-byte SGE.
+    CompareSwap {
+        /// Peer virtual address of the word, 8-byte aligned (AtomicETH VA).
+        remote_addr: u64,
+        /// R_Key of the peer's region.
+        rkey: u32,
+        /// Value the word must hold for the swap to happen.
+        compare: u64,
+        /// Value written when it does.
+        swap: u64,
+    },
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`: adds `add` to the peer's 64-bit word; the
+    /// original value goes to the local 8-byte SGE.
+    FetchAdd {
+        /// Peer virtual address of the word, 8-byte aligned (AtomicETH VA).
+        remote_addr: u64,
+        /// R_Key of the peer's region.
+        rkey: u32,
+        /// Value added, wrapping at 2^64.
+        add: u64,
+    },
 }
 
 impl SendOp {
+    /// READ, compare-and-swap or fetch-and-add: the operations that count
+    /// against `max_rd_atomic` and a fence waits for.
     pub const fn is_read_or_atomic(self) -> bool {
         matches!(self, SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
+    /// Compare-and-swap or fetch-and-add.
     pub const fn is_atomic(self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
@@ -115,7 +182,9 @@ impl SendOp {
 /// remote QP and Q_Key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdDest {
+    /// IP address of the destination (from the address handle's GID).
     pub dest: std::net::IpAddr,
+    /// Destination QP number.
     pub remote_qpn: u32,
     /// A Q_Key with the high bit set means "use the QP's own Q_Key".
     pub remote_qkey: u32,
@@ -137,9 +206,14 @@ pub struct SendFlags {
 /// A send work request (`ibv_send_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
+    /// The caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// The operation and its remote-side arguments.
     pub op: SendOp,
+    /// Local memory the data comes from (or, for READ and atomics, goes to).
     pub sg_list: Vec<Sge>,
+    /// Fencing, completion and solicited-event behaviour, and whether the data
+    /// is inline.
     pub flags: SendFlags,
     /// Data of an inline send, copied at post time.
     pub inline_data: Vec<u8>,
@@ -160,6 +234,7 @@ impl SendWr {
         }
     }
 
+    /// Appends an SGE to `sg_list`.
     pub fn with_sge(mut self, sge: Sge) -> SendWr {
         self.sg_list.push(sge);
         self
@@ -186,11 +261,14 @@ impl SendWr {
 /// A receive work request (`ibv_recv_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
+    /// The caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// Buffers a received message is scattered into, in order.
     pub sg_list: Vec<Sge>,
 }
 
 impl RecvWr {
+    /// Total bytes the SGEs hold: the longest message this receive accepts.
     pub fn length(&self) -> u64 {
         self.sg_list.iter().map(|s| u64::from(s.length)).sum()
     }
@@ -200,19 +278,44 @@ impl RecvWr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
     Success = 0,
+    /// `IBV_WC_LOC_LEN_ERR`: a received message did not fit the receive buffers.
     LocLenErr = 1,
+    /// `IBV_WC_LOC_QP_OP_ERR`: an internal QP consistency error. Not produced by
+    /// softroce.
     LocQpOpErr = 2,
+    /// `IBV_WC_LOC_PROT_ERR`: a local SGE failed the key, protection domain,
+    /// rights or bounds check; or, on a receive, the R_Key a SEND with
+    /// invalidate named could not be invalidated.
     LocProtErr = 4,
+    /// `IBV_WC_WR_FLUSH_ERR`: the request was outstanding when the QP entered
+    /// ERR, or was posted in ERR.
     WrFlushErr = 5,
+    /// `IBV_WC_BAD_RESP_ERR`: a malformed response, e.g. a READ response of the
+    /// wrong length.
     BadRespErr = 7,
+    /// `IBV_WC_LOC_ACCESS_ERR`: a local access violation on a receive. Not
+    /// produced by softroce (it reports [`WcStatus::LocProtErr`]).
     LocAccessErr = 8,
+    /// `IBV_WC_REM_INV_REQ_ERR`: the responder found the request invalid (NAK
+    /// invalid request).
     RemInvReqErr = 9,
+    /// `IBV_WC_REM_ACCESS_ERR`: the responder refused the access (NAK remote
+    /// access error).
     RemAccessErr = 10,
+    /// `IBV_WC_REM_OP_ERR`: the responder could not complete the operation (NAK
+    /// remote operational error).
     RemOpErr = 11,
+    /// `IBV_WC_RETRY_EXC_ERR`: `retry_cnt` timeouts or sequence NAKs passed
+    /// without progress.
     RetryExcErr = 12,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: the responder answered with more RNR NAKs than
+    /// `rnr_retry` allows.
     RnrRetryExcErr = 13,
+    /// `IBV_WC_FATAL_ERR`. Not produced by softroce.
     FatalErr = 19,
+    /// `IBV_WC_GENERAL_ERR`. Not produced by softroce.
     GeneralErr = 21,
 }
 
@@ -242,26 +345,40 @@ impl WcStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum WcOpcode {
+    /// `IBV_WC_SEND`: a SEND of any kind completed.
     Send = 0,
+    /// `IBV_WC_RDMA_WRITE`: a WRITE, with or without immediate, completed.
     RdmaWrite = 1,
+    /// `IBV_WC_RDMA_READ`.
     RdmaRead = 2,
+    /// `IBV_WC_COMP_SWAP`.
     CompSwap = 3,
+    /// `IBV_WC_FETCH_ADD`.
     FetchAdd = 4,
+    /// `IBV_WC_RECV`: a receive consumed by a SEND.
     Recv = 128,
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`: a receive consumed by a WRITE with immediate
+    /// (its data went to the WRITE's address, not to the receive buffers).
     RecvRdmaWithImm = 129,
 }
 
 /// A work completion (`ibv_wc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
+    /// The `wr_id` of the completed work request.
     pub wr_id: u64,
+    /// Whether it succeeded, and why not.
     pub status: WcStatus,
+    /// What kind of request completed.
     pub opcode: WcOpcode,
     /// Bytes received (receive completions) or transferred.
     pub byte_len: u32,
+    /// Immediate data of a SEND or WRITE with immediate (`IBV_WC_WITH_IMM`).
     pub imm: Option<u32>,
     /// R_Key invalidated by a SEND_WITH_INVALIDATE.
     pub invalidated_rkey: Option<u32>,
+    /// The local QP the request was posted to (or, for an SRQ receive, that
+    /// consumed it).
     pub qp_num: u32,
     /// Source QP of a UD receive.
     pub src_qp: u32,
@@ -293,33 +410,60 @@ impl WorkCompletion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AsyncEvent {
     /// The QP moved to ERR because of an error it detected (`IBV_EVENT_QP_FATAL`).
-    QpFatal { qpn: u32 },
-    /// A receive error on the responder side (`IBV_EVENT_QP_REQ_ERR` for invalid
-    /// requests, `IBV_EVENT_QP_ACCESS_ERR` for access violations).
-    QpRequestError { qpn: u32 },
-    QpAccessError { qpn: u32 },
+    QpFatal {
+        /// The QP.
+        qpn: u32,
+    },
+    /// A receive error on the responder side (`IBV_EVENT_QP_REQ_ERR`): it NAKed
+    /// an invalid request or a remote operational error and moved to ERR.
+    QpRequestError {
+        /// The responder QP.
+        qpn: u32,
+    },
+    /// The responder NAKed a request with a remote access error and moved to
+    /// ERR (`IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessError {
+        /// The responder QP.
+        qpn: u32,
+    },
     /// The send queue drained after a move to SQD (`IBV_EVENT_SQ_DRAINED`).
-    SqDrained { qpn: u32 },
+    SqDrained {
+        /// The QP.
+        qpn: u32,
+    },
     /// The SRQ's count of posted receives fell below its armed limit.
-    SrqLimitReached { srq: u32 },
+    SrqLimitReached {
+        /// The SRQ's id ([`Srq::id`](crate::transport::Srq::id)).
+        srq: u32,
+    },
     /// The QP entered ERR and its last WQE was consumed (`IBV_EVENT_QP_LAST_WQE_REACHED`).
-    LastWqeReached { qpn: u32 },
+    LastWqeReached {
+        /// The QP, which uses an SRQ.
+        qpn: u32,
+    },
     /// The port's link is up (`IBV_EVENT_PORT_ACTIVE`), raised when a context opens.
-    PortActive { port: u8 },
+    PortActive {
+        /// The port number (always 1).
+        port: u8,
+    },
 }
 
 /// First PSN and PSN count of a work request once it is on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PsnRange {
+    /// PSN of the first packet (for a READ, of the first response).
     pub first: Psn,
+    /// Number of PSNs the request takes.
     pub count: u32,
 }
 
 impl PsnRange {
+    /// The last PSN of the range.
     pub fn last(&self) -> Psn {
         self.first.wrapping_add(self.count.saturating_sub(1))
     }
 
+    /// Whether `psn` lies in the range, across the 2^24 wrap.
     pub fn contains(&self, psn: Psn) -> bool {
         let d = psn.diff(self.first);
         d >= 0 && (d as u32) < self.count

@@ -92,10 +92,12 @@ impl Context {
         Ok(Context { inner: Arc::new(inner) })
     }
 
+    /// The device this context was opened on.
     pub fn device(&self) -> &Device {
         &self.inner.device
     }
 
+    /// `ibv_alloc_pd`: a new protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         Ok(ProtectionDomain { ctx: Arc::clone(&self.inner), pd: self.inner.id() })
     }
@@ -117,6 +119,7 @@ impl Context {
         Ok(CompletionQueue { ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
     }
 
+    /// `ibv_create_comp_channel`: a channel CQs can signal completion events on.
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         let shared = ChannelShared { fd: EventFd::new()?, events: crossbeam_channel::unbounded() };
         Ok(CompletionChannel { shared: Arc::new(shared) })
@@ -146,7 +149,9 @@ impl Context {
 /// Counters of a device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
+    /// Sums of the QP counters, over every QP the context has had.
     pub qp: Counters,
+    /// The UDP link's packet and error counts.
     pub link: LinkStats,
 }
 
@@ -216,6 +221,8 @@ impl ProtectionDomain {
         Ok(MemoryRegion { ctx: Arc::clone(&self.ctx), key, base: ptr, len, map: None })
     }
 
+    /// `ibv_create_qp`: a QP in RESET, with a random first PSN. Its CQs and SRQ
+    /// must belong to this context.
     pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
         let ours = |ctx: &Arc<ContextInner>| Arc::ptr_eq(ctx, &self.ctx);
         if !ours(&init.send_cq.ctx) || !ours(&init.recv_cq.ctx) || init.srq.is_some_and(|s| !ours(&s.ctx)) {
@@ -240,6 +247,8 @@ impl ProtectionDomain {
         Ok(QueuePair { ctx: Arc::clone(&self.ctx), cell, qpn, psn, sig_all: init.sq_sig_all })
     }
 
+    /// `ibv_create_srq`: an SRQ of `max_wr` receives of up to `max_sge` SGEs,
+    /// within the device's limits.
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
         let limits = self.ctx.device.query_device();
         if max_wr == 0 || max_wr > limits.max_srq_wr {
@@ -276,10 +285,12 @@ unsafe impl Send for MemoryRegion {}
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
+    /// The local key, for SGEs. The same number as the R_Key, as in rxe.
     pub fn lkey(&self) -> u32 {
         self.key
     }
 
+    /// The remote key a peer names the region by in READs, WRITEs and atomics.
     pub fn rkey(&self) -> u32 {
         self.key
     }
@@ -289,10 +300,12 @@ impl MemoryRegion {
         self.base as u64
     }
 
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the region has no bytes (never: empty regions are refused).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -353,14 +366,19 @@ impl MemoryRegion {
 /// wire (big-endian), for out-of-band exchange next to an [`Endpoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteRegion {
+    /// Virtual address of the first byte, as the peer addresses it.
     pub addr: u64,
+    /// R_Key of the region.
     pub rkey: u32,
+    /// Length in bytes.
     pub len: u64,
 }
 
 impl RemoteRegion {
+    /// Bytes of [`RemoteRegion::to_bytes`].
     pub const LEN: usize = 20;
 
+    /// Address, R_Key and length, big-endian.
     pub fn to_bytes(&self) -> [u8; RemoteRegion::LEN] {
         let mut b = [0u8; RemoteRegion::LEN];
         b[..8].copy_from_slice(&self.addr.to_be_bytes());
@@ -369,6 +387,7 @@ impl RemoteRegion {
         b
     }
 
+    /// Reads what [`RemoteRegion::to_bytes`] wrote.
     pub fn from_bytes(b: &[u8; RemoteRegion::LEN]) -> RemoteRegion {
         let word = |at: usize| u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"));
         RemoteRegion { addr: word(0), rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]), len: word(12) }
@@ -408,6 +427,7 @@ impl CompletionQueue {
         n
     }
 
+    /// The next completion, if one is queued.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
         self.shared.entries.1.try_recv().ok()
     }
@@ -470,10 +490,15 @@ impl AsRawFd for CompletionChannel {
 /// What a QP is created with (`ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy)]
 pub struct QpInit<'a> {
+    /// RC, UC or UD.
     pub qp_type: QpType,
+    /// The CQ for completions of send work requests.
     pub send_cq: &'a CompletionQueue,
+    /// The CQ for completions of receive work requests (it may be `send_cq`).
     pub recv_cq: &'a CompletionQueue,
+    /// The SRQ to take receives from instead of the QP's own receive queue.
     pub srq: Option<&'a SharedReceiveQueue>,
+    /// Queue capacities.
     pub cap: QpCap,
     /// Every send completes, signaled flag or not.
     pub sq_sig_all: bool,
@@ -491,10 +516,12 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
+    /// The QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
 
+    /// The current state.
     pub fn state(&self) -> QpState {
         lock(&self.cell.qp).state()
     }
@@ -603,14 +630,22 @@ impl Drop for QueuePair {
 /// Attributes for [`QueuePair::connect`], with `ibv_rc_pingpong`'s defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectOptions {
+    /// `qp_access_flags`: remote operations the QP executes as responder; add
+    /// REMOTE_WRITE, REMOTE_READ or REMOTE_ATOMIC to allow them.
     pub access: Access,
     /// Path MTU; the port's active MTU when `None`.
     pub mtu: Option<Mtu>,
+    /// Local ACK timeout: 4.096 µs × 2^timeout; 0 waits forever.
     pub timeout: u8,
+    /// Transport retries after a timeout or sequence NAK (0..=7).
     pub retry_cnt: u8,
+    /// RNR retries (0..=7, 7 = infinite).
     pub rnr_retry: u8,
+    /// RNR NAK timer code this QP advertises as responder (0..=31).
     pub min_rnr_timer: u8,
+    /// READ/atomic requests this QP may have outstanding as requester.
     pub max_rd_atomic: u8,
+    /// READ/atomic requests this QP accepts outstanding as responder.
     pub max_dest_rd_atomic: u8,
     /// Q_Key of a UD QP.
     pub qkey: u32,
@@ -641,6 +676,7 @@ pub struct SharedReceiveQueue {
 }
 
 impl SharedReceiveQueue {
+    /// `ibv_post_srq_recv`: queues a receive for any of the SRQ's QPs.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         lock(&self.srq).post(wr)?;
         self.ctx.engine.shared.ring();
@@ -652,6 +688,7 @@ impl SharedReceiveQueue {
         lock(&self.srq).arm_limit(limit);
     }
 
+    /// Identifies this SRQ in [`AsyncEvent::SrqLimitReached`].
     pub fn id(&self) -> u32 {
         self.id
     }
@@ -674,14 +711,19 @@ impl AddressHandle {
 /// GID. 24 bytes on the wire (QPN and PSN big-endian, then the GID).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
+    /// The QP number (24 bits).
     pub qpn: u32,
+    /// The first PSN the QP sends: the peer's `rq_psn`.
     pub psn: Psn,
+    /// The GID of the QP's port: the address the peer sends to.
     pub gid: Gid,
 }
 
 impl Endpoint {
+    /// Bytes of [`Endpoint::to_bytes`].
     pub const LEN: usize = 24;
 
+    /// QPN and PSN big-endian, then the GID.
     pub fn to_bytes(&self) -> [u8; Endpoint::LEN] {
         let mut b = [0u8; Endpoint::LEN];
         b[..4].copy_from_slice(&self.qpn.to_be_bytes());
@@ -690,6 +732,8 @@ impl Endpoint {
         b
     }
 
+    /// Reads what [`Endpoint::to_bytes`] wrote; bits above 24 in the QPN and PSN
+    /// are dropped.
     pub fn from_bytes(b: &[u8; Endpoint::LEN]) -> Endpoint {
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&b[8..]);

@@ -121,6 +121,8 @@ impl Device {
         self.netdev.as_deref()
     }
 
+    /// The interface's MAC address (zeros if it has none); GID 0 and the node
+    /// GUID derive from it.
     pub fn mac(&self) -> [u8; 6] {
         self.mac
     }
@@ -272,46 +274,88 @@ fn gid_table(mac: [u8; 6], addrs: &[IpAddr]) -> Vec<Gid> {
 /// `ibv_device_attr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
+    /// Firmware version string.
     pub fw_ver: String,
     /// The modified EUI-64 of the MAC address, as rxe sets it.
     pub node_guid: u64,
+    /// System image GUID: the same as `node_guid`, as rxe sets it.
     pub sys_image_guid: u64,
+    /// Largest memory region, in bytes.
     pub max_mr_size: u64,
+    /// Supported page sizes, one bit per power of two.
     pub page_size_cap: u64,
+    /// IEEE vendor ID (0: none).
     pub vendor_id: u32,
+    /// Vendor part ID.
     pub vendor_part_id: u32,
+    /// Hardware version.
     pub hw_ver: u32,
+    /// Most QPs.
     pub max_qp: u32,
+    /// Most work requests in a send or receive queue.
     pub max_qp_wr: u32,
+    /// Capabilities.
     pub device_cap_flags: DeviceCapFlags,
+    /// Most SGEs in a send or receive work request.
     pub max_sge: u32,
+    /// Most SGEs in an RDMA READ work request.
     pub max_sge_rd: u32,
+    /// Most CQs.
     pub max_cq: u32,
+    /// Most entries in a CQ (enforced by `Context::create_cq`).
     pub max_cqe: u32,
+    /// Most memory regions.
     pub max_mr: u32,
+    /// Most protection domains.
     pub max_pd: u32,
+    /// Most READ and atomic requests a QP may have outstanding as responder
+    /// (the bound of `max_dest_rd_atomic`).
     pub max_qp_rd_atom: u32,
+    /// The same per EE context (Reliable Datagram, which there is not: 0).
     pub max_ee_rd_atom: u32,
+    /// Responder resources for incoming READs and atomics, device-wide.
     pub max_res_rd_atom: u32,
+    /// Most READ and atomic requests a QP may have outstanding as requester
+    /// (the bound of `max_rd_atomic`).
     pub max_qp_init_rd_atom: u32,
+    /// The same per EE context (Reliable Datagram: 0).
     pub max_ee_init_rd_atom: u32,
+    /// How atomic the atomics are.
     pub atomic_cap: AtomicCap,
+    /// Most EE contexts (Reliable Datagram: 0).
     pub max_ee: u32,
+    /// Most RD domains (Reliable Datagram: 0).
     pub max_rdd: u32,
+    /// Most memory windows (0: none).
     pub max_mw: u32,
+    /// Most raw IPv6 QPs (0).
     pub max_raw_ipv6_qp: u32,
+    /// Most raw Ethertype QPs (0).
     pub max_raw_ethy_qp: u32,
+    /// Most multicast groups (0: no multicast).
     pub max_mcast_grp: u32,
+    /// Most QPs attached to one multicast group (0).
     pub max_mcast_qp_attach: u32,
+    /// Most multicast attachments in all (0).
     pub max_total_mcast_qp_attach: u32,
+    /// Most address handles.
     pub max_ah: u32,
+    /// Most fast memory regions (0: none).
     pub max_fmr: u32,
+    /// Most remaps of one FMR (0).
     pub max_map_per_fmr: u32,
+    /// Most SRQs.
     pub max_srq: u32,
+    /// Most work requests in an SRQ (enforced by `ProtectionDomain::create_srq`).
     pub max_srq_wr: u32,
+    /// Most SGEs in an SRQ work request (enforced likewise).
     pub max_srq_sge: u32,
+    /// Entries in the P_Key table.
     pub max_pkeys: u16,
+    /// Local CA ACK delay: how long the responder may take to answer,
+    /// 4.096 µs × 2^value.
     pub local_ca_ack_delay: u8,
+    /// Number of ports: 1.
     pub phys_port_cnt: u8,
     /// Not in `ibv_device_attr`: the most inline data a send may carry.
     pub max_inline_data: u32,
@@ -320,6 +364,7 @@ pub struct DeviceAttr {
 /// `ibv_atomic_cap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AtomicCap {
+    /// `IBV_ATOMIC_NONE`: atomics are not supported.
     None = 0,
     /// Atomic operations are atomic among the operations of this device.
     Hca = 1,
@@ -333,15 +378,27 @@ pub enum AtomicCap {
 pub struct DeviceCapFlags(u32);
 
 impl DeviceCapFlags {
+    /// `IBV_DEVICE_BAD_PKEY_CNTR`: packets with a bad P_Key are counted.
     pub const BAD_PKEY_CNTR: DeviceCapFlags = DeviceCapFlags(1 << 1);
+    /// `IBV_DEVICE_BAD_QKEY_CNTR`: packets with a bad Q_Key are counted.
     pub const BAD_QKEY_CNTR: DeviceCapFlags = DeviceCapFlags(1 << 2);
+    /// `IBV_DEVICE_AUTO_PATH_MIG`: automatic path migration.
     pub const AUTO_PATH_MIG: DeviceCapFlags = DeviceCapFlags(1 << 4);
+    /// `IBV_DEVICE_CHANGE_PHY_PORT`: a QP's primary port can be changed by an
+    /// SQD → SQD modify.
     pub const CHANGE_PHY_PORT: DeviceCapFlags = DeviceCapFlags(1 << 5);
+    /// `IBV_DEVICE_UD_AV_PORT_ENFORCE`: a UD address vector's port must be the QP's.
     pub const UD_AV_PORT_ENFORCE: DeviceCapFlags = DeviceCapFlags(1 << 6);
+    /// `IBV_DEVICE_PORT_ACTIVE_EVENT`: the device raises `IBV_EVENT_PORT_ACTIVE`.
     pub const PORT_ACTIVE_EVENT: DeviceCapFlags = DeviceCapFlags(1 << 10);
+    /// `IBV_DEVICE_SYS_IMAGE_GUID`: `sys_image_guid` is valid.
     pub const SYS_IMAGE_GUID: DeviceCapFlags = DeviceCapFlags(1 << 11);
+    /// `IBV_DEVICE_RC_RNR_NAK_GEN`: RC responders send RNR NAKs.
     pub const RC_RNR_NAK_GEN: DeviceCapFlags = DeviceCapFlags(1 << 12);
+    /// `IBV_DEVICE_SRQ_RESIZE`: SRQs can be resized.
     pub const SRQ_RESIZE: DeviceCapFlags = DeviceCapFlags(1 << 13);
+    /// `IBV_DEVICE_MEM_MGT_EXTENSIONS`: fast registration, local invalidate and
+    /// memory windows. rxe reports it; softroce does not.
     pub const MEM_MGT_EXTENSIONS: DeviceCapFlags = DeviceCapFlags(1 << 21);
 
     /// Names in bit order, as `ibv_devinfo -v` lists them.
@@ -361,21 +418,18 @@ impl DeviceCapFlags {
     /// What a softroce device reports: rxe's flags except
     /// MEM_MGT_EXTENSIONS, since softroce has no fast-registration MRs.
     pub const SOFTROCE: DeviceCapFlags = DeviceCapFlags(
-        Self::BAD_PKEY_CNTR.0
-            | Self::BAD_QKEY_CNTR.0
-            | Self::AUTO_PATH_MIG.0
-            | Self::CHANGE_PHY_PORT.0
-            | Self::UD_AV_PORT_ENFORCE.0
+        Self::UD_AV_PORT_ENFORCE.0
             | Self::PORT_ACTIVE_EVENT.0
             | Self::SYS_IMAGE_GUID.0
-            | Self::RC_RNR_NAK_GEN.0
-            | Self::SRQ_RESIZE.0,
+            | Self::RC_RNR_NAK_GEN.0,
     );
 
+    /// The `ibv_device_cap_flags` bits.
     pub const fn bits(self) -> u32 {
         self.0
     }
 
+    /// Whether every flag of `other` is set.
     pub const fn contains(self, other: DeviceCapFlags) -> bool {
         self.0 & other.0 == other.0
     }
@@ -392,22 +446,39 @@ impl fmt::Debug for DeviceCapFlags {
 /// `ibv_port_attr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
+    /// Logical port state.
     pub state: PortState,
+    /// Largest MTU the port supports.
     pub max_mtu: Mtu,
+    /// The MTU in use, derived from the link MTU ([`Device::active_mtu`]).
     pub active_mtu: Mtu,
+    /// Entries the GID table can hold.
     pub gid_tbl_len: u32,
+    /// `ibv_port_cap_flags`: `IBV_PORT_CM_SUP` only.
     pub port_cap_flags: u32,
+    /// `ibv_port_cap_flags2`: none.
     pub port_cap_flags2: u16,
+    /// Largest message, in bytes.
     pub max_msg_sz: u32,
+    /// Packets dropped for a bad P_Key (always 0).
     pub bad_pkey_cntr: u32,
+    /// Packets dropped for a bad Q_Key (always 0 here; see the QP counters).
     pub qkey_viol_cntr: u32,
+    /// Entries in the P_Key table.
     pub pkey_tbl_len: u16,
+    /// Base LID: 0, as RoCE has no LIDs.
     pub lid: u16,
+    /// LID of the subnet manager: 0, as RoCE has none.
     pub sm_lid: u16,
+    /// LID mask control: 0.
     pub lmc: u8,
+    /// Virtual lanes, IB encoding: 1 = VL0 only.
     pub max_vl_num: u8,
+    /// Service level of the subnet manager: 0.
     pub sm_sl: u8,
+    /// Subnet propagation delay: 0.
     pub subnet_timeout: u8,
+    /// InitTypeReply from the subnet manager: 0.
     pub init_type_reply: u8,
     /// IB encoding: 1 = 1X.
     pub active_width: u8,
@@ -415,27 +486,34 @@ pub struct PortAttr {
     /// and speed from the link speed; this is what it reports for links of
     /// 1 Gb/s and below or of unknown speed (loopback, veth).
     pub active_speed: u8,
+    /// Physical port state.
     pub phys_state: PhysState,
+    /// The link layer: Ethernet, as for every RoCE port.
     pub link_layer: LinkLayer,
 }
 
 /// `ibv_port_state`: a port is active while its interface has carrier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PortState {
+    /// `IBV_PORT_DOWN`: the interface is up but has no carrier.
     Down = 1,
+    /// `IBV_PORT_ACTIVE`: the interface has carrier.
     Active = 4,
 }
 
 /// Physical port states, with the values `ibv_devinfo` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PhysState {
+    /// Polling: no carrier, as rxe reports a port that is down.
     Polling = 2,
+    /// LinkUp: the interface has carrier.
     LinkUp = 5,
 }
 
 /// `IBV_LINK_LAYER_*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LinkLayer {
+    /// `IBV_LINK_LAYER_ETHERNET`.
     Ethernet = 2,
 }
 

@@ -7,17 +7,33 @@ use crate::transport::{ModifyError, PostRecvError, PostSendError};
 #[derive(Debug)]
 pub enum Error {
     /// No device by that name (the list of known names is included).
-    NoSuchDevice { name: String, known: Vec<String> },
+    NoSuchDevice {
+        /// The name asked for.
+        name: String,
+        /// The names of this host's devices.
+        known: Vec<String>,
+    },
     /// A value out of range or an object of another context / PD.
     InvalidArgument(String),
     /// A limit of the device was reached (e.g. max_cqe).
-    Limit { what: &'static str, max: u64 },
+    Limit {
+        /// The attribute, by its libibverbs name.
+        what: &'static str,
+        /// The device's limit.
+        max: u64,
+    },
+    /// `ibv_modify_qp` refused the transition or an attribute.
     Modify(ModifyError),
+    /// `ibv_post_send` refused the work request; nothing was queued.
     PostSend(PostSendError),
+    /// `ibv_post_recv` refused the work request; nothing was queued.
     PostRecv(PostRecvError),
+    /// An I/O error: binding sockets, starting the engine, mapping memory,
+    /// reading the interfaces; or, as `NotFound`, a host without devices.
     Io(io::Error),
 }
 
+/// Result of a verb.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl fmt::Display for Error {

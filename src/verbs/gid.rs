@@ -11,10 +11,12 @@ use std::str::FromStr;
 pub struct Gid([u8; 16]);
 
 impl Gid {
+    /// A GID from its 16 bytes, in network order.
     pub const fn from_bytes(raw: [u8; 16]) -> Gid {
         Gid(raw)
     }
 
+    /// The 16 bytes, in network order.
     pub const fn to_bytes(self) -> [u8; 16] {
         self.0
     }

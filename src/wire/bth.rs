@@ -20,6 +20,7 @@ pub struct Bth<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> Bth<T> {
+    /// Length of a BTH in bytes.
     pub const LEN: usize = 12;
 
     /// Wraps a buffer without checking its length; getters panic if it is short.
@@ -34,10 +35,12 @@ impl<T: AsRef<[u8]>> Bth<T> {
         Ok(bth)
     }
 
+    /// Fails with [`Error::Truncated`] unless the buffer holds a whole BTH.
     pub fn check_len(&self) -> Result<()> {
         need(self.buffer.as_ref(), Self::LEN)
     }
 
+    /// The wrapped buffer.
     pub fn into_inner(self) -> T {
         self.buffer
     }
@@ -47,48 +50,61 @@ impl<T: AsRef<[u8]>> Bth<T> {
         self.buffer.as_ref()[0]
     }
 
+    /// SE, solicited event: the requester asks for a completion event at the
+    /// responder when this message's receive completes (`IBV_SEND_SOLICITED`).
     pub fn solicited(&self) -> bool {
         self.buffer.as_ref()[1] & 0x80 != 0
     }
 
+    /// M, MigReq: path migration state, used by automatic path migration;
+    /// softroce sends it clear.
     pub fn mig_req(&self) -> bool {
         self.buffer.as_ref()[1] & 0x40 != 0
     }
 
+    /// PadCnt: pad bytes (0–3) between the payload and the ICRC.
     pub fn pad_count(&self) -> u8 {
         (self.buffer.as_ref()[1] >> 4) & 0x3
     }
 
+    /// TVer, the transport header version; 0 is the only valid one.
     pub fn version(&self) -> u8 {
         self.buffer.as_ref()[1] & 0x0f
     }
 
+    /// P_Key, the partition key.
     pub fn pkey(&self) -> u16 {
         get_u16(self.buffer.as_ref(), 2)
     }
 
+    /// FECN, forward explicit congestion notification.
     pub fn fecn(&self) -> bool {
         self.buffer.as_ref()[4] & 0x80 != 0
     }
 
+    /// BECN, backward explicit congestion notification.
     pub fn becn(&self) -> bool {
         self.buffer.as_ref()[4] & 0x40 != 0
     }
 
+    /// DestQP: the destination QP number (24 bits).
     pub fn dest_qpn(&self) -> u32 {
         get_u24(self.buffer.as_ref(), 5)
     }
 
+    /// A, AckReq: the requester asks the responder to acknowledge this packet.
     pub fn ack_req(&self) -> bool {
         self.buffer.as_ref()[8] & 0x80 != 0
     }
 
+    /// PSN, the packet sequence number (24 bits).
     pub fn psn(&self) -> Psn {
         Psn::new(get_u24(self.buffer.as_ref(), 9))
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
+    /// Writes the opcode byte.
     pub fn set_opcode(&mut self, opcode: Opcode) {
         self.buffer.as_mut()[0] = opcode.to_u8();
     }
@@ -99,6 +115,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
             (u8::from(solicited) << 7) | (u8::from(mig_req) << 6) | ((pad_count & 0x3) << 4);
     }
 
+    /// Writes the P_Key.
     pub fn set_pkey(&mut self, pkey: u16) {
         set_u16(self.buffer.as_mut(), 2, pkey);
     }
@@ -108,6 +125,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
         self.buffer.as_mut()[4] = (u8::from(fecn) << 7) | (u8::from(becn) << 6);
     }
 
+    /// Writes the destination QP; only the low 24 bits of `qpn` are written.
     pub fn set_dest_qpn(&mut self, qpn: u32) {
         set_u24(self.buffer.as_mut(), 5, qpn);
     }
@@ -117,6 +135,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
         self.buffer.as_mut()[8] = u8::from(ack_req) << 7;
     }
 
+    /// Writes the PSN.
     pub fn set_psn(&mut self, psn: Psn) {
         set_u24(self.buffer.as_mut(), 9, psn.value());
     }
@@ -129,15 +148,23 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
 /// always 0. Reserved bits are written as zero and ignored when read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BthRepr {
+    /// The packet's transport and operation.
     pub opcode: Opcode,
+    /// SE, solicited event.
     pub solicited: bool,
+    /// M, MigReq (path migration state).
     pub mig_req: bool,
+    /// P_Key, the partition key.
     pub pkey: u16,
+    /// FECN, forward explicit congestion notification.
     pub fecn: bool,
+    /// BECN, backward explicit congestion notification.
     pub becn: bool,
     /// Destination QP number (24 bits).
     pub dest_qpn: u32,
+    /// A, AckReq: acknowledge this packet.
     pub ack_req: bool,
+    /// PSN, the packet sequence number.
     pub psn: Psn,
 }
 
@@ -145,6 +172,8 @@ impl BthRepr {
     /// The default partition key, full membership.
     pub const DEFAULT_PKEY: u16 = 0xffff;
 
+    /// Reads a BTH, refusing a short buffer, a version other than 0 and an
+    /// opcode outside the RC/UC/UD table.
     pub fn parse<T: AsRef<[u8]>>(bth: &Bth<T>) -> Result<BthRepr> {
         bth.check_len()?;
         if bth.version() != 0 {

@@ -5,7 +5,12 @@ use core::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Error {
     /// The buffer is shorter than the header or packet requires.
-    Truncated { needed: usize, got: usize },
+    Truncated {
+        /// Bytes required.
+        needed: usize,
+        /// Bytes the buffer holds.
+        got: usize,
+    },
     /// BTH transport header version other than 0.
     BadVersion(u8),
     /// Opcode not defined for its transport (or reserved).
@@ -15,9 +20,19 @@ pub enum Error {
     UnsupportedTransport(u8),
     /// Payload plus pad is not a multiple of four bytes, or the pad count is
     /// larger than the bytes that follow the headers.
-    BadPad { pad: u8, available: usize },
+    BadPad {
+        /// The BTH pad count.
+        pad: u8,
+        /// Bytes between the extended headers and the ICRC.
+        available: usize,
+    },
     /// The opcode carries no payload, yet bytes follow its headers.
-    UnexpectedPayload { opcode: u8, len: usize },
+    UnexpectedPayload {
+        /// The opcode byte.
+        opcode: u8,
+        /// Bytes of payload found (or given, when emitting).
+        len: usize,
+    },
     /// ATOMIC_WRITE must carry exactly eight bytes.
     BadAtomicWriteLength(usize),
     /// AETH syndrome with the reserved type (0b10), reserved high bit, or a
@@ -25,7 +40,10 @@ pub enum Error {
     ReservedSyndrome(u8),
     /// A value being emitted has the wrong set of extended headers for its
     /// opcode, e.g. a WRITE_FIRST without RETH.
-    HeaderMismatch { opcode: u8 },
+    HeaderMismatch {
+        /// The opcode byte.
+        opcode: u8,
+    },
     /// A value does not fit its field (e.g. a QPN above 2^24).
     FieldOverflow,
     /// The IP or UDP layer is malformed.

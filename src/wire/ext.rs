@@ -20,6 +20,7 @@ macro_rules! fixed_view {
         }
 
         impl<T: AsRef<[u8]>> $name<T> {
+            /// Length of the header in bytes.
             pub const LEN: usize = $len;
 
             /// Wraps a buffer without checking its length; getters panic if it is short.
@@ -34,10 +35,12 @@ macro_rules! fixed_view {
                 Ok(view)
             }
 
+            /// Fails with [`Error::Truncated`] unless the buffer holds the whole header.
             pub fn check_len(&self) -> Result<()> {
                 need(self.buffer.as_ref(), Self::LEN)
             }
 
+            /// The wrapped buffer.
             pub fn into_inner(self) -> T {
                 self.buffer
             }
@@ -52,24 +55,30 @@ fixed_view!(
 );
 
 impl<T: AsRef<[u8]>> Reth<T> {
+    /// Virtual address: where in the responder's region the transfer starts.
     pub fn va(&self) -> u64 {
         get_u64(self.buffer.as_ref(), 0)
     }
+    /// R_Key of the responder's region.
     pub fn rkey(&self) -> u32 {
         get_u32(self.buffer.as_ref(), 8)
     }
+    /// DMA length: bytes of the whole message, not of this packet.
     pub fn dma_len(&self) -> u32 {
         get_u32(self.buffer.as_ref(), 12)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Reth<T> {
+    /// Writes the virtual address.
     pub fn set_va(&mut self, va: u64) {
         set_u64(self.buffer.as_mut(), 0, va)
     }
+    /// Writes the R_Key.
     pub fn set_rkey(&mut self, rkey: u32) {
         set_u32(self.buffer.as_mut(), 8, rkey)
     }
+    /// Writes the DMA length.
     pub fn set_dma_len(&mut self, len: u32) {
         set_u32(self.buffer.as_mut(), 12, len)
     }
@@ -78,17 +87,23 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Reth<T> {
 /// The value of a RETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RethRepr {
+    /// Virtual address of the first byte the message writes or reads, as the
+    /// responder's region addresses it.
     pub va: u64,
+    /// R_Key of the responder's region.
     pub rkey: u32,
+    /// DMA length: bytes in the whole message (a READ: bytes asked for).
     pub dma_len: u32,
 }
 
 impl RethRepr {
+    /// Reads a RETH; fails only on a short buffer.
     pub fn parse<T: AsRef<[u8]>>(reth: &Reth<T>) -> Result<RethRepr> {
         reth.check_len()?;
         Ok(RethRepr { va: reth.va(), rkey: reth.rkey(), dma_len: reth.dma_len() })
     }
 
+    /// Writes the RETH; fails only on a short buffer.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, reth: &mut Reth<T>) -> Result<()> {
         reth.check_len()?;
         reth.set_va(self.va);
@@ -105,18 +120,22 @@ fixed_view!(
 );
 
 impl<T: AsRef<[u8]>> Aeth<T> {
+    /// The raw syndrome byte (see [`Syndrome::from_u8`]).
     pub fn syndrome(&self) -> u8 {
         self.buffer.as_ref()[0]
     }
+    /// MSN, the message sequence number (24 bits).
     pub fn msn(&self) -> u32 {
         get_u24(self.buffer.as_ref(), 1)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Aeth<T> {
+    /// Writes the syndrome byte.
     pub fn set_syndrome(&mut self, syndrome: u8) {
         self.buffer.as_mut()[0] = syndrome
     }
+    /// Writes the MSN; only its low 24 bits are written.
     pub fn set_msn(&mut self, msn: u32) {
         set_u24(self.buffer.as_mut(), 1, msn)
     }
@@ -138,6 +157,7 @@ pub enum NakCode {
 }
 
 impl NakCode {
+    /// The low five bits of the syndrome (0–4).
     pub const fn code(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -148,6 +168,7 @@ impl NakCode {
         }
     }
 
+    /// The NAK for the low five bits of a syndrome; `None` for the reserved 5–31.
     pub const fn from_code(code: u8) -> Option<NakCode> {
         Some(match code {
             0 => NakCode::PsnSequenceError,
@@ -159,6 +180,7 @@ impl NakCode {
         })
     }
 
+    /// Name as in the IBTA, e.g. "PSN sequence error".
     pub const fn name(self) -> &'static str {
         match self {
             NakCode::PsnSequenceError => "PSN sequence error",
@@ -175,9 +197,15 @@ impl NakCode {
 pub enum Syndrome {
     /// Positive ACK with an end-to-end credit code (0..=30 encodes a credit
     /// count, 31 means "credits invalid", as rxe always sends).
-    Ack { credits: u8 },
+    Ack {
+        /// The credit code, 0..=31.
+        credits: u8,
+    },
     /// Receiver Not Ready: retry after the time the 5-bit timer code encodes.
-    RnrNak { timer: u8 },
+    RnrNak {
+        /// The timer code, 0..=31 ([`Syndrome::rnr_timer_micros`]).
+        timer: u8,
+    },
     /// Negative acknowledgement.
     Nak(NakCode),
 }
@@ -186,6 +214,8 @@ impl Syndrome {
     /// The credit code rxe sends: "no credit count".
     pub const INVALID_CREDITS: u8 = 0x1f;
 
+    /// Decodes a syndrome byte; reserved types and NAK codes are
+    /// [`Error::ReservedSyndrome`].
     pub fn from_u8(byte: u8) -> Result<Syndrome> {
         let value = byte & 0x1f;
         match byte >> 5 {
@@ -198,6 +228,8 @@ impl Syndrome {
         }
     }
 
+    /// Encodes the syndrome byte; a credit count or timer above 31 is
+    /// [`Error::FieldOverflow`].
     pub fn to_u8(self) -> Result<u8> {
         let (kind, value) = match self {
             Syndrome::Ack { credits } => (0b000, credits),
@@ -238,17 +270,21 @@ impl fmt::Display for Syndrome {
 /// The value of an AETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AethRepr {
+    /// ACK, RNR NAK or NAK.
     pub syndrome: Syndrome,
     /// Message sequence number (24 bits).
     pub msn: u32,
 }
 
 impl AethRepr {
+    /// Reads an AETH, refusing a short buffer and a reserved syndrome.
     pub fn parse<T: AsRef<[u8]>>(aeth: &Aeth<T>) -> Result<AethRepr> {
         aeth.check_len()?;
         Ok(AethRepr { syndrome: Syndrome::from_u8(aeth.syndrome())?, msn: aeth.msn() })
     }
 
+    /// Writes the AETH, refusing a short buffer, an MSN above 24 bits and an
+    /// unencodable syndrome.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, aeth: &mut Aeth<T>) -> Result<()> {
         aeth.check_len()?;
         if self.msn > 0x00ff_ffff {
@@ -268,9 +304,11 @@ fixed_view!(
 );
 
 impl<T: AsRef<[u8]>> AtomicEth<T> {
+    /// Virtual address of the 64-bit word at the responder.
     pub fn va(&self) -> u64 {
         get_u64(self.buffer.as_ref(), 0)
     }
+    /// R_Key of the responder's region.
     pub fn rkey(&self) -> u32 {
         get_u32(self.buffer.as_ref(), 8)
     }
@@ -278,21 +316,26 @@ impl<T: AsRef<[u8]>> AtomicEth<T> {
     pub fn swap_add(&self) -> u64 {
         get_u64(self.buffer.as_ref(), 12)
     }
+    /// Compare data (CMP_SWAP; unused by FETCH_ADD).
     pub fn compare(&self) -> u64 {
         get_u64(self.buffer.as_ref(), 20)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> AtomicEth<T> {
+    /// Writes the virtual address.
     pub fn set_va(&mut self, va: u64) {
         set_u64(self.buffer.as_mut(), 0, va)
     }
+    /// Writes the R_Key.
     pub fn set_rkey(&mut self, rkey: u32) {
         set_u32(self.buffer.as_mut(), 8, rkey)
     }
+    /// Writes the swap or add data.
     pub fn set_swap_add(&mut self, value: u64) {
         set_u64(self.buffer.as_mut(), 12, value)
     }
+    /// Writes the compare data.
     pub fn set_compare(&mut self, value: u64) {
         set_u64(self.buffer.as_mut(), 20, value)
     }
@@ -301,13 +344,18 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> AtomicEth<T> {
 /// The value of an AtomicETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AtomicEthRepr {
+    /// Virtual address of the 64-bit word, 8-byte aligned.
     pub va: u64,
+    /// R_Key of the responder's region.
     pub rkey: u32,
+    /// Swap data (CMP_SWAP) or add data (FETCH_ADD).
     pub swap_add: u64,
+    /// Compare data (CMP_SWAP; unused by FETCH_ADD).
     pub compare: u64,
 }
 
 impl AtomicEthRepr {
+    /// Reads an AtomicETH; fails only on a short buffer.
     pub fn parse<T: AsRef<[u8]>>(eth: &AtomicEth<T>) -> Result<AtomicEthRepr> {
         eth.check_len()?;
         Ok(AtomicEthRepr {
@@ -318,6 +366,7 @@ impl AtomicEthRepr {
         })
     }
 
+    /// Writes the AtomicETH; fails only on a short buffer.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, eth: &mut AtomicEth<T>) -> Result<()> {
         eth.check_len()?;
         eth.set_va(self.va);
@@ -335,12 +384,14 @@ fixed_view!(
 );
 
 impl<T: AsRef<[u8]>> AtomicAckEth<T> {
+    /// The value the word held before the atomic.
     pub fn original(&self) -> u64 {
         get_u64(self.buffer.as_ref(), 0)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> AtomicAckEth<T> {
+    /// Writes the original value.
     pub fn set_original(&mut self, value: u64) {
         set_u64(self.buffer.as_mut(), 0, value)
     }
@@ -349,15 +400,18 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> AtomicAckEth<T> {
 /// The value of an AtomicAckETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AtomicAckEthRepr {
+    /// The value the word held before the atomic.
     pub original: u64,
 }
 
 impl AtomicAckEthRepr {
+    /// Reads an AtomicAckETH; fails only on a short buffer.
     pub fn parse<T: AsRef<[u8]>>(eth: &AtomicAckEth<T>) -> Result<AtomicAckEthRepr> {
         eth.check_len()?;
         Ok(AtomicAckEthRepr { original: eth.original() })
     }
 
+    /// Writes the AtomicAckETH; fails only on a short buffer.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, eth: &mut AtomicAckEth<T>) -> Result<()> {
         eth.check_len()?;
         eth.set_original(self.original);
@@ -372,12 +426,14 @@ fixed_view!(
 );
 
 impl<T: AsRef<[u8]>> ImmDt<T> {
+    /// The immediate data.
     pub fn imm(&self) -> u32 {
         get_u32(self.buffer.as_ref(), 0)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> ImmDt<T> {
+    /// Writes the immediate data.
     pub fn set_imm(&mut self, imm: u32) {
         set_u32(self.buffer.as_mut(), 0, imm)
     }
@@ -390,12 +446,14 @@ fixed_view!(
 );
 
 impl<T: AsRef<[u8]>> Ieth<T> {
+    /// The R_Key the responder is to invalidate.
     pub fn rkey(&self) -> u32 {
         get_u32(self.buffer.as_ref(), 0)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ieth<T> {
+    /// Writes the R_Key.
     pub fn set_rkey(&mut self, rkey: u32) {
         set_u32(self.buffer.as_mut(), 0, rkey)
     }
@@ -408,15 +466,18 @@ fixed_view!(
 );
 
 impl<T: AsRef<[u8]>> Deth<T> {
+    /// Q_Key, which must match the destination QP's.
     pub fn qkey(&self) -> u32 {
         get_u32(self.buffer.as_ref(), 0)
     }
+    /// Source QP number (24 bits).
     pub fn src_qpn(&self) -> u32 {
         get_u24(self.buffer.as_ref(), 5)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Deth<T> {
+    /// Writes the Q_Key.
     pub fn set_qkey(&mut self, qkey: u32) {
         set_u32(self.buffer.as_mut(), 0, qkey)
     }
@@ -430,17 +491,20 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Deth<T> {
 /// The value of a DETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DethRepr {
+    /// Q_Key, which must match the destination QP's.
     pub qkey: u32,
     /// Source QP number (24 bits).
     pub src_qpn: u32,
 }
 
 impl DethRepr {
+    /// Reads a DETH; fails only on a short buffer.
     pub fn parse<T: AsRef<[u8]>>(deth: &Deth<T>) -> Result<DethRepr> {
         deth.check_len()?;
         Ok(DethRepr { qkey: deth.qkey(), src_qpn: deth.src_qpn() })
     }
 
+    /// Writes the DETH, refusing a short buffer and a source QP above 24 bits.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, deth: &mut Deth<T>) -> Result<()> {
         deth.check_len()?;
         if self.src_qpn > 0x00ff_ffff {
@@ -460,9 +524,11 @@ fixed_view!(
 );
 
 impl<T: AsRef<[u8]>> Feth<T> {
+    /// Selectivity level, bits 5–4.
     pub fn selectivity(&self) -> u8 {
         ((get_u32(self.buffer.as_ref(), 0) >> 4) & 0x3) as u8
     }
+    /// Placement type, bits 3–0.
     pub fn placement_type(&self) -> u8 {
         (get_u32(self.buffer.as_ref(), 0) & 0xf) as u8
     }
@@ -479,18 +545,21 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Feth<T> {
 /// The value of a FETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FethRepr {
-    /// 0: the whole memory region, 1: the range in the RETH.
+    /// 0: the range in the RETH (`IB_FLUSH_RANGE`), 1: the whole memory
+    /// region (`IB_FLUSH_MR`).
     pub selectivity: u8,
     /// Bit 0: global visibility, bit 1: persistence.
     pub placement_type: u8,
 }
 
 impl FethRepr {
+    /// Reads a FETH; fails only on a short buffer.
     pub fn parse<T: AsRef<[u8]>>(feth: &Feth<T>) -> Result<FethRepr> {
         feth.check_len()?;
         Ok(FethRepr { selectivity: feth.selectivity(), placement_type: feth.placement_type() })
     }
 
+    /// Writes the FETH, refusing fields wider than their bits.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, feth: &mut Feth<T>) -> Result<()> {
         feth.check_len()?;
         if self.selectivity > 0x3 || self.placement_type > 0xf {

@@ -44,30 +44,62 @@ impl Transport {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Operation {
+    /// SEND First: the first packet of a multi-packet SEND, one MTU of data.
     SendFirst = 0x00,
+    /// SEND Middle: one MTU of data inside a multi-packet SEND.
     SendMiddle = 0x01,
+    /// SEND Last: the final packet of a multi-packet SEND.
     SendLast = 0x02,
+    /// SEND Last with Immediate: the final packet, with ImmDt.
     SendLastImm = 0x03,
+    /// SEND Only: a whole SEND in one packet.
     SendOnly = 0x04,
+    /// SEND Only with Immediate: a whole SEND in one packet, with ImmDt.
     SendOnlyImm = 0x05,
+    /// RDMA WRITE First: the first packet of a multi-packet WRITE, with the RETH.
     WriteFirst = 0x06,
+    /// RDMA WRITE Middle: one MTU of data inside a multi-packet WRITE.
     WriteMiddle = 0x07,
+    /// RDMA WRITE Last: the final packet of a multi-packet WRITE.
     WriteLast = 0x08,
+    /// RDMA WRITE Last with Immediate: the final packet, with ImmDt; consumes a
+    /// receive WQE at the responder.
     WriteLastImm = 0x09,
+    /// RDMA WRITE Only: a whole WRITE in one packet, with the RETH.
     WriteOnly = 0x0a,
+    /// RDMA WRITE Only with Immediate: one packet with RETH and ImmDt; consumes a
+    /// receive WQE at the responder.
     WriteOnlyImm = 0x0b,
+    /// RDMA READ Request: a RETH naming the range to read, no payload.
     ReadRequest = 0x0c,
+    /// RDMA READ Response First: AETH and the first MTU of data.
     ReadResponseFirst = 0x0d,
+    /// RDMA READ Response Middle: one MTU of data, no AETH.
     ReadResponseMiddle = 0x0e,
+    /// RDMA READ Response Last: AETH and the final data.
     ReadResponseLast = 0x0f,
+    /// RDMA READ Response Only: AETH and all the data in one packet.
     ReadResponseOnly = 0x10,
+    /// ACKNOWLEDGE: an ACK, RNR NAK or NAK in its AETH, no payload.
     Acknowledge = 0x11,
+    /// ATOMIC ACKNOWLEDGE: AETH and the AtomicAckETH with the original value.
     AtomicAcknowledge = 0x12,
+    /// CmpSwap: an AtomicETH with the compare and swap values, no payload.
     CompareSwap = 0x13,
+    /// FetchAdd: an AtomicETH with the value to add, no payload.
     FetchAdd = 0x14,
+    /// SEND Last with Invalidate: the final packet, with an IETH naming the R_Key
+    /// to invalidate (RC only).
     SendLastInv = 0x16,
+    /// SEND Only with Invalidate: a whole SEND in one packet, with an IETH (RC
+    /// only).
     SendOnlyInv = 0x17,
+    /// FLUSH (IBTA annex A19, memory placement extensions): FETH and RETH, no
+    /// payload.
+    /// Parsed, but softroce's responder refuses it (NAK invalid request).
     Flush = 0x1c,
+    /// ATOMIC WRITE: a RETH and exactly 8 bytes written as one unit. Parsed, but
+    /// softroce's responder refuses it (NAK invalid request).
     AtomicWrite = 0x1d,
 }
 
@@ -88,14 +120,23 @@ pub const OPERATIONS: [Operation; 25] = {
 pub struct Headers(u8);
 
 impl Headers {
+    /// No extended header.
     pub const NONE: Headers = Headers(0);
+    /// Datagram ETH (8 bytes: Q_Key, source QP), on every UD packet.
     pub const DETH: Headers = Headers(1 << 0);
+    /// Flush ETH (4 bytes: selectivity level, placement type).
     pub const FETH: Headers = Headers(1 << 1);
+    /// RDMA ETH (16 bytes: virtual address, R_Key, DMA length).
     pub const RETH: Headers = Headers(1 << 2);
+    /// ACK ETH (4 bytes: syndrome, MSN).
     pub const AETH: Headers = Headers(1 << 3);
+    /// Atomic ETH (28 bytes: virtual address, R_Key, swap or add value, compare value).
     pub const ATOMIC_ETH: Headers = Headers(1 << 4);
+    /// Atomic ACK ETH (8 bytes: the original value).
     pub const ATOMIC_ACK_ETH: Headers = Headers(1 << 5);
+    /// Immediate data, ImmDt (4 bytes).
     pub const IMM: Headers = Headers(1 << 6);
+    /// Invalidate ETH (4 bytes: the R_Key to invalidate).
     pub const IETH: Headers = Headers(1 << 7);
 
     /// Wire order, with names and lengths.
@@ -110,10 +151,12 @@ impl Headers {
         (Headers::IETH, "IETH", 4),
     ];
 
+    /// The headers of both.
     pub const fn union(self, other: Headers) -> Headers {
         Headers(self.0 | other.0)
     }
 
+    /// Whether every header of `other` is in the set.
     pub const fn contains(self, other: Headers) -> bool {
         self.0 & other.0 == other.0
     }
@@ -127,6 +170,7 @@ impl Headers {
             .sum()
     }
 
+    /// Whether the set has no header.
     pub const fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -146,9 +190,13 @@ impl fmt::Debug for Headers {
 /// Where a packet sits in its message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Position {
+    /// The first packet of a multi-packet message.
     First,
+    /// Neither first nor last.
     Middle,
+    /// The last packet of a multi-packet message.
     Last,
+    /// The whole message in one packet; also ACKs, READ requests and atomics.
     Only,
 }
 
@@ -288,10 +336,12 @@ impl Opcode {
         self.transport.prefix() | self.operation as u8
     }
 
+    /// The transport, from the top three bits.
     pub const fn transport(self) -> Transport {
         self.transport
     }
 
+    /// The operation, from the low five bits.
     pub const fn operation(self) -> Operation {
         self.operation
     }
@@ -304,6 +354,7 @@ impl Opcode {
         }
     }
 
+    /// Whether payload follows the headers.
     pub const fn has_payload(self) -> bool {
         self.operation.has_payload()
     }

@@ -14,11 +14,14 @@ pub const ROCE_UDP_PORT: u16 = 4791;
 /// The IP header of a RoCEv2 packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IpHeader {
+    /// IPv4, options included.
     V4(Ipv4Header),
+    /// IPv6 (with UDP as its next header: no extension headers).
     V6(Ipv6Header),
 }
 
 impl IpHeader {
+    /// The source address.
     pub fn source(&self) -> std::net::IpAddr {
         match self {
             IpHeader::V4(h) => h.source.into(),
@@ -26,6 +29,7 @@ impl IpHeader {
         }
     }
 
+    /// The destination address.
     pub fn destination(&self) -> std::net::IpAddr {
         match self {
             IpHeader::V4(h) => h.destination.into(),
@@ -44,8 +48,11 @@ impl IpHeader {
 /// A parsed RoCEv2 packet, borrowing the bytes it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<'a> {
+    /// The IP header, as received.
     pub ip: IpHeader,
+    /// The UDP header, as received.
     pub udp: UdpHeader,
+    /// The UDP payload: BTH and extended headers, payload, pad and ICRC.
     pub roce: RocePacket<'a>,
     /// The IP packet the view was parsed from, trimmed to the IP length.
     bytes: &'a [u8],

@@ -15,21 +15,35 @@ pub const ICRC_LEN: usize = 4;
 /// for are `Some`; [`RoceRepr::emit`] refuses any other combination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoceRepr {
+    /// The Base Transport Header.
     pub bth: BthRepr,
+    /// DETH (Q_Key, source QP): every UD packet.
     pub deth: Option<DethRepr>,
+    /// FETH: FLUSH requests.
     pub feth: Option<FethRepr>,
+    /// RETH (VA, R_Key, DMA length): WRITE first/only, READ requests, FLUSH and
+    /// ATOMIC_WRITE.
     pub reth: Option<RethRepr>,
+    /// AETH (syndrome, MSN): ACKs, atomic ACKs and READ responses but the middle ones.
     pub aeth: Option<AethRepr>,
+    /// AtomicETH: compare-and-swap and fetch-and-add requests.
     pub atomic_eth: Option<AtomicEthRepr>,
+    /// AtomicAckETH (original value): atomic ACKs.
     pub atomic_ack_eth: Option<AtomicAckEthRepr>,
+    /// ImmDt, the immediate data: the last or only packet of SEND and WRITE with
+    /// immediate.
     pub imm: Option<u32>,
+    /// IETH, the R_Key to invalidate: the last or only packet of SEND with
+    /// invalidate.
     pub ieth: Option<u32>,
 }
 
 /// A parsed RoCEv2 UDP payload, borrowing its payload bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RocePacket<'a> {
+    /// BTH and extended headers.
     pub header: RoceRepr,
+    /// The payload, without pad and ICRC.
     pub payload: &'a [u8],
     /// Pad count from the BTH (derived from the payload length on emit).
     pub pad: u8,

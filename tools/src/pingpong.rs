@@ -16,8 +16,8 @@
 //! topped up when one or fewer (`--srq`: the number of QPs or fewer) remain,
 //! and a QP sends again once both its previous send and a receive completed.
 //! The client sends first. With `-c` the client zeroes the first byte of every
-//! page (4096 bytes) of its 0x7b-filled buffer, as the C programs do; the
-//! server sends back what it received.
+//! page (4096 bytes) of its 0x7b-filled buffer (zero-filled for `--srq`), as
+//! the C programs do; the server sends back what it received.
 //!
 //! Where we differ: `-c` checks every received message whole on either side
 //! (the C server checks the first byte of each page of the last message,
@@ -55,7 +55,7 @@ const DONE: &[u8; 5] = b"done\0";
 const SRQ_MAX_QP: usize = 256;
 /// The Q_Key of `ibv_ud_pingpong`.
 const UD_QKEY: u32 = 0x1111_1111;
-/// The fill byte of the C programs' buffers.
+/// The fill byte of the C programs' buffers (`ibv_srq_pingpong` zeroes its own).
 const FILL: u8 = 0x7b;
 /// The page size `-c` marks pages by: x86-64's, as on both sides of a pair.
 const PAGE_SIZE: usize = 4096;
@@ -187,6 +187,15 @@ enum Kind {
 }
 
 impl Kind {
+    /// What the buffer is filled with at the start.
+    fn fill(self) -> u8 {
+        if self == Kind::Srq {
+            0
+        } else {
+            FILL
+        }
+    }
+
     fn qp_type(self) -> QpType {
         match self {
             Kind::Rc | Kind::Srq => QpType::Rc,
@@ -404,9 +413,9 @@ struct Checker {
 }
 
 impl Checker {
-    fn new(size: usize) -> Checker {
+    fn new(size: usize, fill: u8) -> Checker {
         Checker {
-            expected: pattern(size, true),
+            expected: pattern(size, fill, true),
             received: vec![0; size],
             bad_pages: BTreeSet::new(),
             bad_lengths: BTreeSet::new(),
@@ -442,10 +451,10 @@ impl Checker {
     }
 }
 
-/// What a message carries: 0x7b bytes, and with `-c` a zero at the start of
+/// What a message carries: `fill` bytes, and with `-c` a zero at the start of
 /// every page (the C programs' `buf[i] = i / page_size % sizeof(char)`).
-fn pattern(size: usize, check: bool) -> Vec<u8> {
-    let mut data = vec![FILL; size];
+fn pattern(size: usize, fill: u8, check: bool) -> Vec<u8> {
+    let mut data = vec![fill; size];
     if check {
         for byte in data.iter_mut().step_by(PAGE_SIZE) {
             *byte = 0;
@@ -547,7 +556,7 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     let mr = pd
         .alloc_mr(recv_len.max(1), Access::LOCAL_WRITE)
         .map_err(|e| Fail(format!("Couldn't register MR: {e}")))?;
-    mr.write(0, &vec![FILL; recv_len])?;
+    mr.write(0, &vec![kind.fill(); recv_len])?;
     let cqe = rx_depth as usize + if kind == Kind::Srq { num_qp } else { 1 };
     let cq = ctx.create_cq(cqe, channel.as_ref()).map_err(|e| Fail(format!("Couldn't create CQ: {e}")))?;
     let srq = if kind == Kind::Srq {
@@ -650,12 +659,12 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     }
     watchdog.progress();
 
-    let mut checker = args.check.then(|| Checker::new(size));
+    let mut checker = args.check.then(|| Checker::new(size, kind.fill()));
     let client = args.server.is_some();
     let mut pending = vec![if client { RECV_WRID | SEND_WRID } else { RECV_WRID }; num_qp];
     if client {
         if args.check {
-            pp.mr.write(data_offset, &pattern(size, true))?;
+            pp.mr.write(data_offset, &pattern(size, kind.fill(), true))?;
         }
         for qp in 0..num_qp {
             if let Err(e) = pp.post_send(qp) {
@@ -942,8 +951,9 @@ mod tests {
 
     #[test]
     fn check_pattern_zeroes_page_starts() {
-        let p = pattern(8193, true);
+        let p = pattern(8193, FILL, true);
         assert_eq!((p[0], p[1], p[4096], p[4097], p[8192]), (0, FILL, 0, FILL, 0));
-        assert!(pattern(100, false).iter().all(|&b| b == FILL));
+        assert!(pattern(100, FILL, false).iter().all(|&b| b == FILL));
+        assert!(pattern(100, Kind::Srq.fill(), true).iter().all(|&b| b == 0));
     }
 }

@@ -66,7 +66,7 @@ fn verbose_output_has_the_attributes_and_the_gid_table() {
         "\tmax_mr_size:\t\t\t0xffffffffffffffff",
         "\tpage_size_cap:\t\t\t0xfffff000",
         "\tmax_qp:\t\t\t\t65536",
-        "\tdevice_cap_flags:\t\t0x00003c76",
+        "\tdevice_cap_flags:\t\t0x00001c40",
         "\t\t\t\t\tRC_RNR_NAK_GEN",
         "\tmax_cqe:\t\t\t32767",
         "\tatomic_cap:\t\t\tATOMIC_HCA (1)",
@@ -85,7 +85,7 @@ fn verbose_output_has_the_attributes_and_the_gid_table() {
     }
     // The flags follow their line, and the GID table closes the port.
     let flags = lo.iter().position(|l| l.starts_with("\tdevice_cap_flags:")).unwrap();
-    assert_eq!(lo[flags + 1], "\t\t\t\t\tBAD_PKEY_CNTR");
+    assert_eq!(lo[flags + 1], "\t\t\t\t\tUD_AV_PORT_ENFORCE");
     let gid0 = lo.iter().position(|l| l.starts_with("\t\t\tGID[  0]")).unwrap();
     assert!(lo[gid0 - 1].starts_with("\t\t\tphys_state:"));
     assert_eq!(lo.last(), Some(&""));

@@ -692,8 +692,8 @@ fn imm_line(op: Operation, imm: u32) -> String {
 
 fn feth_line(selectivity: u8, placement_type: u8) -> String {
     let scope = match selectivity {
-        0 => "the whole memory region",
-        1 => "just the range in the RETH",
+        0 => "just the range in the RETH",
+        1 => "the whole memory region",
         _ => "reserved",
     };
     let placement = match placement_type & 0x3 {

@@ -1,0 +1,669 @@
+//! `softroce bench`: softroce's RC bandwidth, message rate and latency over
+//! loopback UDP, measured in the same run as what this machine does with raw
+//! UDP (batched, and with GSO/GRO), TCP and a UDP ping-pong, so that the
+//! ratios say how far the userspace transport is from the kernel's floor
+//! under the same load.
+//!
+//! Every row runs one sending and one receiving thread (the softroce rows
+//! also have the two devices' engine threads), warms up for a fifth of
+//! `--seconds`, then measures for `--seconds`: bytes and messages that
+//! arrived, and the CPU time of the whole process (user + system, from
+//! `getrusage`) spent meanwhile.
+
+mod baselines;
+mod plot;
+mod rdma;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use softroce::transport::Mtu;
+
+/// Prints a line of the report; a closed stdout (`| head`) does not stop the run.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+#[derive(clap::Args)]
+#[command(after_help = "Rows: udp (4 KiB datagrams, sendmmsg/recvmmsg), udp-gso (UDP_SEGMENT and UDP_GRO), \
+    tcp (64 KiB writes), udp-lat (UDP ping-pong), then softroce between two devices on 127.0.0.1 and \
+    127.0.0.2: rc-write, rc-send and rc-read streams (64 B to 4 MiB, path MTU 1024 and 4096, 1 and 4 QPs), \
+    send-lat (SEND ping-pong) and write-rate (64 B WRITEs). Ratios are softroce's figure over the \
+    baseline's: GB/s for streams, messages/s for write-rate, median latency for send-lat.")]
+pub struct Args {
+    /// How long each row is measured, after a warm-up of a fifth of that.
+    #[arg(long, value_name = "SECONDS", default_value = "0.5", value_parser = parse_seconds)]
+    seconds: Duration,
+    /// A reduced set of rows, well under a minute.
+    #[arg(long)]
+    quick: bool,
+    /// One JSON object per row on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also draw throughput against message size into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// UDP port of both softroce devices [default: a free port]
+    #[arg(long)]
+    port: Option<u16>,
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text.parse().map_err(|e| format!("{e}"))?;
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err("seconds must be a finite number above 0".to_owned()),
+    }
+}
+
+pub fn run(args: Args) -> ExitCode {
+    match bench(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("softroce bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs every row, printing each as it completes; false if a softroce row
+/// failed (a baseline that fails is only unavailable).
+fn bench(args: &Args) -> Result<bool, String> {
+    let timing = Timing { warmup: args.seconds / 5, seconds: args.seconds };
+    let devices = rdma::Devices::open(args.port)?;
+    let host = Host::now();
+    if !args.json {
+        say!(
+            "softroce bench: {} cores, Linux {}, load average {} at the start; {} s per row after {} s warm-up",
+            host.cores,
+            host.kernel,
+            host.load,
+            timing.seconds.as_secs_f64(),
+            timing.warmup.as_secs_f64()
+        );
+        say!("{}", table_header());
+    }
+    let mut baselines = Baselines::default();
+    let mut rows = Vec::new();
+    let mut all_ok = true;
+    for case in plan(args.quick) {
+        let result = measure(&case, &devices, &timing).and_then(|m| Figures::new(&m));
+        let row = match result {
+            Ok(mut figures) => {
+                figures.ratios = case.test.is_softroce().then(|| baselines.ratios(&case, &figures));
+                baselines.learn(&case, &figures);
+                Row { case, result: Ok(figures) }
+            }
+            Err(why) => {
+                if case.test.is_softroce() {
+                    all_ok = false;
+                    eprintln!("softroce bench: {} failed: {why}", case.describe());
+                }
+                Row { case, result: Err(why) }
+            }
+        };
+        if args.json {
+            say!("{}", row.json());
+        } else {
+            say!("{}", row.table_line());
+        }
+        rows.push(row);
+    }
+    if !args.json {
+        say!("load average {} at the end", Host::now().load);
+        say!("ratios: softroce / baseline (GB/s for streams, msg/s for write-rate, median latency for send-lat; latency above 1 is slower)");
+    }
+    if let Some(path) = &args.plot {
+        let svg = plot::svg(&rows, &format!("{} cores, Linux {}, {} s per row", host.cores, host.kernel, timing.seconds.as_secs_f64()));
+        std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(all_ok)
+}
+
+/// What a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    Udp,
+    UdpGso,
+    Tcp,
+    UdpLat,
+    RcWrite,
+    RcSend,
+    RcRead,
+    SendLat,
+    WriteRate,
+}
+
+impl Test {
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::Udp => "udp",
+            Test::UdpGso => "udp-gso",
+            Test::Tcp => "tcp",
+            Test::UdpLat => "udp-lat",
+            Test::RcWrite => "rc-write",
+            Test::RcSend => "rc-send",
+            Test::RcRead => "rc-read",
+            Test::SendLat => "send-lat",
+            Test::WriteRate => "write-rate",
+        }
+    }
+
+    fn is_softroce(self) -> bool {
+        !matches!(self, Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat)
+    }
+
+    fn is_latency(self) -> bool {
+        matches!(self, Test::UdpLat | Test::SendLat)
+    }
+
+    /// The figure a softroce row is compared to the baselines by.
+    fn compared_by(self) -> &'static str {
+        match self {
+            Test::WriteRate => "msgs_per_s",
+            Test::SendLat => "lat_p50_us",
+            _ => "gbytes_per_s",
+        }
+    }
+}
+
+/// One row to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Case {
+    pub test: Test,
+    /// Bytes of each message (datagram, segment or write for the baselines).
+    pub size: usize,
+    /// The RC connections of a softroce row.
+    pub conn: Option<Conn>,
+}
+
+/// The RC connections a softroce row runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conn {
+    pub mtu: Mtu,
+    pub qps: usize,
+}
+
+impl Case {
+    fn baseline(test: Test, size: usize) -> Case {
+        Case { test, size, conn: None }
+    }
+
+    fn softroce(test: Test, size: usize, mtu: Mtu, qps: usize) -> Case {
+        Case { test, size, conn: Some(Conn { mtu, qps }) }
+    }
+
+    fn describe(&self) -> String {
+        match self.conn {
+            Some(c) => format!("{} {} MTU {} {} QP", self.test.name(), size_label(self.size), c.mtu.bytes(), c.qps),
+            None => format!("{} {}", self.test.name(), size_label(self.size)),
+        }
+    }
+}
+
+/// The baselines' sizes: the UDP link's largest packets, and TCP's writes.
+const DATAGRAM: usize = 4096;
+const TCP_WRITE: usize = 64 << 10;
+/// 4 KiB segments per GSO super-datagram: the most under IPv4's 64 KiB limit.
+const GSO_SEGMENTS: usize = 15;
+/// The ping-pong sizes.
+const PING_SMALL: usize = 8;
+const PING_PAGE: usize = 4096;
+/// Message sizes of the full run: 64 B to 4 MiB in powers of 4.
+const SIZES: [usize; 9] = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
+const RC_STREAMS: [Test; 3] = [Test::RcWrite, Test::RcSend, Test::RcRead];
+
+/// The rows to run, baselines first (the softroce rows' ratios need them).
+fn plan(quick: bool) -> Vec<Case> {
+    let mut cases = vec![
+        Case::baseline(Test::Udp, DATAGRAM),
+        Case::baseline(Test::UdpGso, DATAGRAM),
+        Case::baseline(Test::Tcp, TCP_WRITE),
+        Case::baseline(Test::UdpLat, PING_SMALL),
+    ];
+    let mib = 1 << 20;
+    if quick {
+        for size in [4 << 10, 64 << 10, mib] {
+            cases.push(Case::softroce(Test::RcWrite, size, Mtu::Mtu4096, 1));
+        }
+        cases.push(Case::softroce(Test::RcWrite, mib, Mtu::Mtu1024, 1));
+        cases.push(Case::softroce(Test::RcWrite, mib, Mtu::Mtu4096, 4));
+        cases.push(Case::softroce(Test::RcSend, mib, Mtu::Mtu4096, 1));
+        cases.push(Case::softroce(Test::RcRead, mib, Mtu::Mtu4096, 1));
+        cases.push(Case::softroce(Test::SendLat, PING_SMALL, Mtu::Mtu4096, 1));
+    } else {
+        cases.push(Case::baseline(Test::UdpLat, PING_PAGE));
+        for test in RC_STREAMS {
+            for mtu in [Mtu::Mtu4096, Mtu::Mtu1024] {
+                for qps in [1, 4] {
+                    cases.extend(SIZES.iter().map(|&size| Case::softroce(test, size, mtu, qps)));
+                }
+            }
+        }
+        for size in [PING_SMALL, PING_PAGE] {
+            cases.push(Case::softroce(Test::SendLat, size, Mtu::Mtu4096, 1));
+        }
+    }
+    cases.push(Case::softroce(Test::WriteRate, 64, Mtu::Mtu4096, 1));
+    cases
+}
+
+fn measure(case: &Case, devices: &rdma::Devices, timing: &Timing) -> Result<Measured, String> {
+    match case.test {
+        Test::Udp => baselines::udp_stream(case.size, 1, timing),
+        Test::UdpGso => baselines::udp_stream(case.size, GSO_SEGMENTS, timing),
+        Test::Tcp => baselines::tcp_stream(case.size, timing),
+        Test::UdpLat => baselines::udp_ping_pong(case.size, timing),
+        Test::RcWrite | Test::RcSend | Test::RcRead | Test::WriteRate => devices.stream(case, timing),
+        Test::SendLat => devices.ping_pong(case, timing),
+    }
+}
+
+/// How long a row warms up and is measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub warmup: Duration,
+    pub seconds: Duration,
+}
+
+/// What a run's threads moved, and when they are to stop. The threads count
+/// all along; [`Meter::time`] takes the difference across its window.
+#[derive(Debug, Default)]
+pub struct Meter {
+    bytes: AtomicU64,
+    messages: AtomicU64,
+    measuring: AtomicBool,
+    stopped: AtomicBool,
+}
+
+impl Meter {
+    pub fn add(&self, bytes: u64, messages: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.messages.fetch_add(messages, Ordering::Relaxed);
+    }
+
+    /// Within the measured window: latency samples taken now count.
+    pub fn measuring(&self) -> bool {
+        self.measuring.load(Ordering::Relaxed)
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// Waits out the warm-up, measures one window while the run's threads
+    /// work, then tells them to stop.
+    pub fn time(&self, timing: &Timing) -> Window {
+        std::thread::sleep(timing.warmup);
+        let (bytes, messages, cpu, start) = (self.bytes(), self.messages(), cpu_time(), Instant::now());
+        self.measuring.store(true, Ordering::Relaxed);
+        std::thread::sleep(timing.seconds);
+        self.measuring.store(false, Ordering::Relaxed);
+        let window = Window {
+            bytes: self.bytes() - bytes,
+            messages: self.messages() - messages,
+            elapsed: start.elapsed(),
+            cpu: cpu_time().saturating_sub(cpu),
+        };
+        self.stopped.store(true, Ordering::Relaxed);
+        window
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn messages(&self) -> u64 {
+        self.messages.load(Ordering::Relaxed)
+    }
+}
+
+/// User plus system CPU time of the whole process so far.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// What moved during a measured window.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub bytes: u64,
+    pub messages: u64,
+    pub elapsed: Duration,
+    pub cpu: Duration,
+}
+
+/// The outcome of one run.
+#[derive(Debug)]
+pub struct Measured {
+    pub window: Window,
+    /// Round-trip times within the window, sorted (latency runs).
+    pub rtts: Vec<Duration>,
+    /// Retransmissions by both devices during the run (softroce runs).
+    pub retries: Option<u64>,
+}
+
+/// A row's figures.
+#[derive(Debug, Clone, PartialEq)]
+struct Figures {
+    gbytes_per_s: f64,
+    msgs_per_s: f64,
+    cpu_s_per_gb: f64,
+    /// Median and 99th percentile round trip in µs (latency rows).
+    latency: Option<(f64, f64)>,
+    retries: Option<u64>,
+    /// Against the baselines (softroce rows).
+    ratios: Option<Ratios>,
+}
+
+impl Figures {
+    fn new(m: &Measured) -> Result<Figures, String> {
+        let w = &m.window;
+        if w.bytes == 0 {
+            return Err(format!("nothing arrived in {:.2} s", w.elapsed.as_secs_f64()));
+        }
+        let seconds = w.elapsed.as_secs_f64();
+        let gbytes = w.bytes as f64 / 1e9;
+        let latency = match m.rtts.as_slice() {
+            [] => None,
+            rtts => Some((micros(percentile(rtts, 50.0)), micros(percentile(rtts, 99.0)))),
+        };
+        Ok(Figures {
+            gbytes_per_s: gbytes / seconds,
+            msgs_per_s: w.messages as f64 / seconds,
+            cpu_s_per_gb: w.cpu.as_secs_f64() / gbytes,
+            latency,
+            retries: m.retries,
+            ratios: None,
+        })
+    }
+
+    fn p50(&self) -> Option<f64> {
+        self.latency.map(|(p50, _)| p50)
+    }
+}
+
+/// A softroce row's figure over each baseline's; `None` where the baseline
+/// is unavailable or has no comparable figure.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Ratios {
+    udp: Option<f64>,
+    udp_gso: Option<f64>,
+    tcp: Option<f64>,
+}
+
+/// `value` over `baseline`, if there is a baseline to divide by.
+fn ratio(value: f64, baseline: Option<f64>) -> Option<f64> {
+    baseline.filter(|b| b.is_finite() && *b > 0.0).map(|b| value / b)
+}
+
+/// The baselines' figures, as their rows complete.
+#[derive(Debug, Default)]
+struct Baselines {
+    udp: Option<Figures>,
+    udp_gso: Option<Figures>,
+    tcp: Option<Figures>,
+    /// UDP ping-pong median round trips by message size.
+    udp_lat: Vec<(usize, f64)>,
+}
+
+impl Baselines {
+    fn learn(&mut self, case: &Case, figures: &Figures) {
+        match case.test {
+            Test::Udp => self.udp = Some(figures.clone()),
+            Test::UdpGso => self.udp_gso = Some(figures.clone()),
+            Test::Tcp => self.tcp = Some(figures.clone()),
+            Test::UdpLat => self.udp_lat.extend(figures.p50().map(|p50| (case.size, p50))),
+            _ => {}
+        }
+    }
+
+    /// Streams compare GB/s; the message-rate row compares messages with
+    /// datagrams (a byte stream has no packet rate); ping-pongs compare the
+    /// median with UDP's at the same size.
+    fn ratios(&self, case: &Case, figures: &Figures) -> Ratios {
+        let gbytes = |b: &Option<Figures>| b.as_ref().map(|f| f.gbytes_per_s);
+        let msgs = |b: &Option<Figures>| b.as_ref().map(|f| f.msgs_per_s);
+        match case.test {
+            Test::WriteRate => Ratios {
+                udp: ratio(figures.msgs_per_s, msgs(&self.udp)),
+                udp_gso: ratio(figures.msgs_per_s, msgs(&self.udp_gso)),
+                tcp: None,
+            },
+            Test::SendLat => {
+                let udp = self.udp_lat.iter().find(|(size, _)| *size == case.size).map(|(_, p50)| *p50);
+                Ratios { udp: figures.p50().and_then(|p50| ratio(p50, udp)), ..Ratios::default() }
+            }
+            _ => Ratios {
+                udp: ratio(figures.gbytes_per_s, gbytes(&self.udp)),
+                udp_gso: ratio(figures.gbytes_per_s, gbytes(&self.udp_gso)),
+                tcp: ratio(figures.gbytes_per_s, gbytes(&self.tcp)),
+            },
+        }
+    }
+}
+
+/// A measured row, or why it has no figures.
+#[derive(Debug)]
+struct Row {
+    case: Case,
+    result: Result<Figures, String>,
+}
+
+fn table_header() -> String {
+    format!(
+        "{:<10} {:>7} {:>4} {:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
+        "test", "size", "MTU", "QPs", "GB/s", "msg/s", "CPU s/GB", "p50 µs", "p99 µs", "×udp", "×gso", "×tcp", "retries"
+    )
+}
+
+impl Row {
+    fn table_line(&self) -> String {
+        let c = &self.case;
+        let (mtu, qps) = c.conn.map_or(("-".to_owned(), "-".to_owned()), |c| (c.mtu.bytes().to_string(), c.qps.to_string()));
+        let head = format!("{:<10} {:>7} {:>4} {:>3}", c.test.name(), size_label(c.size), mtu, qps);
+        let f = match &self.result {
+            Ok(f) => f,
+            Err(why) if c.test.is_softroce() => return format!("{head} FAILED: {why}"),
+            Err(why) => return format!("{head} unavailable: {why}"),
+        };
+        let or_dash = |v: Option<f64>, decimals: usize| v.map_or("-".to_owned(), |v| format!("{v:.decimals$}"));
+        let ratios = f.ratios.unwrap_or_default();
+        format!(
+            "{head} {:>8.3} {:>8} {:>8.2} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
+            f.gbytes_per_s,
+            si(f.msgs_per_s),
+            f.cpu_s_per_gb,
+            or_dash(f.p50(), 1),
+            or_dash(f.latency.map(|(_, p99)| p99), 1),
+            or_dash(ratios.udp, 3),
+            or_dash(ratios.udp_gso, 3),
+            or_dash(ratios.tcp, 3),
+            f.retries.map_or("-".to_owned(), |r| r.to_string()),
+        )
+    }
+
+    /// A row with figures has every key, `null` where one does not apply; a
+    /// row without has `error` (softroce) or `unavailable` (baselines).
+    fn json(&self) -> Value {
+        let c = &self.case;
+        let mut row = json!({
+            "test": c.test.name(),
+            "size": c.size,
+            "mtu": c.conn.map(|c| c.mtu.bytes()),
+            "qps": c.conn.map(|c| c.qps),
+        });
+        let (figures, ratio_of) = match &self.result {
+            Ok(f) => {
+                let ratios = f.ratios.unwrap_or_default();
+                let figures = json!({
+                    "gbytes_per_s": f.gbytes_per_s,
+                    "msgs_per_s": f.msgs_per_s,
+                    "cpu_s_per_gb": f.cpu_s_per_gb,
+                    "lat_p50_us": f.p50(),
+                    "lat_p99_us": f.latency.map(|(_, p99)| p99),
+                    "ratio_udp": ratios.udp,
+                    "ratio_udp_gso": ratios.udp_gso,
+                    "ratio_tcp": ratios.tcp,
+                    "retries": f.retries,
+                });
+                (figures, c.test.is_softroce().then(|| c.test.compared_by()))
+            }
+            Err(why) => {
+                let key = if c.test.is_softroce() { "error" } else { "unavailable" };
+                (json!({ key: why }), None)
+            }
+        };
+        let fields = row.as_object_mut().expect("an object");
+        fields.extend(figures.as_object().expect("an object").clone());
+        fields.insert("ratio_of".to_owned(), json!(ratio_of));
+        row
+    }
+}
+
+/// The nearest-rank percentile `p` of sorted samples.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// `64 B`, `4 KiB`, `1 MiB`: sizes as the table and the plot show them.
+fn size_label(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+/// A rate with an SI suffix, four significant digits at most.
+fn si(value: f64) -> String {
+    match value {
+        v if v >= 1e6 => format!("{:.3}M", v / 1e6),
+        v if v >= 1e3 => format!("{:.1}k", v / 1e3),
+        v => format!("{v:.0}"),
+    }
+}
+
+/// The machine the run is on, for the report.
+struct Host {
+    cores: usize,
+    kernel: String,
+    load: String,
+}
+
+impl Host {
+    fn now() -> Host {
+        let read = |path: &str| std::fs::read_to_string(path).unwrap_or_else(|_| "?".to_owned());
+        let load: Vec<String> = read("/proc/loadavg").split_whitespace().take(3).map(str::to_owned).collect();
+        Host {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+            load: load.join(" "),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(gbytes_per_s: f64, msgs_per_s: f64, latency: Option<(f64, f64)>) -> Figures {
+        Figures { gbytes_per_s, msgs_per_s, cpu_s_per_gb: 1.0, latency, retries: None, ratios: None }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let samples: Vec<Duration> = (1..=200).map(Duration::from_micros).collect();
+        assert_eq!(percentile(&samples, 50.0), Duration::from_micros(100));
+        assert_eq!(percentile(&samples, 99.0), Duration::from_micros(198));
+        let odd: Vec<Duration> = (1..=5).map(Duration::from_micros).collect();
+        assert_eq!(percentile(&odd, 50.0), Duration::from_micros(3));
+        assert_eq!(percentile(&odd, 99.0), Duration::from_micros(5));
+        assert_eq!(percentile(&samples[..1], 50.0), Duration::from_micros(1));
+        assert_eq!(percentile(&samples[..1], 99.0), Duration::from_micros(1));
+    }
+
+    #[test]
+    fn figures_come_from_the_window() {
+        let window = Window { bytes: 2_000_000_000, messages: 1000, elapsed: Duration::from_secs(2), cpu: Duration::from_secs(3) };
+        let rtts = vec![Duration::from_micros(10), Duration::from_micros(20), Duration::from_micros(90)];
+        let f = Figures::new(&Measured { window, rtts, retries: Some(4) }).unwrap();
+        assert_eq!((f.gbytes_per_s, f.msgs_per_s, f.cpu_s_per_gb), (1.0, 500.0, 1.5));
+        assert_eq!(f.latency, Some((20.0, 90.0)));
+        let empty = Window { bytes: 0, ..window };
+        assert!(Figures::new(&Measured { window: empty, rtts: Vec::new(), retries: None }).is_err());
+    }
+
+    #[test]
+    fn a_ratio_needs_a_positive_baseline() {
+        assert_eq!(ratio(1.0, Some(4.0)), Some(0.25));
+        assert_eq!(ratio(3.0, Some(1.5)), Some(2.0));
+        assert_eq!(ratio(1.0, None), None);
+        assert_eq!(ratio(1.0, Some(0.0)), None);
+        assert_eq!(ratio(1.0, Some(f64::NAN)), None);
+    }
+
+    #[test]
+    fn each_kind_of_row_is_compared_by_its_figure() {
+        let mut baselines = Baselines::default();
+        baselines.learn(&Case::baseline(Test::Udp, DATAGRAM), &figures(2.0, 500_000.0, None));
+        baselines.learn(&Case::baseline(Test::Tcp, TCP_WRITE), &figures(4.0, 60_000.0, None));
+        baselines.learn(&Case::baseline(Test::UdpLat, PING_SMALL), &figures(0.001, 50_000.0, Some((10.0, 30.0))));
+        // udp-gso never arrived: unavailable.
+
+        let write = Case::softroce(Test::RcWrite, 1 << 20, Mtu::Mtu4096, 1);
+        assert_eq!(baselines.ratios(&write, &figures(1.0, 1000.0, None)), Ratios { udp: Some(0.5), udp_gso: None, tcp: Some(0.25) });
+
+        let rate = Case::softroce(Test::WriteRate, 64, Mtu::Mtu4096, 1);
+        assert_eq!(baselines.ratios(&rate, &figures(0.01, 250_000.0, None)), Ratios { udp: Some(0.5), udp_gso: None, tcp: None });
+
+        let lat = Case::softroce(Test::SendLat, PING_SMALL, Mtu::Mtu4096, 1);
+        assert_eq!(baselines.ratios(&lat, &figures(0.0, 1.0, Some((35.0, 80.0)))), Ratios { udp: Some(3.5), ..Ratios::default() });
+        // No UDP ping-pong of 4 KiB to compare with.
+        let page = Case::softroce(Test::SendLat, PING_PAGE, Mtu::Mtu4096, 1);
+        assert_eq!(baselines.ratios(&page, &figures(0.0, 1.0, Some((35.0, 80.0)))), Ratios::default());
+    }
+
+    #[test]
+    fn the_quick_plan_has_the_required_rows() {
+        let quick = plan(true);
+        assert!(quick.contains(&Case::softroce(Test::RcWrite, 1 << 20, Mtu::Mtu4096, 1)));
+        assert!(quick.contains(&Case::softroce(Test::SendLat, 8, Mtu::Mtu4096, 1)));
+        let full = plan(false);
+        assert_eq!(full.iter().filter(|c| RC_STREAMS.contains(&c.test)).count(), 3 * 2 * 2 * SIZES.len());
+        // Baselines run before anything is compared with them.
+        for cases in [&quick, &full] {
+            let first_softroce = cases.iter().position(|c| c.test.is_softroce()).unwrap();
+            assert!(cases[first_softroce..].iter().all(|c| c.test.is_softroce()));
+        }
+    }
+
+    #[test]
+    fn sizes_and_rates_read_well() {
+        assert_eq!([64, 4096, 1 << 20, 1536].map(size_label), ["64 B", "4 KiB", "1 MiB", "1536 B"]);
+        assert_eq!([12.0, 61_234.0, 1_234_567.0].map(si), ["12", "61.2k", "1.235M"]);
+    }
+
+    #[test]
+    fn seconds_must_be_positive() {
+        assert_eq!(parse_seconds("0.1"), Ok(Duration::from_millis(100)));
+        assert!(parse_seconds("0").is_err());
+        assert!(parse_seconds("-1").is_err());
+        assert!(parse_seconds("soon").is_err());
+    }
+}

@@ -1,0 +1,339 @@
+//! The softroce rows: RC WRITE, SEND and READ streams and SEND ping-pongs
+//! between two devices on loopback UDP (127.0.0.1 and 127.0.0.2), run the
+//! way perftest runs them: a window of requests in flight per QP, every
+//! few of them signaled, refilled as completions come.
+//!
+//! The application threads wait for completions by sleeping on the CQ, not
+//! by spinning: with two engine threads beside them, spinning would take the
+//! cores the engines need (the machines this runs on have few).
+
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use softroce::transport::{Access, QpCap, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+use softroce::verbs::{
+    CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, ProtectionDomain, QpInit,
+    QueuePair,
+};
+
+use super::{Case, Conn, Measured, Meter, Test, Timing};
+
+const ADDRESS_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+const ADDRESS_B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+/// Loopback's MTU, so that the active RoCE MTU is 4096.
+const LINK_MTU: u32 = 65536;
+/// GID index of the IPv4 address (index 0 is the link-local GID).
+const GID_INDEX: usize = 1;
+const ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+
+/// Each side's memory region: what is sent or read from, then where WRITEs,
+/// SENDs and READ responses land (every message of a run at the same place,
+/// as in perftest).
+const SOURCE_AT: usize = 0;
+const SINK_AT: usize = 4 << 20;
+const REGION_LEN: usize = 8 << 20;
+
+/// Requests in flight per QP: perftest's default of 128, fewer for large
+/// messages (the PSN window holds those back anyway).
+const MAX_IN_FLIGHT: usize = 128;
+const MAX_BYTES_IN_FLIGHT: usize = 32 << 20;
+/// Each QP's window is refilled in this many groups, the last request of
+/// each signaled: completions cost little, as with perftest's `--cq-mod`.
+const GROUPS: usize = 8;
+/// Outstanding READs per QP, each way: what mlx5 NICs allow.
+const RD_ATOMIC: u8 = 16;
+/// Receives kept posted per QP in the SEND stream: the QP's whole receive
+/// queue, more than the sender ever has in flight, so no SEND meets RNR.
+const RECV_DEPTH: usize = 256;
+/// Completions a CQ holds: every signaled request and receive of 4 QPs.
+const CQ_DEPTH: usize = 4096;
+
+/// A wait for a completion that must come fails the row after this.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Threads that wait for something that may not come check every so often
+/// whether to stop.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The two devices, open for the whole bench; each row connects its own QPs.
+pub struct Devices {
+    a: Side,
+    b: Side,
+}
+
+/// One device, with a region for every row.
+struct Side {
+    ctx: Context,
+    pd: ProtectionDomain,
+    mr: MemoryRegion,
+}
+
+impl Side {
+    fn open(device: &Device, port: u16) -> softroce::verbs::Result<Side> {
+        let ctx = Context::open(device, ContextOptions { port, busy_poll: false })?;
+        let pd = ctx.alloc_pd()?;
+        let mr = pd.alloc_mr(REGION_LEN, ACCESS)?;
+        // Touched, so that no run reads the kernel's shared zero page.
+        mr.write(0, &vec![0xa5; REGION_LEN])?;
+        Ok(Side { ctx, pd, mr })
+    }
+
+    /// Posts a receive of `size` bytes into the sink.
+    fn recv(&self, qp: &QueuePair, wr_id: u64, size: usize) -> Result<(), String> {
+        qp.post_recv(RecvWr { wr_id, sg_list: vec![self.mr.sge(SINK_AT, size)] }).map_err(|e| e.to_string())
+    }
+}
+
+impl Devices {
+    /// Opens both devices on `port`, or else on a free port.
+    pub fn open(port: Option<u16>) -> Result<Devices, String> {
+        let devices = [
+            Device::custom("bench_a", vec![ADDRESS_A], [0x02, 0, 0, 0, 0, 0x0a], LINK_MTU),
+            Device::custom("bench_b", vec![ADDRESS_B], [0x02, 0, 0, 0, 0, 0x0b], LINK_MTU),
+        ];
+        let open = |port| -> softroce::verbs::Result<Devices> {
+            Ok(Devices { a: Side::open(&devices[0], port)?, b: Side::open(&devices[1], port)? })
+        };
+        if let Some(port) = port {
+            return open(port).map_err(|e| format!("cannot open the devices on port {port}: {e}"));
+        }
+        // Another process may take a free port before we bind it: try a few.
+        let mut why = String::new();
+        for _ in 0..10 {
+            match open(free_port()?) {
+                Ok(devices) => return Ok(devices),
+                Err(e) => why = e.to_string(),
+            }
+        }
+        Err(format!("cannot open the devices on a free port: {why}"))
+    }
+
+    /// Retransmissions so far, by both devices.
+    fn retries(&self) -> u64 {
+        [&self.a, &self.b].iter().map(|s| s.ctx.counters().qp.retries).sum()
+    }
+
+    /// A stream of RC WRITEs, SENDs or READs of `case.size` bytes over
+    /// `case.conn`'s QPs, counted as the requester's completions arrive.
+    pub fn stream(&self, case: &Case, timing: &Timing) -> Result<Measured, String> {
+        let conn = case.conn.expect("a softroce row");
+        let link = Link::connect(self, conn)?;
+        let (size, remote) = (case.size, self.b.mr.remote());
+        let (op, local) = match case.test {
+            Test::RcWrite | Test::WriteRate => {
+                let op = SendOp::RdmaWrite { remote_addr: remote.addr + SINK_AT as u64, rkey: remote.rkey };
+                (op, self.a.mr.sge(SOURCE_AT, size))
+            }
+            Test::RcSend => (SendOp::Send, self.a.mr.sge(SOURCE_AT, size)),
+            Test::RcRead => {
+                let op = SendOp::RdmaRead { remote_addr: remote.addr + SOURCE_AT as u64, rkey: remote.rkey };
+                (op, self.a.mr.sge(SINK_AT, size))
+            }
+            Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat | Test::SendLat => unreachable!("not a stream"),
+        };
+        let sends = case.test == Test::RcSend;
+        if sends {
+            for (index, (_, qp)) in link.qps.iter().enumerate() {
+                for _ in 0..RECV_DEPTH {
+                    self.b.recv(qp, index as u64, size)?;
+                }
+            }
+        }
+        let in_flight = InFlight::for_size(size);
+        let retries = self.retries();
+        let meter = Meter::default();
+        let sender_done = AtomicBool::new(false);
+        let (window, sent, received) = std::thread::scope(|s| {
+            let sender = s.spawn(|| {
+                let sent = link.post_stream(op, local, in_flight, &meter);
+                sender_done.store(true, Ordering::Relaxed);
+                sent
+            });
+            let receiver = sends.then(|| s.spawn(|| link.repost_receives(self.b.mr.sge(SINK_AT, size), &sender_done)));
+            let window = meter.time(timing);
+            (window, joined(sender), receiver.map(joined))
+        });
+        sent?;
+        received.transpose()?;
+        Ok(Measured { window, rtts: Vec::new(), retries: Some(self.retries() - retries) })
+    }
+
+    /// SEND ping-pong of `case.size` bytes: one thread sends and waits for
+    /// the answer, the other answers each SEND with one.
+    pub fn ping_pong(&self, case: &Case, timing: &Timing) -> Result<Measured, String> {
+        let conn = case.conn.expect("a softroce row");
+        let link = Link::connect(self, Conn { qps: 1, ..conn })?;
+        let size = case.size;
+        let (qp_a, qp_b) = &link.qps[0];
+        self.a.recv(qp_a, 0, size)?;
+        self.b.recv(qp_b, 0, size)?;
+        let send = |side: &Side, qp: &QueuePair| {
+            let mut wr = SendWr::new(0, SendOp::Send).with_sge(side.mr.sge(SOURCE_AT, size));
+            // Unsignaled: only receives complete, so each wait sees the answer.
+            wr.flags.signaled = false;
+            qp.post_send(wr).map_err(|e| e.to_string())
+        };
+        let retries = self.retries();
+        let meter = Meter::default();
+        let pinger_done = AtomicBool::new(false);
+        let (window, pinged, answered) = std::thread::scope(|s| {
+            let pinger = s.spawn(|| {
+                let mut rtts = Vec::new();
+                let pinged = (|| {
+                    while !meter.stopped() {
+                        let start = Instant::now();
+                        send(&self.a, qp_a)?;
+                        expect(link.wait_a(STEP_TIMEOUT)?, "ping-pong answer")?;
+                        let rtt = start.elapsed();
+                        self.a.recv(qp_a, 0, size)?;
+                        if meter.measuring() {
+                            rtts.push(rtt);
+                        }
+                        meter.add(2 * size as u64, 2);
+                    }
+                    Ok::<(), String>(())
+                })();
+                pinger_done.store(true, Ordering::Relaxed);
+                pinged.map(|()| rtts)
+            });
+            let answerer = s.spawn(|| {
+                while !pinger_done.load(Ordering::Relaxed) {
+                    let Some(wc) = link.b_cq.wait_one(POLL) else { continue };
+                    expect(wc, "ping")?;
+                    self.b.recv(qp_b, 0, size)?;
+                    send(&self.b, qp_b)?;
+                }
+                Ok::<(), String>(())
+            });
+            let window = meter.time(timing);
+            (window, joined(pinger), joined(answerer))
+        });
+        let mut rtts = pinged?;
+        answered?;
+        rtts.sort_unstable();
+        Ok(Measured { window, rtts, retries: Some(self.retries() - retries) })
+    }
+}
+
+/// A UDP port free on both addresses at the moment of asking.
+fn free_port() -> Result<u16, String> {
+    loop {
+        let a = UdpSocket::bind((ADDRESS_A, 0)).map_err(|e| format!("bind {ADDRESS_A}: {e}"))?;
+        let port = a.local_addr().map_err(|e| e.to_string())?.port();
+        if UdpSocket::bind((ADDRESS_B, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+}
+
+/// A scoped thread's result; a panic is an error of the row.
+fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, Result<T, String>>) -> Result<T, String> {
+    handle.join().unwrap_or_else(|_| Err("a bench thread panicked".to_owned()))
+}
+
+fn expect(wc: WorkCompletion, what: &str) -> Result<(), String> {
+    if wc.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(format!("{what}: completion status {:?} ({})", wc.status, wc.status.as_str()))
+    }
+}
+
+/// How many requests a QP keeps in flight, and how many of them are
+/// refilled at once (the last of each such group is signaled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InFlight {
+    depth: u64,
+    group: u64,
+}
+
+impl InFlight {
+    fn for_size(size: usize) -> InFlight {
+        let depth = (MAX_BYTES_IN_FLIGHT / size.max(1)).clamp(GROUPS, MAX_IN_FLIGHT);
+        InFlight { depth: depth as u64, group: (depth / GROUPS) as u64 }
+    }
+}
+
+/// RC connections between the devices for one row: `a` requests, `b`
+/// responds; each side's QPs share one CQ.
+struct Link {
+    a_cq: CompletionQueue,
+    b_cq: CompletionQueue,
+    qps: Vec<(QueuePair, QueuePair)>,
+}
+
+/// Work request ids carry the QP's index above this many bits of sequence.
+const SEQ_BITS: u32 = 40;
+
+impl Link {
+    fn connect(devices: &Devices, conn: Conn) -> Result<Link, String> {
+        let failed = |e: softroce::verbs::Error| format!("connecting {} QPs at MTU {}: {e}", conn.qps, conn.mtu.bytes());
+        let (a_cq, b_cq) = (devices.a.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?, devices.b.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?);
+        let options =
+            ConnectOptions { access: ACCESS, mtu: Some(conn.mtu), max_rd_atomic: RD_ATOMIC, max_dest_rd_atomic: RD_ATOMIC, ..ConnectOptions::default() };
+        let mut qps = Vec::with_capacity(conn.qps);
+        for _ in 0..conn.qps {
+            let qp = |side: &Side, cq: &CompletionQueue| {
+                let init = QpInit { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
+                side.pd.create_qp(&init)
+            };
+            let (qp_a, qp_b) = (qp(&devices.a, &a_cq).map_err(failed)?, qp(&devices.b, &b_cq).map_err(failed)?);
+            qp_a.connect(&qp_b.endpoint(GID_INDEX).map_err(failed)?, &options).map_err(failed)?;
+            qp_b.connect(&qp_a.endpoint(GID_INDEX).map_err(failed)?, &options).map_err(failed)?;
+            qps.push((qp_a, qp_b));
+        }
+        Ok(Link { a_cq, b_cq, qps })
+    }
+
+    fn wait_a(&self, timeout: Duration) -> Result<WorkCompletion, String> {
+        self.a_cq.wait_one(timeout).ok_or_else(|| format!("no completion within {} s", timeout.as_secs()))
+    }
+
+    /// Keeps `window` requests in flight on every QP until the meter stops,
+    /// then waits for the last of them.
+    fn post_stream(&self, op: SendOp, local: Sge, window: InFlight, meter: &Meter) -> Result<(), String> {
+        let size = u64::from(local.length);
+        let mut posted = vec![0u64; self.qps.len()];
+        let mut done = vec![0u64; self.qps.len()];
+        let post_group = |qp: usize, posted: &mut u64| -> Result<(), String> {
+            for _ in 0..window.group {
+                let mut wr = SendWr::new((qp as u64) << SEQ_BITS | *posted, op).with_sge(local);
+                *posted += 1;
+                wr.flags.signaled = *posted % window.group == 0;
+                self.qps[qp].0.post_send(wr).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        };
+        for (qp, posted) in posted.iter_mut().enumerate() {
+            for _ in 0..window.depth / window.group {
+                post_group(qp, posted)?;
+            }
+        }
+        while posted != done {
+            let wc = self.wait_a(STEP_TIMEOUT)?;
+            expect(wc, "stream request")?;
+            let qp = (wc.wr_id >> SEQ_BITS) as usize;
+            // RC completes in order: a signaled request vouches for those before it.
+            let through = (wc.wr_id & ((1 << SEQ_BITS) - 1)) + 1;
+            let newly = through - done[qp];
+            done[qp] = through;
+            meter.add(newly * size, newly);
+            if !meter.stopped() {
+                post_group(qp, &mut posted[qp])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives each SEND's receive (into `sink`) back to its QP until the
+    /// sender is done.
+    fn repost_receives(&self, sink: Sge, sender_done: &AtomicBool) -> Result<(), String> {
+        while !sender_done.load(Ordering::Relaxed) {
+            let Some(wc) = self.b_cq.wait_one(POLL) else { continue };
+            expect(wc, "stream receive")?;
+            let qp = &self.qps[wc.wr_id as usize].1;
+            qp.post_recv(RecvWr { wr_id: wc.wr_id, sg_list: vec![sink] }).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
