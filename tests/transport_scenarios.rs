@@ -1398,3 +1398,29 @@ fn moving_to_err_from_any_state_flushes_everything() {
     assert_eq!(node.qp.state(), QpState::Reset);
     assert_eq!(node.qp.post_recv(RecvWr { wr_id: 4, sg_list: vec![] }), Err(PostRecvError::InvalidState));
 }
+
+#[test]
+fn ud_send_error_stops_only_the_send_queue() {
+    let mut node = Node::new(QpType::Ud, attr());
+    let dest = UdDest { dest: REMOTE, remote_qpn: PEER_QPN, remote_qkey: QKEY };
+    let bad = Sge { addr: VA, length: 64, lkey: KEY ^ 0xff };
+    node.post_send(SendWr::new(1, SendOp::Send).with_sge(bad).with_ud(dest));
+    node.post_send(SendWr::new(2, SendOp::Send).with_sge(sge(0, 64)).with_ud(dest));
+    assert!(node.transmit().is_empty());
+    assert_eq!(
+        summary(&node.completions()),
+        vec![(CqKind::Send, 1, WcStatus::LocProtErr, WcOpcode::Send), flushed(2, WcOpcode::Send)]
+    );
+    assert_eq!(node.qp.state(), QpState::Sqe);
+    // Sends posted in SQE are flushed at once; receives still work.
+    node.post_send(SendWr::new(3, SendOp::Send).with_sge(sge(0, 64)).with_ud(dest));
+    assert_eq!(summary(&node.completions()), vec![flushed(3, WcOpcode::Send)]);
+    node.post_recv(7, 0x8000, 40 + 256);
+    node.feed(packet(Transport::Ud, Operation::SendOnly, 5).deth(QKEY, 0x33), &pattern(64, 1));
+    assert_eq!(summary(&node.completions()), vec![(CqKind::Recv, 7, WcStatus::Success, WcOpcode::Recv)]);
+    // SQE -> RTS resumes sending (the failed request had taken a PSN; UD
+    // receivers do not check PSNs).
+    node.qp.modify(&QpAttr { state: QpState::Rts, ..attr() }, AttrMask::STATE).unwrap();
+    node.post_send(SendWr::new(4, SendOp::Send).with_sge(sge(0, 64)).with_ud(dest));
+    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, false)]);
+}

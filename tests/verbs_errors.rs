@@ -444,3 +444,22 @@ fn malformed_requests_are_refused_at_post_time() {
     pair.qp_a.post_send(send(8, &pair.mr_a)).unwrap();
     assert_eq!(next_wc(&pair.a.cq).status, WcStatus::Success);
 }
+
+#[test]
+fn queue_pair_capacities_beyond_the_device_limits_are_refused() {
+    let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let options = softroce::verbs::ContextOptions { port: free_port(&[ip]), busy_poll: false };
+    let node = Node::open("limits", ip, options);
+    let limits = node.ctx.device().query_device();
+    let too_many = QpCap { max_send_wr: limits.max_qp_wr + 1, ..QpCap::default() };
+    let init = QpInit { qp_type: QpType::Rc, send_cq: &node.cq, recv_cq: &node.cq, srq: None, cap: too_many, sq_sig_all: false };
+    match node.pd.create_qp(&init) {
+        Err(Error::Limit { what: "max_send_wr", max }) => assert_eq!(max, u64::from(limits.max_qp_wr)),
+        other => panic!("expected a max_send_wr limit error, got {other:?}"),
+    }
+    let inline = QpCap { max_inline_data: limits.max_inline_data + 1, ..QpCap::default() };
+    assert!(matches!(
+        node.pd.create_qp(&QpInit { cap: inline, ..init }),
+        Err(Error::Limit { what: "max_inline_data", .. })
+    ));
+}

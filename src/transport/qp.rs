@@ -418,13 +418,26 @@ impl Qp {
         }
     }
 
-    /// Completes every outstanding work request with WR_FLUSH_ERR.
-    fn flush(&mut self) {
+    /// A UC or UD send failed locally: the send queue stops (SQE) and its
+    /// other requests are flushed, while the receive side keeps working, as
+    /// IBTA specifies; `modify` to RTS resumes sending.
+    pub(crate) fn send_queue_error(&mut self) {
+        self.flush_send_queue();
+        self.attr.state = QpState::Sqe;
+        self.attr.cur_state = QpState::Sqe;
+    }
+
+    fn flush_send_queue(&mut self) {
         for wqe in self.sq.drain(..) {
             let wc = WorkCompletion::new(wqe.wr.wr_id, self.qpn, WcStatus::WrFlushErr, wqe.wr.op.wc_opcode());
             self.completions.push_back((CqKind::Send, wc));
         }
         self.req.next = 0;
+    }
+
+    /// Completes every outstanding work request with WR_FLUSH_ERR.
+    fn flush(&mut self) {
+        self.flush_send_queue();
         self.req.rd_atomic = 0;
         self.comp.timer = None;
         self.comp.rnr_until = None;
@@ -438,14 +451,14 @@ impl Qp {
         }
     }
 
-    /// `ibv_post_send`. In ERR the request is accepted and flushed at once.
+    /// `ibv_post_send`. In ERR and SQE the request is accepted and flushed at once.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostSendError> {
         let state = self.attr.state;
         if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err) {
             return Err(PostSendError::InvalidState(state));
         }
         self.validate_send(&wr)?;
-        if state == QpState::Err {
+        if matches!(state, QpState::Err | QpState::Sqe) {
             let wc = WorkCompletion::new(wr.wr_id, self.qpn, WcStatus::WrFlushErr, wr.op.wc_opcode());
             self.completions.push_back((CqKind::Send, wc));
             return Ok(());

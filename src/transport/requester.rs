@@ -68,7 +68,11 @@ impl Qp {
             trace!(qpn = self.qpn, error = %e, "local protection error");
             let wqe = self.sq.remove(index).expect("index checked above");
             self.complete_send(&wqe, WcStatus::LocProtErr);
-            self.fail(super::types::AsyncEvent::QpFatal { qpn: self.qpn });
+            if self.qp_type == QpType::Rc {
+                self.fail(super::types::AsyncEvent::QpFatal { qpn: self.qpn });
+            } else {
+                self.send_queue_error();
+            }
             return None;
         }
 

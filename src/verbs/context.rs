@@ -228,6 +228,19 @@ impl ProtectionDomain {
         if !ours(&init.send_cq.ctx) || !ours(&init.recv_cq.ctx) || init.srq.is_some_and(|s| !ours(&s.ctx)) {
             return Err(Error::InvalidArgument("CQ or SRQ of another context".into()));
         }
+        let limits = self.ctx.device.query_device();
+        let cap = init.cap;
+        for (what, value, max) in [
+            ("max_send_wr", cap.max_send_wr, limits.max_qp_wr),
+            ("max_recv_wr", cap.max_recv_wr, limits.max_qp_wr),
+            ("max_send_sge", cap.max_send_sge, limits.max_sge),
+            ("max_recv_sge", cap.max_recv_sge, limits.max_sge),
+            ("max_inline_data", cap.max_inline_data, limits.max_inline_data),
+        ] {
+            if value > max {
+                return Err(Error::Limit { what, max: max.into() });
+            }
+        }
         let qpn = self.ctx.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
         let mut qp = Qp::new(qpn, init.qp_type, self.pd, init.cap, init.srq.map(|s| s.id));
         if init.qp_type == QpType::Ud {
