@@ -24,7 +24,7 @@ pub struct RawRegion {
 }
 
 // SAFETY: a RawRegion is an address range; whoever registers it promises the
-// memory stays valid until it is deregistered (see `verbs::Pd::reg_mr`), and
+// memory stays valid until it is deregistered (see `verbs::ProtectionDomain::reg_mr`), and
 // every access goes through the checks below under the registry lock.
 unsafe impl Send for RawRegion {}
 unsafe impl Sync for RawRegion {}

@@ -35,7 +35,7 @@ pub enum Error {
     },
     /// ATOMIC_WRITE must carry exactly eight bytes.
     BadAtomicWriteLength(usize),
-    /// AETH syndrome with the reserved type (0b10), reserved high bit, or a
+    /// AETH syndrome with the reserved type (0b010), reserved high bit, or a
     /// reserved NAK code.
     ReservedSyndrome(u8),
     /// A value being emitted has the wrong set of extended headers for its

@@ -7,6 +7,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload, EnvFilter};
 
+mod bench;
 mod demo;
 mod devinfo;
 mod dump;
@@ -21,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Measure softroce's RC bandwidth, message rate and latency against raw UDP and TCP on this machine.
+    Bench(bench::Args),
     /// Run every RDMA operation between two devices on loopback, checked, then measure bandwidth and latency.
     Demo(demo::Args),
     /// Decode RoCEv2 packets in pcap/pcapng captures and check their ICRC.
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
     tracing_subscriber::registry().with(filter).with(layer).init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Bench(args) => bench::run(args),
         Command::Demo(args) => demo::run(args, &log_filter),
         Command::Dump(args) => dump::run(args),
         Command::Devinfo(args) => devinfo::run(args),
