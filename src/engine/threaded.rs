@@ -172,6 +172,8 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
     let mut qps: Vec<Arc<QpCell>> = Vec::new();
     let mut by_qpn: BTreeMap<u32, Arc<QpCell>> = BTreeMap::new();
     let mut version = u64::MAX;
+    // A context binds its addresses before the engine starts.
+    let locals = link.local_addrs();
     let mut fds = link.raw_fds();
     if let Some(d) = &shared.doorbell {
         fds.push(d.as_raw_fd());
@@ -222,7 +224,7 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
                     crate::transport::QpType::Ud => rxe_ud_source_port(qp.qpn()),
                     _ => rxe_source_port(qp.qpn(), remote_qpn),
                 };
-                let src = link_source(&link, t.dest);
+                let src = source_for(&locals, t.dest);
                 if let Err(e) = link.transmit(now, Outgoing { src, dst: t.dest, src_port, roce }) {
                     debug!(qpn = qp.qpn(), error = %e, "send failed");
                 }
@@ -252,11 +254,8 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
     }
 }
 
-/// The local address a packet to `dest` leaves from: the link's address of
-/// the same IP version.
-fn link_source<L: Link>(link: &L, dest: std::net::IpAddr) -> std::net::IpAddr {
-    link.local_addrs()
-        .into_iter()
-        .find(|a| a.is_ipv4() == dest.is_ipv4())
-        .unwrap_or(dest)
+/// The local address a packet to `dest` leaves from: the first of the same
+/// IP version.
+fn source_for(locals: &[std::net::IpAddr], dest: std::net::IpAddr) -> std::net::IpAddr {
+    locals.iter().copied().find(|a| a.is_ipv4() == dest.is_ipv4()).unwrap_or(dest)
 }

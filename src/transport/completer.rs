@@ -223,8 +223,8 @@ impl Qp {
             self.fail_front(WcStatus::BadRespErr);
             return;
         }
-        let (sges, pd) = (wqe.wr.sg_list.clone(), self.pd);
-        let placed = for_each_piece(&sges, offset, payload.len(), |sge, addr, at, n| {
+        let pd = self.pd;
+        let placed = for_each_piece(&wqe.wr.sg_list, offset, payload.len(), |sge, addr, at, n| {
             mem.write(sge.lkey, pd, addr, &payload[at..at + n], Access::LOCAL_WRITE)
         });
         if placed.is_err() {
