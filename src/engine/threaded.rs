@@ -56,11 +56,16 @@ pub(crate) struct CqShared {
     pub arm: Mutex<Arm>,
     pub overflowed: AtomicBool,
     pub channel: Option<Arc<ChannelShared>>,
+    /// The application dropped the CQ: QPs that still point at it deliver nothing.
+    pub destroyed: AtomicBool,
 }
 
 impl CqShared {
     /// Adds a completion and raises the channel event if the CQ is armed for it.
     pub fn push(&self, wc: WorkCompletion) {
+        if self.destroyed.load(Ordering::Acquire) {
+            return;
+        }
         let notable = wc.solicited || wc.status != crate::transport::WcStatus::Success;
         if let Err(TrySendError::Full(_)) = self.entries.0.try_send(wc) {
             self.overflowed.store(true, Ordering::Relaxed);
@@ -119,6 +124,10 @@ pub(crate) struct EngineShared {
     pub link_stats: Mutex<LinkStats>,
     /// Counters of QPs that were destroyed, so device totals never go back.
     pub retired: Mutex<Counters>,
+    /// Packets with a good ICRC that are not valid RoCE.
+    pub malformed: AtomicU64,
+    /// Packets for a QP number the device does not have (never created, or destroyed).
+    pub unknown_qp: AtomicU64,
 }
 
 impl EngineShared {
@@ -191,9 +200,13 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
         for _ in 0..64 {
             let Some(r) = link.receive(now, &mut rx) else { break };
             busy = true;
-            let Ok(pkt) = RoceRepr::parse(&rx[..r.len]) else { continue };
+            let Ok(pkt) = RoceRepr::parse(&rx[..r.len]) else {
+                shared.malformed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
             let Some(cell) = by_qpn.get(&pkt.header.bth.dest_qpn) else {
                 trace!(qpn = pkt.header.bth.dest_qpn, "packet for an unknown QP");
+                shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
             let mut qp = lock(&cell.qp);

@@ -539,6 +539,12 @@ impl Qp {
         let bth = &pkt.header.bth;
         tracing::trace!(opcode = %bth.opcode, psn = bth.psn.value(), len = pkt.payload.len(), src = %pkt.src, "rx");
         self.counters.received_packets += 1;
+        // Only the default partition exists: P_Key 0x7fff, full or limited
+        // member (rxe's pkey_match against 0xffff).
+        if bth.pkey & 0x7fff != 0x7fff {
+            self.counters.dropped += 1;
+            return;
+        }
         if pkt.header.bth.opcode.operation().is_request() {
             self.handle_request(pkt, mem, srq);
         } else {

@@ -447,11 +447,16 @@ impl Qp {
                     self.counters.dropped += 1;
                     return;
                 }
-                // A newer replay of the same READ replaces a queued one.
-                self.resp.responses.retain(
-                    |r| !matches!(r, Response::Read { psn: p, .. } if !p.is_before(first) && !p.is_after(last)),
+                // A newer replay of the same READ replaces a queued one where
+                // it stands, so responses stay in PSN order.
+                let replay = Response::Read { psn, addr: reth.va, rkey, remaining: asked, first: true, msn };
+                let queued = self.resp.responses.iter_mut().find(
+                    |r| matches!(r, Response::Read { psn: p, .. } if !p.is_before(first) && !p.is_after(last)),
                 );
-                self.push_response(Response::Read { psn, addr: reth.va, rkey, remaining: asked, first: true, msn });
+                match queued {
+                    Some(queued) => *queued = replay,
+                    None => self.push_response(replay),
+                }
             }
             Operation::CompareSwap | Operation::FetchAdd => {
                 let original = self.resp.resources.iter().find_map(|r| match *r {
@@ -472,13 +477,15 @@ impl Qp {
 
     /// Queues a response. A positive ACK replaces one queued just before it
     /// (coalescing), and the queue is bounded: a peer flooding duplicates
-    /// loses the surplus answers, never memory.
+    /// loses the surplus answers, never memory. The bound holds what a
+    /// requester within max_dest_rd_atomic is owed: its READs and atomics,
+    /// each with an ACK after it, and a final ACK.
     fn push_response(&mut self, resp: Response) {
         let positive = |r: &Response| matches!(r, Response::Ack { syndrome: Syndrome::Ack { .. }, .. });
         if positive(&resp) && self.resp.responses.back().is_some_and(positive) {
             self.resp.responses.pop_back();
         }
-        let cap = usize::from(self.attr.max_dest_rd_atomic) + 4;
+        let cap = 2 * usize::from(self.attr.max_dest_rd_atomic) + 4;
         if self.resp.responses.len() >= cap {
             self.counters.dropped += 1;
             return;

@@ -115,6 +115,7 @@ impl Context {
             arm: Mutex::new(Arm::Off),
             overflowed: Default::default(),
             channel: channel.map(|c| Arc::clone(&c.shared)),
+            destroyed: Default::default(),
         };
         Ok(CompletionQueue { ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
     }
@@ -142,7 +143,12 @@ impl Context {
             add_counters(&mut qp_totals, lock(&cell.qp).counters());
         }
         drop(qps);
-        DeviceCounters { qp: qp_totals, link: *lock(&shared.link_stats) }
+        DeviceCounters {
+            qp: qp_totals,
+            link: *lock(&shared.link_stats),
+            malformed: shared.malformed.load(Ordering::Relaxed),
+            unknown_qp: shared.unknown_qp.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -153,6 +159,12 @@ pub struct DeviceCounters {
     pub qp: Counters,
     /// The UDP link's packet and error counts.
     pub link: LinkStats,
+    /// Packets with a good ICRC that are not valid RoCE (an unknown opcode,
+    /// a bad pad count, headers cut short…), dropped.
+    pub malformed: u64,
+    /// Packets for a QP number the device does not have (never created, or
+    /// destroyed), dropped.
+    pub unknown_qp: u64,
 }
 
 fn add_counters(total: &mut Counters, c: &Counters) {
@@ -424,6 +436,16 @@ pub struct CompletionQueue {
     shared: Arc<CqShared>,
 }
 
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // QPs may still point at the queue: from now on nothing reaches it
+        // and no event fires for it.
+        self.shared.destroyed.store(true, Ordering::Release);
+        *lock(&self.shared.arm) = Arm::Off;
+        while self.shared.entries.1.try_recv().is_ok() {}
+    }
+}
+
 impl CompletionQueue {
     /// Moves up to `out.len()` completions into `out`; returns how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
@@ -634,7 +656,14 @@ impl Drop for QueuePair {
         let shared = &self.ctx.engine.shared;
         let mut qps = lock(&shared.qps);
         qps.remove(&self.qpn);
-        add_counters(&mut lock(&shared.retired), lock(&self.cell.qp).counters());
+        let mut qp = lock(&self.cell.qp);
+        add_counters(&mut lock(&shared.retired), qp.counters());
+        // What the QP produced so far goes out; then, in RESET, it executes,
+        // answers and completes nothing more, though the engine may hold it
+        // until its next look at the QP map.
+        self.cell.drain(&mut qp, &shared.events);
+        let _ = qp.modify(&QpAttr { state: QpState::Reset, ..QpAttr::default() }, AttrMask::STATE);
+        drop(qp);
         drop(qps);
         shared.qps_version.fetch_add(1, Ordering::Release);
     }
