@@ -527,3 +527,28 @@ fn ipv6_loopback_between_two_qps_of_one_device() {
     let two = End { qp: &ud_2, cq: &cq_2, mr: &mr_2 };
     ud_sends(&one, &two, &ah, (ip, ip));
 }
+
+#[test]
+fn a_qp_destroyed_right_after_its_last_receive_still_acknowledges_it() {
+    // The classic examples destroy their QPs as soon as the last receive
+    // completes; the ACK of that message is still queued in the engine and
+    // must go out, or the peer retries into a QP that is gone.
+    for round in 0..20 {
+        let options = ConnectOptions { timeout: 14, retry_cnt: 1, ..options(Mtu::Mtu1024) };
+        let Pair { a, b, qp_a, qp_b, mr_a, mr_b } = Pair::connected(QpType::Rc, &options);
+        qp_b.post_recv(RecvWr { wr_id: 1, sg_list: vec![mr_b.sge(0, 64)] }).unwrap();
+        qp_a.post_send(SendWr::new(2, SendOp::Send).with_sge(mr_a.sge(0, 64))).unwrap();
+        // Spin, so the drop races the engine's next step as closely as it can.
+        let received = loop {
+            if let Some(wc) = b.cq.poll_one() {
+                break wc;
+            }
+            std::hint::spin_loop();
+        };
+        drop(qp_b);
+        assert_eq!(received.status, WcStatus::Success, "round {round}");
+        let wc = next_wc(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success), "round {round}");
+        drop((a, qp_a, mr_a, mr_b));
+    }
+}

@@ -122,6 +122,8 @@ pub(crate) struct EngineShared {
     pub stop: AtomicBool,
     pub doorbell: Option<EventFd>,
     pub link_stats: Mutex<LinkStats>,
+    /// Destroyed QPs whose queued answers the engine still has to send.
+    pub closing: Mutex<Vec<Arc<QpCell>>>,
     /// Counters of QPs that were destroyed, so device totals never go back.
     pub retired: Mutex<Counters>,
     /// Packets with a good ICRC that are not valid RoCE.
@@ -227,32 +229,19 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
                 qp.handle_timeout(now);
                 busy = true;
             }
-            let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-            let mem = RegistryAccess(&registry);
-            let mut sent = 0;
-            while let Some(t) = qp.poll_transmit(now, &mem, &mut tx) {
-                let roce = &mut tx[..t.len];
-                let remote_qpn = Bth::new_unchecked(&*roce).dest_qpn();
-                let src_port = match qp.qp_type() {
-                    crate::transport::QpType::Ud => rxe_ud_source_port(qp.qpn()),
-                    _ => rxe_source_port(qp.qpn(), remote_qpn),
-                };
-                let src = source_for(&locals, t.dest);
-                if let Err(e) = link.transmit(now, Outgoing { src, dst: t.dest, src_port, roce }) {
-                    debug!(qpn = qp.qpn(), error = %e, "send failed");
-                }
-                sent += 1;
-                if sent == 64 {
-                    break;
-                }
-            }
+            let sent = transmit(&mut qp, &mut link, shared, &locals, now, &mut tx, 64);
             busy |= sent > 0;
-            drop(registry);
             cell.drain(&mut qp, &shared.events);
             next = match (next, qp.poll_timeout()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
+        }
+        // Destroyed QPs still owe their peers the answers they had queued
+        // (the ACK of the last message, say); then they are gone.
+        for cell in std::mem::take(&mut *lock(&shared.closing)) {
+            let mut qp = lock(&cell.qp);
+            busy |= transmit(&mut qp, &mut link, shared, &locals, now, &mut tx, usize::MAX) > 0;
         }
         link.flush();
         *lock(&shared.link_stats) = link.stats();
@@ -265,6 +254,36 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
             }
         }
     }
+}
+
+/// Hands up to `limit` of the QP's packets to the link; returns how many.
+fn transmit<L: Link>(
+    qp: &mut Qp,
+    link: &mut L,
+    shared: &EngineShared,
+    locals: &[std::net::IpAddr],
+    now: Duration,
+    buf: &mut [u8],
+    limit: usize,
+) -> usize {
+    let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
+    let mem = RegistryAccess(&registry);
+    let mut sent = 0;
+    while sent < limit {
+        let Some(t) = qp.poll_transmit(now, &mem, buf) else { break };
+        let roce = &mut buf[..t.len];
+        let remote_qpn = Bth::new_unchecked(&*roce).dest_qpn();
+        let src_port = match qp.qp_type() {
+            crate::transport::QpType::Ud => rxe_ud_source_port(qp.qpn()),
+            _ => rxe_source_port(qp.qpn(), remote_qpn),
+        };
+        let src = source_for(locals, t.dest);
+        if let Err(e) = link.transmit(now, Outgoing { src, dst: t.dest, src_port, roce }) {
+            debug!(qpn = qp.qpn(), error = %e, "send failed");
+        }
+        sent += 1;
+    }
+    sent
 }
 
 /// The local address a packet to `dest` leaves from: the first of the same

@@ -658,14 +658,21 @@ impl Drop for QueuePair {
         qps.remove(&self.qpn);
         let mut qp = lock(&self.cell.qp);
         add_counters(&mut lock(&shared.retired), qp.counters());
-        // What the QP produced so far goes out; then, in RESET, it executes,
-        // answers and completes nothing more, though the engine may hold it
-        // until its next look at the QP map.
+        // What the QP produced so far goes out. Then, in ERR, it executes and
+        // completes nothing more (the flush completions of ERR are dropped:
+        // the application destroyed the QP), but the answers it had queued —
+        // the ACK of the message just received, say — are still owed to the
+        // peer: the engine sends them, then forgets the QP. Kernel rxe's
+        // destroy likewise lets its tasks finish.
         self.cell.drain(&mut qp, &shared.events);
-        let _ = qp.modify(&QpAttr { state: QpState::Reset, ..QpAttr::default() }, AttrMask::STATE);
+        let _ = qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() }, AttrMask::STATE);
+        while qp.poll_completion().is_some() {}
+        while qp.poll_event().is_some() {}
         drop(qp);
+        lock(&shared.closing).push(Arc::clone(&self.cell));
         drop(qps);
         shared.qps_version.fetch_add(1, Ordering::Release);
+        shared.ring();
     }
 }
 

@@ -28,6 +28,7 @@
 //! `-g` the local GID is sent as zeros, as in C; a peer that sends a zero GID
 //! is reached at the address of its TCP connection (the C programs would try
 //! LID routing, which RoCE does not have).
+//! `--roce-port`, `--local-addr` and `--timeout` are ours.
 
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
@@ -281,7 +282,9 @@ impl Dest {
 /// four bytes dotted for IPv4-compatible and IPv4-mapped addresses.
 fn inet_ntop6(raw: &[u8; 16]) -> String {
     let words: Vec<u16> = raw.chunks_exact(2).map(|p| u16::from_be_bytes([p[0], p[1]])).collect();
-    let (mut best, mut cur): (Option<(usize, usize)>, Option<(usize, usize)>) = (None, None);
+    // Runs of zero groups as (first group, length).
+    let mut best: Option<(usize, usize)> = None;
+    let mut cur: Option<(usize, usize)> = None;
     for (i, &w) in words.iter().enumerate() {
         if w == 0 {
             cur = Some(cur.map_or((i, 1), |(b, l)| (b, l + 1)));
@@ -529,7 +532,7 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
 
     // pp_init_ctx
     let device = open_device(args)?;
-    let ib_port = u8::try_from(args.ib_port).unwrap_or(0);
+    let ib_port = u8::try_from(args.ib_port).unwrap_or(u8::MAX);
     if args.ib_port < 1 {
         return fail("-i: IB ports start at 1");
     }
@@ -678,7 +681,6 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     let num_wc = if kind == Kind::Srq { num_qp + rx_depth as usize } else { 2 };
     let refill_at = if kind == Kind::Srq { num_qp as i64 } else { 1 };
     let mut batch: Vec<WorkCompletion> = Vec::with_capacity(num_wc);
-    let mut num_cq_events = 0u64;
     while rcnt < iters || scnt < iters {
         let what = || format!("waiting for completions (received {rcnt}, sent {scnt} of {iters})");
         batch.clear();
@@ -688,7 +690,6 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
                     break id;
                 }
             };
-            num_cq_events += 1;
             if id != pp.cq.id() {
                 return fail(format!("CQ event for unknown CQ {id}"));
             }
@@ -767,7 +768,6 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
         f64::from(usec) / 1_000_000.0,
         f64::from(usec / iters as f32)
     );
-    let _ = num_cq_events;
     let valid = match &checker {
         Some(checker) => checker.report(size, data_offset),
         None => true,
