@@ -199,8 +199,14 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
         let now = start.elapsed();
         let mut busy = false;
 
+        // Timers run only once the link is drained: an ACK waiting in the
+        // socket must not lose the race to the timeout it would cancel.
+        let mut drained = false;
         for _ in 0..64 {
-            let Some(r) = link.receive(now, &mut rx) else { break };
+            let Some(r) = link.receive(now, &mut rx) else {
+                drained = true;
+                break;
+            };
             busy = true;
             let Ok(pkt) = RoceRepr::parse(&rx[..r.len]) else {
                 shared.malformed.fetch_add(1, Ordering::Relaxed);
@@ -225,7 +231,7 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
         let mut next: Option<Duration> = None;
         for cell in &qps {
             let mut qp = lock(&cell.qp);
-            if qp.poll_timeout().is_some_and(|t| t <= now) {
+            if drained && qp.poll_timeout().is_some_and(|t| t <= now) {
                 qp.handle_timeout(now);
                 busy = true;
             }

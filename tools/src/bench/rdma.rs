@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use softroce::transport::{Access, QpCap, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
 use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, ProtectionDomain, QpInit,
-    QueuePair,
+    CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, ProtectionDomain, QpInit, QueuePair,
 };
 
 use super::{Case, Conn, Measured, Meter, Test, Timing};
@@ -43,6 +42,8 @@ const MAX_BYTES_IN_FLIGHT: usize = 32 << 20;
 const GROUPS: usize = 8;
 /// Outstanding READs per QP, each way: what mlx5 NICs allow.
 const RD_ATOMIC: u8 = 16;
+/// The local ACK timeout: perftest's default, 4.096 µs << 14 = 67 ms.
+const ACK_TIMEOUT: u8 = 14;
 /// Receives kept posted per QP in the SEND stream: the QP's whole receive
 /// queue, more than the sender ever has in flight, so no SEND meets RNR.
 const RECV_DEPTH: usize = 256;
@@ -158,11 +159,11 @@ impl Devices {
         Ok(Measured { window, rtts: Vec::new(), retries: Some(self.retries() - retries) })
     }
 
-    /// SEND ping-pong of `case.size` bytes: one thread sends and waits for
-    /// the answer, the other answers each SEND with one.
+    /// SEND ping-pong of `case.size` bytes on the first QP: one thread sends
+    /// and waits for the answer, the other answers each SEND with one.
     pub fn ping_pong(&self, case: &Case, timing: &Timing) -> Result<Measured, String> {
         let conn = case.conn.expect("a softroce row");
-        let link = Link::connect(self, Conn { qps: 1, ..conn })?;
+        let link = Link::connect(self, conn)?;
         let size = case.size;
         let (qp_a, qp_b) = &link.qps[0];
         self.a.recv(qp_a, 0, size)?;
@@ -268,13 +269,21 @@ const SEQ_BITS: u32 = 40;
 impl Link {
     fn connect(devices: &Devices, conn: Conn) -> Result<Link, String> {
         let failed = |e: softroce::verbs::Error| format!("connecting {} QPs at MTU {}: {e}", conn.qps, conn.mtu.bytes());
-        let (a_cq, b_cq) = (devices.a.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?, devices.b.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?);
-        let options =
-            ConnectOptions { access: ACCESS, mtu: Some(conn.mtu), max_rd_atomic: RD_ATOMIC, max_dest_rd_atomic: RD_ATOMIC, ..ConnectOptions::default() };
+        let (a_cq, b_cq) =
+            (devices.a.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?, devices.b.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?);
+        let options = ConnectOptions {
+            access: ACCESS,
+            mtu: Some(conn.mtu),
+            timeout: ACK_TIMEOUT,
+            max_rd_atomic: RD_ATOMIC,
+            max_dest_rd_atomic: RD_ATOMIC,
+            ..ConnectOptions::default()
+        };
         let mut qps = Vec::with_capacity(conn.qps);
         for _ in 0..conn.qps {
             let qp = |side: &Side, cq: &CompletionQueue| {
-                let init = QpInit { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
+                let init =
+                    QpInit { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
                 side.pd.create_qp(&init)
             };
             let (qp_a, qp_b) = (qp(&devices.a, &a_cq).map_err(failed)?, qp(&devices.b, &b_cq).map_err(failed)?);

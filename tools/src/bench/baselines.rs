@@ -1,0 +1,345 @@
+//! The baselines softroce is measured against, each over loopback with one
+//! sending and one receiving thread: UDP datagrams moved as softroce's UDP
+//! link moves them (unconnected sockets, `sendmmsg`/`recvmmsg` batches of
+//! 32), the same with GSO and GRO, one TCP stream, and a UDP ping-pong.
+
+use std::io::{self, Read, Write};
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{Measured, Meter, Timing};
+
+const ADDRESS_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+const ADDRESS_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+/// Datagrams per system call, as softroce's UDP link batches them.
+const BATCH: usize = 32;
+/// GSO super-datagrams per system call: about as many bytes as `BATCH` of
+/// 4 KiB datagrams, several times over.
+const GSO_BATCH: usize = 8;
+/// Socket buffers as softroce's UDP link asks for them.
+const SOCKET_BUFFER: libc::c_int = 8 << 20;
+/// Receivers wake this often to see whether to stop.
+const POLL: Duration = Duration::from_millis(20);
+/// A ping-pong answer that takes longer than this is lost.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Datagrams of `segment` bytes from one thread to another. With `segments`
+/// above 1, each `sendmmsg` entry is a GSO super-datagram of that many
+/// segments (`UDP_SEGMENT`), and the receiver takes them coalesced
+/// (`UDP_GRO`), counting segments by the size the kernel reports. Fails if
+/// the kernel refuses either option.
+pub fn udp_stream(segment: usize, segments: usize, timing: &Timing) -> Result<Measured, String> {
+    let bind = |ip| UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"));
+    let (tx, rx) = (bind(ADDRESS_A)?, bind(ADDRESS_B)?);
+    for socket in [&tx, &rx] {
+        set_option(socket, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, SOCKET_BUFFER)
+            .or_else(|_| set_option(socket, libc::SOL_SOCKET, libc::SO_SNDBUF, SOCKET_BUFFER))
+            .map_err(|e| format!("SO_SNDBUF: {e}"))?;
+        set_option(socket, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, SOCKET_BUFFER)
+            .or_else(|_| set_option(socket, libc::SOL_SOCKET, libc::SO_RCVBUF, SOCKET_BUFFER))
+            .map_err(|e| format!("SO_RCVBUF: {e}"))?;
+    }
+    rx.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
+    let gso = segments > 1;
+    if gso {
+        set_option(&tx, libc::SOL_UDP, libc::UDP_SEGMENT, segment as libc::c_int)
+            .map_err(|e| format!("the kernel refuses UDP_SEGMENT: {e}"))?;
+        set_option(&rx, libc::SOL_UDP, libc::UDP_GRO, 1).map_err(|e| format!("the kernel refuses UDP_GRO: {e}"))?;
+    }
+    let dest = match rx.local_addr().map_err(|e| e.to_string())? {
+        SocketAddr::V4(addr) => addr,
+        SocketAddr::V6(_) => unreachable!("bound to IPv4"),
+    };
+    let (count, len) = if gso { (GSO_BATCH, segment * segments) } else { (BATCH, segment) };
+    let mut outgoing = Batch::new(count, len);
+    // One batch first: a kernel that takes the option but not the send says so here.
+    outgoing.send(tx.as_raw_fd(), &dest).map_err(|e| format!("sendmmsg: {e}"))?;
+    // Room for a whole GRO train whatever the sender's batch.
+    let mut incoming = Batch::new(count, if gso { 1 << 16 } else { segment });
+    let meter = Meter::default();
+    let (window, sent, received) = std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            while !meter.stopped() {
+                outgoing.send(tx.as_raw_fd(), &dest)?;
+            }
+            Ok(())
+        });
+        let receiver = s.spawn(|| {
+            while !meter.stopped() {
+                match incoming.recv(rx.as_raw_fd(), segment) {
+                    Ok((bytes, datagrams)) => meter.add(bytes, datagrams),
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        });
+        let window = meter.time(timing);
+        (window, sender.join(), receiver.join())
+    });
+    joined(sent, "UDP sender")?;
+    joined(received, "UDP receiver")?;
+    Ok(Measured { window, rtts: Vec::new(), retries: None })
+}
+
+/// One TCP stream of `write`-byte writes; messages are the writes.
+pub fn tcp_stream(write: usize, timing: &Timing) -> Result<Measured, String> {
+    let listener = TcpListener::bind((ADDRESS_B, 0)).map_err(|e| format!("bind {ADDRESS_B}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let mut tx = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    let (mut rx, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+    let meter = Meter::default();
+    let (window, sent, received) = std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            let data = vec![0xa5u8; write];
+            while !meter.stopped() {
+                tx.write_all(&data)?;
+                meter.add(0, 1);
+            }
+            // Closing tells the receiver the stream is over.
+            tx.shutdown(std::net::Shutdown::Write)
+        });
+        let receiver = s.spawn(|| {
+            let mut buf = vec![0u8; write];
+            loop {
+                match rx.read(&mut buf)? {
+                    0 => return Ok(()),
+                    n => meter.add(n as u64, 0),
+                }
+            }
+        });
+        let window = meter.time(timing);
+        (window, sender.join(), receiver.join())
+    });
+    joined(sent, "TCP sender")?;
+    joined(received, "TCP receiver")?;
+    Ok(Measured { window, rtts: Vec::new(), retries: None })
+}
+
+/// UDP ping-pong of `size`-byte datagrams, one thread pinging and waiting
+/// for each answer, the other answering until the pinger is done (so that
+/// the last ping is answered too).
+pub fn udp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
+    let bind = |ip| UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"));
+    let (pinger, answerer) = (bind(ADDRESS_A)?, bind(ADDRESS_B)?);
+    let there = answerer.local_addr().map_err(|e| e.to_string())?;
+    pinger.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
+    answerer.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
+    let meter = Meter::default();
+    let pinger_done = AtomicBool::new(false);
+    let (window, pinged, answered) = std::thread::scope(|s| {
+        let pinging = s.spawn(|| {
+            let (data, mut buf, mut rtts) = (vec![0xa5u8; size], vec![0u8; size], Vec::new());
+            let pinged = (|| {
+                while !meter.stopped() {
+                    let start = Instant::now();
+                    pinger.send_to(&data, there)?;
+                    pinger.recv(&mut buf)?;
+                    let rtt = start.elapsed();
+                    if meter.measuring() {
+                        rtts.push(rtt);
+                    }
+                    meter.add(2 * size as u64, 2);
+                }
+                Ok(())
+            })();
+            pinger_done.store(true, Ordering::Relaxed);
+            pinged.map(|()| rtts)
+        });
+        let answering = s.spawn(|| {
+            let mut buf = vec![0u8; size];
+            while !pinger_done.load(Ordering::Relaxed) {
+                match answerer.recv_from(&mut buf) {
+                    Ok((n, from)) => {
+                        answerer.send_to(&buf[..n], from)?;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        });
+        let window = meter.time(timing);
+        (window, pinging.join(), answering.join())
+    });
+    let mut rtts = joined(pinged, "UDP pinger")?;
+    joined(answered, "UDP answerer")?;
+    rtts.sort_unstable();
+    Ok(Measured { window, rtts, retries: None })
+}
+
+/// A thread's outcome as the row's.
+fn joined<T>(outcome: std::thread::Result<io::Result<T>>, who: &str) -> Result<T, String> {
+    match outcome {
+        Ok(result) => result.map_err(|e| format!("{who}: {e}")),
+        Err(_) => Err(format!("{who} panicked")),
+    }
+}
+
+/// `count` buffers of `len` bytes moved by one `sendmmsg` or `recvmmsg`,
+/// with room for each message's control data (the GRO segment size).
+struct Batch {
+    data: Vec<u8>,
+    len: usize,
+    count: usize,
+    /// `u64`s, so that each message's control buffer is aligned for `cmsghdr`.
+    control: Vec<u64>,
+}
+
+/// `u64`s of control buffer per message: a `cmsghdr` and an `int`, with room.
+const CONTROL_WORDS: usize = 8;
+
+impl Batch {
+    fn new(count: usize, len: usize) -> Batch {
+        Batch { data: vec![0xa5; count * len], len, count, control: vec![0; count * CONTROL_WORDS] }
+    }
+
+    /// Headers for every buffer, built each call (as softroce's link does),
+    /// pointing into `self` and at `iovs`; received ones get control buffers.
+    fn headers(&mut self, iovs: &mut [libc::iovec], receiving: bool) -> Vec<libc::mmsghdr> {
+        // SAFETY: zero is a valid mmsghdr.
+        let mut msgs: Vec<libc::mmsghdr> = (0..self.count).map(|_| unsafe { zeroed() }).collect();
+        for (i, (msg, iov)) in msgs.iter_mut().zip(iovs.iter_mut()).enumerate() {
+            *iov = libc::iovec { iov_base: self.data[i * self.len..].as_mut_ptr().cast(), iov_len: self.len };
+            msg.msg_hdr.msg_iov = iov;
+            msg.msg_hdr.msg_iovlen = 1;
+            if receiving {
+                msg.msg_hdr.msg_control = self.control[i * CONTROL_WORDS..].as_mut_ptr().cast();
+                msg.msg_hdr.msg_controllen = CONTROL_WORDS * size_of::<u64>();
+            }
+        }
+        msgs
+    }
+
+    fn iovecs(&self) -> Vec<libc::iovec> {
+        // SAFETY: zero is a valid iovec; `headers` fills them in.
+        (0..self.count).map(|_| unsafe { zeroed() }).collect()
+    }
+
+    /// Sends every buffer to `dest`; returns how many went.
+    fn send(&mut self, fd: RawFd, dest: &SocketAddrV4) -> io::Result<usize> {
+        let mut iovs = self.iovecs();
+        let mut msgs = self.headers(&mut iovs, false);
+        let mut to = sockaddr(dest);
+        for msg in &mut msgs {
+            msg.msg_hdr.msg_name = (&mut to as *mut libc::sockaddr_in).cast();
+            msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+        }
+        // SAFETY: every header points at live buffers, iovecs and the address.
+        let n = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), msgs.len() as u32, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Receives up to a batch (waiting for the first datagram only); returns
+    /// the bytes and datagrams, GRO trains counted in `segment`-sized
+    /// segments, or in the size the kernel reports.
+    fn recv(&mut self, fd: RawFd, segment: usize) -> io::Result<(u64, u64)> {
+        let mut iovs = self.iovecs();
+        let mut msgs = self.headers(&mut iovs, true);
+        // SAFETY: as in `send`; the kernel writes at most the lengths given.
+        let n = unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), msgs.len() as u32, libc::MSG_WAITFORONE, std::ptr::null_mut()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let (mut bytes, mut datagrams) = (0, 0);
+        for msg in &msgs[..n as usize] {
+            let len = msg.msg_len as usize;
+            let size = gro_segment(&msg.msg_hdr).unwrap_or(segment).max(1);
+            bytes += len as u64;
+            datagrams += len.div_ceil(size) as u64;
+        }
+        Ok((bytes, datagrams))
+    }
+}
+
+/// The segment size of a GRO train, from its `UDP_GRO` control message; none
+/// for a datagram that arrived alone.
+fn gro_segment(hdr: &libc::msghdr) -> Option<usize> {
+    // SAFETY: the kernel filled the control buffer and set its length; the
+    // CMSG macros stay within it.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == libc::UDP_GRO {
+                let size = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                return usize::try_from(size).ok();
+            }
+            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+        }
+    }
+    None
+}
+
+fn sockaddr(addr: &SocketAddrV4) -> libc::sockaddr_in {
+    // SAFETY: zero is a valid sockaddr_in.
+    let mut sin: libc::sockaddr_in = unsafe { zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_port = addr.port().to_be();
+    sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(addr.ip().octets()) };
+    sin
+}
+
+fn set_option(socket: &UdpSocket, level: libc::c_int, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: a valid socket and a pointer to a c_int of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            option,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_gso_option_is_an_error_not_a_run() {
+        // UDP_SEGMENT takes at most 65535: the kernel refuses more.
+        let timing = Timing { warmup: Duration::ZERO, seconds: Duration::from_millis(1) };
+        let e = udp_stream(70_000, 2, &timing).unwrap_err();
+        assert!(e.contains("the kernel refuses UDP_SEGMENT"), "{e}");
+    }
+
+    #[test]
+    fn plain_datagrams_count_one_each() {
+        let (tx, rx) = (UdpSocket::bind("127.0.0.1:0").unwrap(), UdpSocket::bind("127.0.0.1:0").unwrap());
+        let SocketAddr::V4(dest) = rx.local_addr().unwrap() else { unreachable!() };
+        assert_eq!(Batch::new(3, 100).send(tx.as_raw_fd(), &dest).unwrap(), 3);
+        rx.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        let mut incoming = Batch::new(4, 100);
+        let (mut bytes, mut datagrams) = (0, 0);
+        while datagrams < 3 {
+            let (b, d) = incoming.recv(rx.as_raw_fd(), 100).unwrap();
+            (bytes, datagrams) = (bytes + b, datagrams + d);
+        }
+        assert_eq!((bytes, datagrams), (300, 3));
+    }
+
+    #[test]
+    fn a_gro_train_counts_its_segments() {
+        let (tx, rx) = (UdpSocket::bind("127.0.0.1:0").unwrap(), UdpSocket::bind("127.0.0.1:0").unwrap());
+        set_option(&tx, libc::SOL_UDP, libc::UDP_SEGMENT, 100).unwrap();
+        set_option(&rx, libc::SOL_UDP, libc::UDP_GRO, 1).unwrap();
+        let SocketAddr::V4(dest) = rx.local_addr().unwrap() else { unreachable!() };
+        assert_eq!(Batch::new(1, 1000).send(tx.as_raw_fd(), &dest).unwrap(), 1);
+        rx.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        // Whole, with its segment size in the control message: were it
+        // counted by the size given here, it would be one datagram.
+        assert_eq!(Batch::new(4, 1 << 16).recv(rx.as_raw_fd(), 1000).unwrap(), (1000, 10));
+    }
+}

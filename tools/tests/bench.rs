@@ -1,0 +1,194 @@
+//! `softroce bench` run as a program: the JSON rows are complete and sane,
+//! the plot has a line per series, and the table carries the ratios. (The
+//! statistics and ratio rules are unit-tested in src/bench.rs.)
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::{Map, Value};
+
+/// Keys of every row that has figures.
+const KEYS: [&str; 12] = [
+    "test",
+    "size",
+    "mtu",
+    "qps",
+    "gbytes_per_s",
+    "msgs_per_s",
+    "cpu_s_per_gb",
+    "lat_p50_us",
+    "lat_p99_us",
+    "ratio_udp",
+    "ratio_udp_gso",
+    "ratio_tcp",
+];
+const STREAMS: [&str; 3] = ["rc-write", "rc-send", "rc-read"];
+const MIB: u64 = 1 << 20;
+
+fn bench(args: &[&str]) -> String {
+    let Output { status, stdout, stderr } =
+        Command::new(env!("CARGO_BIN_EXE_softroce")).arg("bench").args(args).env_remove("SOFTROCE_LOG").output().unwrap();
+    let (stdout, stderr) = (String::from_utf8(stdout).unwrap(), String::from_utf8(stderr).unwrap());
+    assert!(status.success(), "{status}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    stdout
+}
+
+/// One quick run, with a plot, shared by the tests: its rows and the SVG.
+fn quick_run() -> &'static (Vec<Map<String, Value>>, String) {
+    static RUN: OnceLock<(Vec<Map<String, Value>>, String)> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let svg = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-{}.svg", std::process::id()));
+        let stdout = bench(&["--quick", "--json", "--seconds", "0.1", "--plot", svg.to_str().unwrap()]);
+        let rows = stdout
+            .lines()
+            .map(|line| match serde_json::from_str(line) {
+                Ok(Value::Object(row)) => row,
+                other => panic!("not a JSON object: {line:?} ({other:?})"),
+            })
+            .collect();
+        let drawing = std::fs::read_to_string(&svg).unwrap();
+        std::fs::remove_file(&svg).unwrap();
+        (rows, drawing)
+    })
+}
+
+fn text<'a>(row: &'a Map<String, Value>, key: &str) -> &'a str {
+    row[key].as_str().unwrap_or_else(|| panic!("{key} of {row:?}"))
+}
+
+fn number(row: &Map<String, Value>, key: &str) -> f64 {
+    let n = row[key].as_f64().unwrap_or_else(|| panic!("{key} of {row:?} is not a number"));
+    assert!(n.is_finite() && n > 0.0, "{key} of {row:?} is not positive and finite");
+    n
+}
+
+fn find<'a>(rows: &'a [Map<String, Value>], test: &str, size: u64, mtu: Option<u64>, qps: Option<u64>) -> &'a Map<String, Value> {
+    rows.iter()
+        .find(|r| {
+            text(r, "test") == test && r["size"].as_u64() == Some(size) && r["mtu"].as_u64() == mtu && r["qps"].as_u64() == qps
+        })
+        .unwrap_or_else(|| panic!("no {test} row of {size} B, MTU {mtu:?}, {qps:?} QPs"))
+}
+
+/// A baseline's row, if it ran.
+fn available<'a>(rows: &'a [Map<String, Value>], test: &str, size: u64) -> Option<&'a Map<String, Value>> {
+    let row = find(rows, test, size, None, None);
+    (!row.contains_key("unavailable")).then_some(row)
+}
+
+#[test]
+fn every_json_row_is_complete_and_sane() {
+    let rows = &quick_run().0;
+    for (test, size) in [("udp", 4096), ("udp-gso", 4096), ("tcp", 65536), ("udp-lat", 8)] {
+        find(rows, test, size, None, None);
+    }
+    // Only udp-gso may be unavailable: the kernel may refuse GSO.
+    for test in ["udp", "tcp", "udp-lat"] {
+        let row = rows.iter().find(|r| text(r, "test") == test).unwrap();
+        assert!(!row.contains_key("unavailable"), "{row:?}");
+    }
+    for test in STREAMS {
+        find(rows, test, MIB, Some(4096), Some(1));
+    }
+    find(rows, "send-lat", 8, Some(4096), Some(1));
+    find(rows, "write-rate", 64, Some(4096), Some(1));
+
+    for row in rows {
+        assert!(!row.contains_key("error"), "{row:?}");
+        if let Some(why) = row.get("unavailable") {
+            assert_eq!(text(row, "test"), "udp-gso", "{row:?}");
+            assert!(!why.as_str().unwrap().is_empty());
+            continue;
+        }
+        for key in KEYS {
+            assert!(row.contains_key(key), "no {key} in {row:?}");
+        }
+        let test = text(row, "test");
+        for key in ["size", "gbytes_per_s", "msgs_per_s", "cpu_s_per_gb"] {
+            number(row, key);
+        }
+        if test.ends_with("-lat") {
+            assert!(number(row, "lat_p50_us") <= number(row, "lat_p99_us"), "{row:?}");
+        } else {
+            assert!(row["lat_p50_us"].is_null() && row["lat_p99_us"].is_null(), "{row:?}");
+        }
+        let softroce = !["udp", "udp-gso", "tcp", "udp-lat"].contains(&test);
+        if !softroce {
+            for key in ["mtu", "qps", "ratio_udp", "ratio_udp_gso", "ratio_tcp"] {
+                assert!(row[key].is_null(), "{key} of {row:?}");
+            }
+            continue;
+        }
+        number(row, "mtu");
+        number(row, "qps");
+        // Each ratio is there exactly when its baseline ran and compares.
+        let size = row["size"].as_u64().unwrap();
+        let baselines = match test {
+            "send-lat" => {
+                [("ratio_udp", available(rows, "udp-lat", size).is_some()), ("ratio_udp_gso", false), ("ratio_tcp", false)]
+            }
+            "write-rate" => {
+                [("ratio_udp", true), ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()), ("ratio_tcp", false)]
+            }
+            _ => [("ratio_udp", true), ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()), ("ratio_tcp", true)],
+        };
+        for (key, expected) in baselines {
+            if expected {
+                number(row, key);
+            } else {
+                assert!(row[key].is_null(), "{key} of {row:?}");
+            }
+        }
+    }
+
+    // The ratio is the quotient of the figures.
+    let write = find(rows, "rc-write", MIB, Some(4096), Some(1));
+    let udp = available(rows, "udp", 4096).unwrap();
+    let expected = number(write, "gbytes_per_s") / number(udp, "gbytes_per_s");
+    assert!((number(write, "ratio_udp") / expected - 1.0).abs() < 1e-9, "{write:?}");
+    let lat = find(rows, "send-lat", 8, Some(4096), Some(1));
+    let udp_lat = available(rows, "udp-lat", 8).unwrap();
+    let expected = number(lat, "lat_p50_us") / number(udp_lat, "lat_p50_us");
+    assert!((number(lat, "ratio_udp") / expected - 1.0).abs() < 1e-9, "{lat:?}");
+}
+
+#[test]
+fn the_plot_has_a_line_per_series() {
+    let (rows, svg) = quick_run();
+    assert!(svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"), "{svg}");
+    let series: BTreeSet<(&str, u64, u64)> = rows
+        .iter()
+        .filter(|r| STREAMS.contains(&text(r, "test")))
+        .map(|r| (text(r, "test"), r["mtu"].as_u64().unwrap(), r["qps"].as_u64().unwrap()))
+        .collect();
+    assert!(series.len() >= 3, "{series:?}");
+    assert_eq!(svg.matches("<polyline ").count(), series.len(), "{svg}");
+    for label in ["RC WRITE, MTU 4096, 1 QP", "RC WRITE, MTU 4096, 4 QPs", "RC READ, MTU 4096, 1 QP", "TCP, 64 KiB writes"] {
+        assert!(svg.contains(label), "no {label:?} in the legend");
+    }
+    for axis in ["message size (log scale)", "throughput (GB/s)", ">1 MiB<"] {
+        assert!(svg.contains(axis), "no {axis:?} on the axes");
+    }
+}
+
+#[test]
+fn the_table_has_ratios_and_a_line_per_row() {
+    let stdout = bench(&["--quick", "--test", "tcp,rc-write", "--seconds", "0.05"]);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("softroce bench: ") && lines[0].contains("load average"), "{stdout}");
+    assert!(lines[1].split_whitespace().eq([
+        "test", "size", "MTU", "QPs", "GB/s", "msg/s", "CPU", "s/GB", "p50", "µs", "p99", "µs", "×udp", "×gso", "×tcp", "retries"
+    ]));
+    let rc_write: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with("rc-write ")).collect();
+    assert_eq!(rc_write.len(), 5, "{stdout}");
+    assert_eq!(lines.iter().filter(|l| l.starts_with("tcp ")).count(), 1, "{stdout}");
+    for line in rc_write {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // No udp rows ran, so only the TCP ratio is there.
+        assert_eq!(&fields[fields.len() - 4..fields.len() - 2], ["-", "-"], "{line}");
+        let tcp: f64 = fields[fields.len() - 2].parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(tcp > 0.0, "{line}");
+    }
+}
