@@ -358,7 +358,8 @@ impl Qp {
         }
         self.resp.message = None;
         if let Some(imm) = hdr.imm {
-            let recv = self.take_recv(srq).ok_or(Refusal::Rnr)?;
+            // A receive a dropped UC SEND left behind is the oldest: it goes first.
+            let recv = self.resp.recv.take().or_else(|| self.take_recv(srq)).ok_or(Refusal::Rnr)?;
             let mut wc = WorkCompletion::new(recv.wr_id, self.qpn, WcStatus::Success, WcOpcode::RecvRdmaWithImm);
             wc.byte_len = total as u32;
             wc.imm = Some(imm);
