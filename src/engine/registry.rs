@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::transport::memory::offset_in;
+use crate::transport::memory::{offset_in, permit};
 use crate::transport::{Access, AtomicOp, MemError, Memory};
 
 /// A registered range of process memory.
@@ -62,12 +62,7 @@ impl Registry {
 
     fn lookup(&self, key: u32, pd: u32, access: Access) -> Result<&RawRegion, MemError> {
         let region = self.regions.get(&key).ok_or(MemError::InvalidKey(key))?;
-        if region.pd != pd {
-            return Err(MemError::WrongPd);
-        }
-        if !region.access.contains(access) {
-            return Err(MemError::AccessDenied);
-        }
+        permit(region.pd, region.access, pd, access)?;
         Ok(region)
     }
 }

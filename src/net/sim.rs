@@ -464,14 +464,10 @@ impl<W: Write> Link for SimNet<W> {
 mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
-    use etherparse::{IpNumber, Ipv4Header, Ipv6Header};
-
     use super::*;
     use crate::capture;
     use crate::wire::packet::build;
-    use crate::wire::{
-        BthRepr, IpHeader, Opcode, Operation, Packet, Psn, RoceRepr, Transport, ROCE_UDP_PORT,
-    };
+    use crate::wire::{BthRepr, Opcode, Operation, Packet, Psn, RoceRepr, Transport, ROCE_UDP_PORT};
 
     const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
     const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
@@ -485,21 +481,7 @@ mod tests {
     /// A RoCE send from `from` to `to` carrying `psn`, with a payload whose
     /// length varies with it.
     fn packet(from: IpAddr, to: IpAddr, psn: u32) -> Vec<u8> {
-        let ip = match (from, to) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                IpHeader::V4(Ipv4Header::new(0, 64, IpNumber::UDP, s.octets(), d.octets()).unwrap())
-            }
-            (IpAddr::V6(s), IpAddr::V6(d)) => IpHeader::V6(Ipv6Header {
-                traffic_class: 0,
-                flow_label: Default::default(),
-                payload_length: 0,
-                next_header: IpNumber::UDP,
-                hop_limit: 64,
-                source: s.octets(),
-                destination: d.octets(),
-            }),
-            _ => panic!("mixed address families"),
-        };
+        let ip = ip_header(from, to).expect("same address family");
         let udp = UdpHeader {
             source_port: 0xc000,
             destination_port: ROCE_UDP_PORT,

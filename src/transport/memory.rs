@@ -90,6 +90,18 @@ pub struct Region {
     pub data: Vec<u8>,
 }
 
+/// Whether a region of protection domain `region_pd` granting
+/// `region_access` may be used from `pd` for `access`.
+pub fn permit(region_pd: u32, region_access: Access, pd: u32, access: Access) -> Result<(), MemError> {
+    if region_pd != pd {
+        return Err(MemError::WrongPd);
+    }
+    if !region_access.contains(access) {
+        return Err(MemError::AccessDenied);
+    }
+    Ok(())
+}
+
 /// Where `[addr, addr + len)` starts inside a region of `region_len` bytes at
 /// `region_addr`, if it lies wholly inside — ranges wrapping 2^64 never do.
 pub fn offset_in(region_addr: u64, region_len: u64, addr: u64, len: u64) -> Result<usize, MemError> {
@@ -143,12 +155,7 @@ impl MemoryTable {
 
     fn lookup(&self, key: u32, pd: u32, access: Access) -> Result<&Region, MemError> {
         let region = self.regions.get(&key).ok_or(MemError::InvalidKey(key))?;
-        if region.pd != pd {
-            return Err(MemError::WrongPd);
-        }
-        if !region.access.contains(access) {
-            return Err(MemError::AccessDenied);
-        }
+        permit(region.pd, region.access, pd, access)?;
         Ok(region)
     }
 
