@@ -265,6 +265,13 @@ fn churn_soak() {
 
     let counters = (a.ctx.counters(), b.ctx.counters());
     drop((a, b));
+    // Engine threads are joined when their contexts drop, but the kernel
+    // removes an exited thread from /proc/self/task a moment after waking
+    // its joiner: give it that moment (the count must still come back).
+    let settle = Instant::now() + Duration::from_secs(2);
+    while threads() != threads_before && Instant::now() < settle {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let (threads_after, fds_after) = (threads(), fds());
     eprintln!(
         "churn soak, {:.1?}: {rounds} rounds of {PAIRS} pairs, {} QPs and {} regions destroyed, {context_churns} contexts \
