@@ -64,9 +64,10 @@ impl UdpLink {
     }
 
     /// Whether packets from `addr` can leave from source port `port`: opens
-    /// that flow's socket the first time, and remembers a refusal.
+    /// that flow's socket the first time, and remembers a refusal. Port 0
+    /// asks for no particular port.
     fn flow_ready(&mut self, addr: IpAddr, port: u16) -> bool {
-        if port == self.port {
+        if port == self.port || port == 0 {
             return false;
         }
         self.flows
