@@ -64,10 +64,9 @@ impl UdpLink {
     }
 
     /// Whether packets from `addr` can leave from source port `port`: opens
-    /// that flow's socket the first time, and remembers a refusal. Port 0
-    /// asks for no particular port.
+    /// that flow's socket the first time, and remembers a refusal.
     fn flow_ready(&mut self, addr: IpAddr, port: u16) -> bool {
-        if port == self.port || port == 0 {
+        if port == self.port {
             return false;
         }
         self.flows
