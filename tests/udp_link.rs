@@ -109,26 +109,3 @@ fn rc_between_two_qps_of_one_host_over_ipv6_loopback() {
     assert_eq!(&w.hosts[0].mem.region(1).unwrap().data[0x8000..0x8000 + msg.len()], &msg[..]);
     assert_eq!(w.net.stats().icrc_errors, 0);
 }
-
-#[test]
-fn packets_leave_from_rxes_per_connection_source_port() {
-    let port = free_port();
-    let mut link = UdpLink::new(port);
-    link.attach(A).unwrap();
-    let peer = UdpSocket::bind((B, port)).unwrap();
-    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let src_port = softroce::wire::packet::rxe_source_port(0x11, 0x22);
-    // An RC ACK as the responder would send it; the link fills the ICRC.
-    let mut roce = [0x11, 0, 0xff, 0xff, 0, 0, 0, 0x22, 0, 0, 0, 5, 0x1f, 0, 0, 1, 0, 0, 0, 0];
-    let out = softroce::net::Outgoing { src: A, dst: B, src_port, roce: &mut roce };
-    link.transmit(Duration::ZERO, out).unwrap();
-    link.flush();
-    let mut buf = [0u8; 64];
-    let (len, from) = peer.recv_from(&mut buf).unwrap();
-    assert_eq!(from.port(), src_port);
-    assert_eq!(&buf[..len], &roce[..]);
-    let udp = etherparse::UdpHeader { source_port: src_port, destination_port: port, length: 8 + len as u16, checksum: 0 };
-    let (IpAddr::V4(a), IpAddr::V4(b)) = (A, B) else { unreachable!() };
-    let id = softroce::wire::icrc::verify_ipv4_unknown_id(a, b, &udp.to_bytes(), &buf[..len]).unwrap();
-    assert_eq!(id, Some(0), "DF and Identification 0, ICRC over the flow's port");
-}

@@ -26,11 +26,6 @@ use crate::wire::ROCE_UDP_PORT;
 pub struct UdpLink {
     port: u16,
     sockets: BTreeMap<IpAddr, (UdpSocket, SendBatch)>,
-    /// Send-only sockets on kernel rxe's per-connection source ports (so
-    /// routers spread connections as they spread rxe's), by address and
-    /// port; `None` where the port could not be bound, and the address's
-    /// own socket sends instead.
-    flows: BTreeMap<(IpAddr, u16), Option<(UdpSocket, SendBatch)>>,
     /// Datagrams received and not yet handed out, and the address they came to.
     rx: RecvBatch,
     rx_local: Option<IpAddr>,
@@ -41,14 +36,7 @@ impl UdpLink {
     /// A link whose sockets bind `port` (4791 to talk to other RoCE peers;
     /// another port lets tests run without privileges or conflicts).
     pub fn new(port: u16) -> UdpLink {
-        UdpLink {
-            port,
-            sockets: BTreeMap::new(),
-            flows: BTreeMap::new(),
-            rx: RecvBatch::default(),
-            rx_local: None,
-            stats: LinkStats::default(),
-        }
+        UdpLink { port, sockets: BTreeMap::new(), rx: RecvBatch::default(), rx_local: None, stats: LinkStats::default() }
     }
 
     /// The standard RoCEv2 link on port 4791.
@@ -58,42 +46,24 @@ impl UdpLink {
 
     /// Binds a socket to `addr` on the link's port.
     pub fn bind(&mut self, addr: IpAddr) -> io::Result<()> {
-        let socket = open_socket(addr, self.port)?;
+        let socket = UdpSocket::bind(SocketAddr::new(addr, self.port))?;
+        socket.set_nonblocking(true)?;
+        if addr.is_ipv4() {
+            set_pmtudisc_do(&socket)?;
+        } else {
+            // Kernel rxe sends IPv6 UDP with a zero checksum (RFC 6935 allows
+            // it for tunnels); Linux drops such datagrams unless asked not to.
+            set_int_option(&socket, libc::SOL_UDP, UDP_NO_CHECK6_RX, 1)?;
+        }
+        // A full RC window (128 PSNs of 4 KiB, both directions of several
+        // QPs) must fit in the socket buffers, or the kernel drops what RC
+        // then has to retransmit.
+        set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, SOCKET_BUFFER);
+        set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SOCKET_BUFFER);
         self.sockets.insert(addr, (socket, SendBatch::default()));
         Ok(())
     }
 
-    /// Whether packets from `addr` can leave from source port `port`: opens
-    /// that flow's socket the first time, and remembers a refusal.
-    fn flow_ready(&mut self, addr: IpAddr, port: u16) -> bool {
-        if port == self.port {
-            return false;
-        }
-        self.flows
-            .entry((addr, port))
-            .or_insert_with(|| open_socket(addr, port).ok().map(|s| (s, SendBatch::default())))
-            .is_some()
-    }
-}
-
-/// A nonblocking UDP socket on `addr`:`port`, set up as every RoCE socket of
-/// the link must be.
-fn open_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
-    let socket = UdpSocket::bind(SocketAddr::new(addr, port))?;
-    socket.set_nonblocking(true)?;
-    if addr.is_ipv4() {
-        set_pmtudisc_do(&socket)?;
-    } else {
-        // Kernel rxe sends IPv6 UDP with a zero checksum (RFC 6935 allows
-        // it for tunnels); Linux drops such datagrams unless asked not to.
-        set_int_option(&socket, libc::SOL_UDP, UDP_NO_CHECK6_RX, 1)?;
-    }
-    // A full RC window (128 PSNs of 4 KiB, both directions of several QPs)
-    // must fit in the socket buffers, or the kernel drops what RC then has to
-    // retransmit.
-    set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, SOCKET_BUFFER);
-    set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SOCKET_BUFFER);
-    Ok(socket)
 }
 
 /// The UDP header of a datagram of `roce_len` bytes.
@@ -138,12 +108,7 @@ impl Link for UdpLink {
 
     fn transmit(&mut self, _now: Duration, out: Outgoing<'_>) -> io::Result<()> {
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
-        if !self.sockets.contains_key(&out.src) {
-            return Err(io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src)));
-        }
-        let flow = self.flow_ready(out.src, out.src_port);
-        let source_port = if flow { out.src_port } else { self.port };
-        let udp = udp_header(source_port, self.port, out.roce.len()).ok_or_else(|| invalid("packet too large"))?;
+        let udp = udp_header(self.port, self.port, out.roce.len()).ok_or_else(|| invalid("packet too large"))?;
         let udp_len = UdpHeader::LEN + out.roce.len();
         let filled = match (out.src, out.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -157,12 +122,9 @@ impl Link for UdpLink {
             _ => return Err(invalid("source and destination are of different IP versions")),
         };
         filled.map_err(|e| invalid(&e.to_string()))?;
-        let sender = if flow {
-            self.flows.get_mut(&(out.src, out.src_port)).and_then(Option::as_mut)
-        } else {
-            self.sockets.get_mut(&out.src)
-        };
-        let (socket, batch) = sender.expect("checked above");
+        let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src))
+        })?;
         batch.push(SocketAddr::new(out.dst, self.port), out.roce)?;
         self.stats.sent += 1;
         if batch.is_full() {
@@ -172,8 +134,7 @@ impl Link for UdpLink {
     }
 
     fn flush(&mut self) {
-        let flows = self.flows.values_mut().flatten();
-        for (socket, batch) in self.sockets.values_mut().chain(flows) {
+        for (socket, batch) in self.sockets.values_mut() {
             if !batch.is_empty() {
                 let _ = batch.flush(socket.as_raw_fd());
             }
