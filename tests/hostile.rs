@@ -12,6 +12,7 @@
 //! floods and teardown.
 
 mod hostile_support;
+mod roce_build;
 mod verbs_common;
 
 use std::collections::HashSet;

@@ -12,6 +12,8 @@ use std::time::Duration;
 use softroce::transport::*;
 use softroce::wire::{AethRepr, NakCode, Operation, RethRepr, RoceRepr, Syndrome, Transport};
 
+mod roce_build;
+
 use support::*;
 
 mod support {
@@ -20,7 +22,7 @@ mod support {
 
     use softroce::transport::*;
     use softroce::wire::{
-        AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, Opcode, Operation,
+        AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation,
         Psn, RethRepr, RoceRepr, Syndrome, Transport,
     };
 
@@ -286,41 +288,7 @@ mod support {
         repr
     }
 
-    /// Adds headers to a hand-made packet.
-    pub trait Build {
-        fn ack_req(self) -> Self;
-        fn reth(self, va: u64, rkey: u32, len: u32) -> Self;
-        fn atomic_eth(self, va: u64, rkey: u32, swap_add: u64, compare: u64) -> Self;
-        fn aeth(self, syndrome: Syndrome, msn: u32) -> Self;
-        fn deth(self, qkey: u32, src_qpn: u32) -> Self;
-    }
-
-    impl Build for RoceRepr {
-        fn ack_req(mut self) -> RoceRepr {
-            self.bth.ack_req = true;
-            self
-        }
-
-        fn reth(mut self, va: u64, rkey: u32, dma_len: u32) -> RoceRepr {
-            self.reth = Some(RethRepr { va, rkey, dma_len });
-            self
-        }
-
-        fn atomic_eth(mut self, va: u64, rkey: u32, swap_add: u64, compare: u64) -> RoceRepr {
-            self.atomic_eth = Some(AtomicEthRepr { va, rkey, swap_add, compare });
-            self
-        }
-
-        fn aeth(mut self, syndrome: Syndrome, msn: u32) -> RoceRepr {
-            self.aeth = Some(AethRepr { syndrome, msn });
-            self
-        }
-
-        fn deth(mut self, qkey: u32, src_qpn: u32) -> RoceRepr {
-            self.deth = Some(DethRepr { qkey, src_qpn });
-            self
-        }
-    }
+    pub use crate::roce_build::Build;
 
     /// Checks that `sent` is exactly one ACK/NAK with this PSN, syndrome and MSN.
     pub fn assert_one_ack(sent: &[Sent], psn: u32, syndrome: Syndrome, msn: u32) {
