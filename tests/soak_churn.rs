@@ -9,6 +9,7 @@
 //! It runs for [`RUN`]: `cargo test --test soak_churn -- --ignored` (CI does).
 
 mod hostile_support;
+mod roce_build;
 mod verbs_common;
 
 use std::collections::HashSet;
