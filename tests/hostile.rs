@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use hostile_support::*;
 use softroce::transport::memory::offset_in;
 use softroce::transport::*;
-use softroce::verbs::{ContextOptions, MemoryRegion, QpInit, QueuePair};
-use softroce::wire::{AtomicAckEthRepr, NakCode, Opcode, Operation as Op, Psn, RethRepr, RoceRepr, Syndrome, Transport};
+use softroce::verbs::{ConnectOptions, ContextOptions, MemoryRegion, QpInit, QueuePair};
+use softroce::wire::{AtomicAckEthRepr, NakCode, Opcode, Operation as Op, Psn, RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT};
 use verbs_common::{
     assert_holds_only, connect, contents, fill, free_port, next_async_event, nodes, options, wait_for, Node, ALL_ACCESS,
     FILL, IP_A, QUIET, WAIT,
@@ -399,7 +399,7 @@ fn a_maximum_length_read_streams_and_a_retry_cuts_it_short() {
     let mut buf = vec![0u8; 4096 + TRANSMIT_HEADROOM];
     let now = Duration::from_secs(1);
     let feed = |qp: &mut Qp, mem: &mut Huge, header: RoceRepr| {
-        qp.handle_packet(now, Incoming { src: PEER, dst: LOCAL, header: &header, payload: &[] }, mem, None);
+        qp.handle_packet(now, Incoming { src: PEER, src_port: ROCE_UDP_PORT, dst: LOCAL, header: &header, payload: &[] }, mem, None);
     };
     let mut next = |qp: &mut Qp, mem: &Huge| {
         let tx = qp.poll_transmit(now, mem, &mut buf)?;
@@ -963,11 +963,18 @@ const FAKE_PSN: u32 = 0x77_0000;
 
 impl Victim {
     fn new(name: &str) -> Victim {
+        Victim::pinned(name, false)
+    }
+
+    /// A victim whose QP, if `pin_port`, also insists on the peer's UDP
+    /// source port (`ConnectOptions::peer_port`).
+    fn pinned(name: &str, pin_port: bool) -> Victim {
         let port = free_port(&[IP_A, FAKE_PEER, OFF_PATH]);
         let node = Node::open(name, IP_A, ContextOptions { port, busy_poll: false });
         let peer = FakePeer::bind(FAKE_PEER, port);
         let qp = node.qp(QpType::Rc);
-        qp.connect(&peer.endpoint(FAKE_QPN, FAKE_PSN), &options(Mtu::Mtu1024)).unwrap();
+        let peer_port = pin_port.then_some(port);
+        qp.connect(&peer.endpoint(FAKE_QPN, FAKE_PSN), &ConnectOptions { peer_port, ..options(Mtu::Mtu1024) }).unwrap();
         let mr = node.mr(1 << 16);
         fill(&mr, FILL);
         Victim { node, peer, qp, mr, port }
@@ -1243,6 +1250,41 @@ fn spoofed_sources_get_nothing_from_a_real_context() {
     assert_holds_only(&v.mr, 0, &[]);
     assert_eq!(v.qp.state(), QpState::Rts);
     // The same SEND from the peer is executed.
+    v.send(rc(Op::SendOnly, FAKE_PSN).ack_req(), &[0x5e; 64]);
+    let ack = v.peer.receive(WAIT).expect("an ACK");
+    assert_eq!((ack.op(), ack.psn(), ack.syndrome()), (Op::Acknowledge, FAKE_PSN, ACK));
+    assert_holds_only(&v.mr, 0, &[0x5e; 64]);
+}
+
+#[test]
+fn a_qp_pinned_to_its_peers_port_drops_the_peers_address_from_other_ports() {
+    // A spoofer that can forge the peer's address but not its source port
+    // (the peer holds it): by default it is the peer, as IBTA and rxe have it.
+    let open = Victim::pinned("unpinned", false);
+    open.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![open.mr.sge(0, 4096)] }).unwrap();
+    let forger = FakePeer::sender(FAKE_PEER, open.port);
+    forger.send(IP_A, &rc(Op::SendOnly, FAKE_PSN).ack_req().qpn(open.qp.qpn()), &[0x5e; 64]);
+    let wc = verbs_common::next_wc(&open.node.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, WcStatus::Success, 64));
+
+    // Pinned to the peer's port, the QP drops it and stays the peer's.
+    let v = Victim::pinned("pinned", true);
+    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![v.mr.sge(0, 4096)] }).unwrap();
+    let before = v.node.ctx.counters();
+    let forger = FakePeer::sender(FAKE_PEER, v.port);
+    let requests = [
+        (rc(Op::SendOnly, FAKE_PSN).ack_req(), 64),
+        (rc(Op::WriteOnly, FAKE_PSN).ack_req().reth(v.mr.addr(), v.mr.rkey(), 64), 64),
+        (rc(Op::Acknowledge, v.qp.endpoint(1).unwrap().psn.value()).aeth(ACK, 1), 0),
+    ];
+    for (header, len) in requests {
+        forger.send(IP_A, &header.qpn(v.qp.qpn()), &vec![0xee; len]);
+    }
+    wait_for("the QP to drop them", || v.node.ctx.counters().qp.dropped == before.qp.dropped + 3);
+    assert!(v.node.cq.poll_one().is_none());
+    assert!(v.peer.receive_until_quiet(QUIET).is_empty());
+    assert_holds_only(&v.mr, 0, &[]);
+    assert_eq!(v.qp.state(), QpState::Rts);
     v.send(rc(Op::SendOnly, FAKE_PSN).ack_req(), &[0x5e; 64]);
     let ack = v.peer.receive(WAIT).expect("an ACK");
     assert_eq!((ack.op(), ack.psn(), ack.syndrome()), (Op::Acknowledge, FAKE_PSN, ACK));

@@ -93,7 +93,7 @@ fn raw_to_raw_exact_bytes_with_strict_icrc() {
     assert_eq!(&expected[28..], &roce[..]);
 
     let got = collect(&mut rx, WINDOW);
-    assert_eq!(got, vec![(Received { src: a, dst: b, len: roce.len() }, roce.clone())]);
+    assert_eq!(got, vec![(Received { src: a, src_port, dst: b, len: roce.len() }, roce.clone())]);
     assert_eq!(rx.stats(), LinkStats { received: 1, ..LinkStats::default() });
     // The sender neither sees its own packet nor one addressed to someone else.
     assert_eq!(tx.receive(Duration::ZERO, &mut vec![0; 4096]), None);
@@ -112,8 +112,8 @@ fn one_link_with_both_addresses_gets_each_packet_once() {
     transmit(&mut link, b, a, 0xc002, &mut back);
     let got = collect(&mut link, WINDOW);
     let expected = vec![
-        (Received { src: a, dst: b, len: there.len() }, there),
-        (Received { src: b, dst: a, len: back.len() }, back),
+        (Received { src: a, src_port: 0xc001, dst: b, len: there.len() }, there),
+        (Received { src: b, src_port: 0xc002, dst: a, len: back.len() }, back),
     ];
     assert_eq!(got, expected);
     assert_eq!(link.stats(), LinkStats { sent: 2, received: 2, ..LinkStats::default() });
@@ -195,10 +195,10 @@ fn a_flipped_bit_or_a_changed_id_is_an_icrc_error() {
 
     let got = collect(&mut rx, WINDOW);
     assert_eq!(got.len(), 2, "{got:?}");
-    assert_eq!(got[0], (Received { src: a, dst: b, len: good.len() - 28 }, good[28..].to_vec()));
+    assert_eq!(got[0], (Received { src: a, src_port: udp.source_port, dst: b, len: good.len() - 28 }, good[28..].to_vec()));
     let odd_udp = UdpHeader { source_port: 0xc0de, ..udp };
     let odd_packet = encapsulate(&IpHeader::V4(odd), &odd_udp, &odd_roce).unwrap();
-    assert_eq!(got[1], (Received { src: a, dst: b, len: odd_roce.len() }, odd_packet[28..].to_vec()));
+    assert_eq!(got[1], (Received { src: a, src_port: 0xc0de, dst: b, len: odd_roce.len() }, odd_packet[28..].to_vec()));
     assert_eq!(rx.stats(), LinkStats { received: 4, icrc_errors: 2, ..LinkStats::default() });
     assert_eq!(tx.stats().sent, 4);
 }
@@ -217,7 +217,7 @@ fn udp_link_packets_pass_the_strict_check() {
     // The UdpLink computed its ICRC assuming DF and ID 0; the raw link checks
     // it against the header the kernel really sent.
     let got = collect(&mut raw, WINDOW);
-    assert_eq!(got, vec![(Received { src: a, dst: b, len: roce.len() }, roce)], "{:?}", raw.stats());
+    assert_eq!(got, vec![(Received { src: a, src_port: port, dst: b, len: roce.len() }, roce)], "{:?}", raw.stats());
     assert_eq!(raw.stats(), LinkStats { received: 1, ..LinkStats::default() });
 }
 
@@ -253,6 +253,6 @@ fn ipv6_over_loopback() {
     let mut roce = send_only(0x71, &payload());
     transmit(&mut link, one, one, 0xc071, &mut roce);
     let got = collect(&mut link, WINDOW);
-    assert_eq!(got, vec![(Received { src: one, dst: one, len: roce.len() }, roce)]);
+    assert_eq!(got, vec![(Received { src: one, src_port: 0xc071, dst: one, len: roce.len() }, roce)]);
     assert_eq!(link.stats(), LinkStats { sent: 1, received: 1, ..LinkStats::default() });
 }

@@ -179,7 +179,7 @@ mod support {
 
         /// Feeds a packet that claims to come from `src`.
         pub fn feed_from(&mut self, src: IpAddr, header: RoceRepr, payload: &[u8]) {
-            let pkt = Incoming { src, dst: LOCAL, header: &header, payload };
+            let pkt = Incoming { src, src_port: softroce::wire::ROCE_UDP_PORT, dst: LOCAL, header: &header, payload };
             self.qp.handle_packet(self.now, pkt, &mut self.mem, None);
         }
 

@@ -221,7 +221,7 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
             let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
             let mut mem = RegistryAccess(&registry);
             let mut srq = cell.srq.as_ref().map(|s| lock(s));
-            let incoming = Incoming { src: r.src, dst: r.dst, header: &pkt.header, payload: pkt.payload };
+            let incoming = Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
             qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
             drop(srq);
             drop(registry);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tracing::trace;
 
-use crate::net::{Link, Outgoing};
+use crate::net::{Link, Outgoing, Received};
 use crate::transport::{
     Access, AsyncEvent, CqKind, Incoming, MemoryTable, ModifyError, Qp, QpAttr, QpCap, QpType,
     Region, Srq, WorkCompletion, TRANSMIT_HEADROOM,
@@ -200,7 +200,7 @@ impl<L: Link> World<L> {
         while let Some(rx) = self.net.receive(now, &mut self.buf) {
             busy = true;
             if let Some(h) = self.hosts.iter().position(|h| h.addr == rx.dst) {
-                deliver(&mut self.hosts[h], now, rx.src, rx.dst, &self.buf[..rx.len]);
+                deliver(&mut self.hosts[h], now, &rx, &self.buf[..rx.len]);
             }
         }
         for host in &mut self.hosts {
@@ -240,7 +240,7 @@ impl<L: Link> World<L> {
 }
 
 /// Hands a received packet to the QP it names.
-fn deliver(host: &mut Host, now: Duration, src: IpAddr, dst: IpAddr, roce: &[u8]) {
+fn deliver(host: &mut Host, now: Duration, rx: &Received, roce: &[u8]) {
     let Ok(pkt) = RoceRepr::parse(roce) else {
         host.malformed += 1;
         return;
@@ -251,6 +251,6 @@ fn deliver(host: &mut Host, now: Duration, src: IpAddr, dst: IpAddr, roce: &[u8]
         return;
     };
     let srq = qp.srq().and_then(|id| host.srqs.get_mut(&id));
-    let incoming = Incoming { src, dst, header: &pkt.header, payload: pkt.payload };
+    let incoming = Incoming { src: rx.src, src_port: rx.src_port, dst: rx.dst, header: &pkt.header, payload: pkt.payload };
     qp.handle_packet(now, incoming, &mut host.mem, srq);
 }

@@ -53,6 +53,9 @@ pub struct Outgoing<'a> {
 pub struct Received {
     /// Source address of the IP packet.
     pub src: IpAddr,
+    /// UDP source port of the datagram (a connected QP may insist on its
+    /// peer's).
+    pub src_port: u16,
     /// Destination address: the local address it arrived at.
     pub dst: IpAddr,
     /// Length of the RoCE bytes, BTH through ICRC.

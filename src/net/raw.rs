@@ -261,7 +261,8 @@ impl Link for RawLink {
                 continue;
             };
             dest.copy_from_slice(roce);
-            return Some(Received { src, dst, len: roce.len() });
+            let src_port = u16::from_be_bytes([udp[0], udp[1]]);
+            return Some(Received { src, src_port, dst, len: roce.len() });
         }
     }
 

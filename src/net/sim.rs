@@ -438,7 +438,7 @@ impl<W: Write> Link for SimNet<W> {
             };
             dest.copy_from_slice(roce);
             let (src, dst) = (pkt.ip.source(), pkt.ip.destination());
-            return Some(Received { src, dst, len: roce.len() });
+            return Some(Received { src, src_port: pkt.udp.source_port, dst, len: roce.len() });
         }
         None
     }

@@ -154,7 +154,7 @@ impl Link for UdpLink {
                     continue;
                 }
                 buf[..datagram.len()].copy_from_slice(datagram);
-                return Some(Received { src: src.ip(), dst: local, len: datagram.len() });
+                return Some(Received { src: src.ip(), src_port: src.port(), dst: local, len: datagram.len() });
             }
             // Refill from the first socket with datagrams waiting.
             let mut filled = false;

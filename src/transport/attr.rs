@@ -237,6 +237,11 @@ pub struct QpAttr {
     pub qkey: u32,
     /// The peer's address (from the address vector's GID).
     pub dest: Option<IpAddr>,
+    /// The UDP source port the peer sends from, if a connected QP should
+    /// accept packets from that port only (set with the address vector). A
+    /// softroce extension against off-path injection: IBTA and rxe ignore
+    /// the source port, so `None`, accepting any, is the default.
+    pub peer_port: Option<u16>,
     /// `path_mtu`: payload per packet of a segmented message (connected QPs; UD
     /// uses the port's).
     pub path_mtu: Mtu,
@@ -272,6 +277,7 @@ impl Default for QpAttr {
             port: 1,
             qkey: 0,
             dest: None,
+            peer_port: None,
             path_mtu: Mtu::Mtu1024,
             timeout: 14,
             retry_cnt: 7,

@@ -142,6 +142,8 @@ pub struct Transmit {
 pub struct Incoming<'a> {
     /// IP source address (a connected QP accepts only its peer's).
     pub src: IpAddr,
+    /// UDP source port (checked when the QP has a `peer_port`).
+    pub src_port: u16,
     /// IP destination address (UD receives copy it into the GRH area).
     pub dst: IpAddr,
     /// BTH and extended headers, parsed.
@@ -322,6 +324,7 @@ impl Qp {
         }
         if copy(AttrMask::AV) {
             a.dest = attr.dest;
+            a.peer_port = attr.peer_port;
         }
         if copy(AttrMask::PATH_MTU) {
             a.path_mtu = attr.path_mtu;
@@ -550,6 +553,12 @@ impl Qp {
         } else {
             self.handle_response(now, pkt, mem);
         }
+    }
+
+    /// Whether a packet for this connected QP comes from its peer: the peer's
+    /// address, and its source port when one was configured.
+    pub(crate) fn from_peer(&self, pkt: &Incoming<'_>) -> bool {
+        Some(pkt.src) == self.attr.dest && self.attr.peer_port.is_none_or(|port| port == pkt.src_port)
     }
 
     /// Writes the next packet to send into `buf` (which must hold the path MTU

@@ -633,6 +633,7 @@ impl QueuePair {
             access_flags: options.access,
             qkey: options.qkey,
             dest: Some(remote.gid.to_ip()),
+            peer_port: options.peer_port,
             path_mtu: options.mtu.unwrap_or_else(|| self.ctx.device.active_mtu()),
             timeout: options.timeout,
             retry_cnt: options.retry_cnt,
@@ -698,6 +699,9 @@ pub struct ConnectOptions {
     pub max_dest_rd_atomic: u8,
     /// Q_Key of a UD QP.
     pub qkey: u32,
+    /// Accept packets only from this UDP source port of the peer (see
+    /// [`QpAttr::peer_port`]); `None` accepts any, as IBTA and rxe do.
+    pub peer_port: Option<u16>,
 }
 
 impl Default for ConnectOptions {
@@ -712,6 +716,7 @@ impl Default for ConnectOptions {
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
             qkey: 0x1111_1111,
+            peer_port: None,
         }
     }
 }

@@ -17,7 +17,7 @@ use softroce::transport::*;
 use softroce::verbs::{Endpoint, Gid};
 use softroce::wire::{
     icrc, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Headers, Opcode,
-    Operation, Psn, RethRepr, RoceRepr, Syndrome, Transport,
+    Operation, Psn, RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT,
 };
 
 // ---------------------------------------------------------------------------
@@ -150,7 +150,7 @@ impl Target {
 
     /// Hands the QP a packet that claims to come from `src`.
     pub fn feed_from(&mut self, src: IpAddr, header: RoceRepr, payload: &[u8]) {
-        let pkt = Incoming { src, dst: LOCAL, header: &header, payload };
+        let pkt = Incoming { src, src_port: ROCE_UDP_PORT, dst: LOCAL, header: &header, payload };
         self.qp.handle_packet(self.now, pkt, &mut self.mem, None);
     }
 
