@@ -64,7 +64,7 @@ fn run() -> Result<()> {
     // The device, and a context on it: this starts the engine thread that
     // moves packets between the UDP socket and the queue pairs.
     let device = common::open_device(&opts)?;
-    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll })?;
+    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() })?;
     let channel = if use_events { Some(ctx.create_comp_channel()?) } else { None };
     let pd = ctx.alloc_pd()?;
 

@@ -48,7 +48,7 @@ fn main() {
 fn run() -> Result<()> {
     let opts = common::Options::parse(SYNOPSIS, "", 4096, |_, _| Ok(false));
     let device = common::open_device(&opts)?;
-    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll })?;
+    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() })?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(16, None)?;
     let cap = QpCap { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };

@@ -61,7 +61,7 @@ fn run() -> Result<()> {
     if size > mtu {
         return Err(format!("Requested size larger than port MTU ({mtu})").into());
     }
-    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll })?;
+    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() })?;
     let pd = ctx.alloc_pd()?;
 
     // The buffer: [GRH area | received message][message to send].

@@ -970,7 +970,7 @@ impl Victim {
     /// source port (`ConnectOptions::peer_port`).
     fn pinned(name: &str, pin_port: bool) -> Victim {
         let port = free_port(&[IP_A, FAKE_PEER, OFF_PATH]);
-        let node = Node::open(name, IP_A, ContextOptions { port, busy_poll: false });
+        let node = Node::open(name, IP_A, ContextOptions { port, busy_poll: false, ..ContextOptions::default() });
         let peer = FakePeer::bind(FAKE_PEER, port);
         let qp = node.qp(QpType::Rc);
         let peer_port = pin_port.then_some(port);
@@ -1060,7 +1060,7 @@ fn off_path_spray_at_a_real_context_gets_nothing_accepted() {
 fn rkeys_and_initial_psns_use_all_their_bits() {
     const N: usize = 10_000;
     let port = free_port(&[IP_A]);
-    let node = Node::open("keys", IP_A, ContextOptions { port, busy_poll: false });
+    let node = Node::open("keys", IP_A, ContextOptions { port, busy_poll: false, ..ContextOptions::default() });
     let mrs: Vec<MemoryRegion> = (0..N).map(|_| node.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap()).collect();
     let keys: Vec<u32> = mrs.iter().map(|mr| mr.rkey()).collect();
     assert!(mrs.iter().all(|mr| mr.lkey() == mr.rkey()));

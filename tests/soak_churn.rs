@@ -196,7 +196,7 @@ impl Graveyard {
 fn churn_soak() {
     let (threads_before, fds_before) = (threads(), fds());
     let port = free_port(&[IP_A, IP_B, IP_C, PROBE]);
-    let options = ContextOptions { port, busy_poll: false };
+    let options = ContextOptions { port, busy_poll: false, ..ContextOptions::default() };
     let (a, b) = (Node::open("soak_a", IP_A, options), Node::open("soak_b", IP_B, options));
     let mut rng = Rng::new(0x50a6);
     let mut graves = Graveyard::default();

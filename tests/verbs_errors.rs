@@ -448,7 +448,7 @@ fn malformed_requests_are_refused_at_post_time() {
 #[test]
 fn queue_pair_capacities_beyond_the_device_limits_are_refused() {
     let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-    let options = softroce::verbs::ContextOptions { port: free_port(&[ip]), busy_poll: false };
+    let options = softroce::verbs::ContextOptions { port: free_port(&[ip]), busy_poll: false, ..softroce::verbs::ContextOptions::default() };
     let node = Node::open("limits", ip, options);
     let limits = node.ctx.device().query_device();
     let too_many = QpCap { max_send_wr: limits.max_qp_wr + 1, ..QpCap::default() };

@@ -502,7 +502,7 @@ fn busy_poll_contexts_move_data() {
 #[test]
 fn ipv6_loopback_between_two_qps_of_one_device() {
     let ip = IpAddr::V6(Ipv6Addr::LOCALHOST);
-    let node = Node::open("node_v6", ip, ContextOptions { port: free_port(&[ip]), busy_poll: false });
+    let node = Node::open("node_v6", ip, ContextOptions { port: free_port(&[ip]), busy_poll: false, ..ContextOptions::default() });
     let cq_2 = node.ctx.create_cq(64, None).unwrap();
     let second = |qp_type| node.pd.create_qp(&QpInit { send_cq: &cq_2, recv_cq: &cq_2, ..node.init(qp_type) }).unwrap();
     let (mr_1, mr_2) = (node.mr(MR_LEN), node.mr(MR_LEN));

@@ -9,7 +9,7 @@ use softroce::verbs::*;
 #[test]
 fn rc_verbs_over_loopback() {
     let (ip_a, ip_b) = (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
-    let options = ContextOptions { port: softroce::net::udp::free_port(&[ip_a, ip_b]).unwrap(), busy_poll: false };
+    let options = ContextOptions { port: softroce::net::udp::free_port(&[ip_a, ip_b]).unwrap(), busy_poll: false, ..ContextOptions::default() };
     let dev_a = Device::custom("test_a", vec![ip_a], [2, 0, 0, 0, 0, 1], 65536);
     let dev_b = Device::custom("test_b", vec![ip_b], [2, 0, 0, 0, 0, 2], 65536);
     let (ctx_a, ctx_b) = (Context::open(&dev_a, options).unwrap(), Context::open(&dev_b, options).unwrap());

@@ -74,6 +74,9 @@ pub struct LinkStats {
     /// Received packets dropped as malformed or too large for the buffer (on
     /// the UDP link, failed socket reads too).
     pub malformed: u64,
+    /// Packets sent with an ICRC broken on purpose
+    /// ([`UdpLink::corrupt_icrc_every`]).
+    pub corrupted: u64,
 }
 
 /// A network an engine drives QPs over. Links carry packets for a set of

@@ -30,13 +30,29 @@ pub struct UdpLink {
     rx: RecvBatch,
     rx_local: Option<IpAddr>,
     stats: LinkStats,
+    /// Break the ICRC of every this many packets sent (0: never).
+    corrupt_every: u32,
 }
 
 impl UdpLink {
     /// A link whose sockets bind `port` (4791 to talk to other RoCE peers;
     /// another port lets tests run without privileges or conflicts).
     pub fn new(port: u16) -> UdpLink {
-        UdpLink { port, sockets: BTreeMap::new(), rx: RecvBatch::default(), rx_local: None, stats: LinkStats::default() }
+        UdpLink {
+            port,
+            sockets: BTreeMap::new(),
+            rx: RecvBatch::default(),
+            rx_local: None,
+            stats: LinkStats::default(),
+            corrupt_every: 0,
+        }
+    }
+
+    /// Sends every `n`th packet with a wrong ICRC (0 turns it off): a
+    /// conformance-test knob, to see a peer drop such packets and RC recover
+    /// by retransmission.
+    pub fn corrupt_icrc_every(&mut self, n: u32) {
+        self.corrupt_every = n;
     }
 
     /// The standard RoCEv2 link on port 4791.
@@ -122,6 +138,12 @@ impl Link for UdpLink {
             _ => return Err(invalid("source and destination are of different IP versions")),
         };
         filled.map_err(|e| invalid(&e.to_string()))?;
+        if self.corrupt_every != 0 && (self.stats.sent + 1) % u64::from(self.corrupt_every) == 0 {
+            if let Some(last) = out.roce.last_mut() {
+                *last ^= 0x01;
+                self.stats.corrupted += 1;
+            }
+        }
         let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| {
             io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src))
         })?;

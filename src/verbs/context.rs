@@ -29,11 +29,14 @@ pub struct ContextOptions {
     pub port: u16,
     /// The engine spins instead of sleeping: lowest latency, one core spent.
     pub busy_poll: bool,
+    /// Send every this many packets with a broken ICRC (0: never), to test
+    /// that peers drop them ([`UdpLink::corrupt_icrc_every`]).
+    pub corrupt_icrc_every: u32,
 }
 
 impl Default for ContextOptions {
     fn default() -> ContextOptions {
-        ContextOptions { port: ROCE_UDP_PORT, busy_poll: false }
+        ContextOptions { port: ROCE_UDP_PORT, busy_poll: false, corrupt_icrc_every: 0 }
     }
 }
 
@@ -78,6 +81,7 @@ impl Context {
     /// engine.
     pub fn open(device: &Device, options: ContextOptions) -> Result<Context> {
         let mut link = UdpLink::new(options.port);
+        link.corrupt_icrc_every(options.corrupt_icrc_every);
         for addr in device.addresses() {
             link.bind(addr).map_err(|e| {
                 Error::Io(std::io::Error::new(e.kind(), format!("bind {addr} port {}: {e}", options.port)))

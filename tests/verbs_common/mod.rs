@@ -84,7 +84,7 @@ impl Node {
 
 /// Node A on 127.0.0.1 and node B on 127.0.0.2, on a port free for both.
 pub fn nodes(busy_poll: bool) -> (Node, Node) {
-    let options = ContextOptions { port: free_port(&[IP_A, IP_B]), busy_poll };
+    let options = ContextOptions { port: free_port(&[IP_A, IP_B]), busy_poll, ..ContextOptions::default() };
     (Node::open("node_a", IP_A, options), Node::open("node_b", IP_B, options))
 }
 

@@ -136,6 +136,12 @@ pub struct Args {
     /// Give up after this many seconds without progress (default: wait forever, as the C programs do).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
+    /// Send every Nth packet with a broken ICRC, to see the peer drop it (and RC recover).
+    #[arg(long = "corrupt-icrc", value_name = "N", default_value = "0")]
+    corrupt_icrc: u32,
+    /// At the end, print the device's packet counters (sent, received, ICRC errors, retries…).
+    #[arg(long)]
+    stats: bool,
 }
 
 fn c_number(text: &str) -> Result<i64, String> {
@@ -367,7 +373,7 @@ fn open_device(args: &Args) -> Result<Device, Fail> {
 /// The objects of one run (`struct pingpong_context`).
 struct Pp {
     kind: Kind,
-    _ctx: Context,
+    ctx: Context,
     channel: Option<CompletionChannel>,
     cq: CompletionQueue,
     srq: Option<SharedReceiveQueue>,
@@ -540,7 +546,7 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     if kind == Kind::Ud && size > port_attr.active_mtu.bytes() {
         return fail(format!("Requested size larger than port MTU ({})", port_attr.active_mtu.bytes()));
     }
-    let ctx = Context::open(&device, ContextOptions { port: args.roce_port, busy_poll: false })
+    let ctx = Context::open(&device, ContextOptions { port: args.roce_port, corrupt_icrc_every: args.corrupt_icrc, ..ContextOptions::default() })
         .map_err(|e| Fail(format!("Couldn't get context for {}: {e}", device.name())))?;
     if args.odp {
         return fail("The device isn't ODP capable or does not support RC send and receive with ODP");
@@ -598,7 +604,7 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     }
     let mut pp = Pp {
         kind,
-        _ctx: ctx,
+        ctx,
         channel,
         cq,
         srq,
@@ -772,8 +778,30 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
         Some(checker) => checker.report(size, data_offset),
         None => true,
     };
+    if args.stats {
+        print_stats(&pp.ctx);
+    }
     io::stdout().flush().ok();
     Ok(valid)
+}
+
+/// Our `--stats` line: what the device's link and QPs counted, so a test
+/// harness can see packets dropped for a bad ICRC and RC's retransmissions.
+fn print_stats(ctx: &Context) {
+    let c = ctx.counters();
+    println!(
+        "softroce: sent {} packets ({} with a broken ICRC), received {}, ICRC errors {}, malformed {}, \
+         retries {}, timeouts {}, sequence NAKs received {}, duplicates {}",
+        c.link.sent,
+        c.link.corrupted,
+        c.link.received,
+        c.link.icrc_errors,
+        c.link.malformed + c.malformed,
+        c.qp.retries,
+        c.qp.timeouts,
+        c.qp.seq_naks_received,
+        c.qp.duplicate_requests
+    );
 }
 
 /// `pp_connect_ctx`: RTR then RTS with the C programs' attributes, and for

@@ -196,6 +196,30 @@ fn defaults_events_and_small_rx_depth() {
     pair(&["--srq", "-q", "4", "-r", "4", "-e", "-c"], 200, 4096);
 }
 
+/// The numbers of a `--stats` line, in order.
+fn stats(run: &Run) -> Vec<u64> {
+    let line = run.stdout.lines().find(|l| l.starts_with("softroce: sent ")).expect("a --stats line");
+    line.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse().ok()).collect()
+}
+
+#[test]
+fn packets_sent_with_a_broken_icrc_are_dropped_counted_and_retransmitted() {
+    let (tcp, udp) = (free_tcp_port(), free_udp_port());
+    let server = start_server(tcp, udp, &["-n", "40", "-c", "--stats"]);
+    let client_args = ["-n", "40", "-c", "--stats", "--corrupt-icrc", "5", "127.0.0.1"];
+    let client = to_run(pingpong(CLIENT_IP, tcp, udp, &client_args).output().unwrap());
+    let server = server.finish();
+    let context = format!("--- client\n{}{}\n--- server\n{}{}", client.stdout, client.stderr, server.stdout, server.stderr);
+    assert!(client.success && server.success, "{context}");
+    // sent, broken, received, ICRC errors, malformed, retries, timeouts, NAKs, duplicates
+    let (mine, theirs) = (stats(&client), stats(&server));
+    assert_eq!(mine[0] / 5, mine[1], "every 5th packet is broken: {context}");
+    assert!(mine[1] > 0, "{context}");
+    assert_eq!(theirs[3], mine[1], "the server drops each broken packet as an ICRC error: {context}");
+    assert!(mine[5] > 0, "and the client sends them again: {context}");
+    assert_eq!((mine[3], theirs[1]), (0, 0), "{context}");
+}
+
 #[test]
 fn ud_refuses_messages_over_the_mtu() {
     let run = to_run(pingpong(SERVER_IP, free_tcp_port(), free_udp_port(), &["--ud", "-s", "4097"]).output().unwrap());

@@ -71,7 +71,7 @@ struct Side {
 
 impl Side {
     fn open(device: &Device, port: u16) -> softroce::verbs::Result<Side> {
-        let ctx = Context::open(device, ContextOptions { port, busy_poll: false })?;
+        let ctx = Context::open(device, ContextOptions { port, busy_poll: false, ..ContextOptions::default() })?;
         let pd = ctx.alloc_pd()?;
         let mr = pd.alloc_mr(REGION_LEN, ACCESS)?;
         // Touched, so that no run reads the kernel's shared zero page.
