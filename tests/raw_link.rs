@@ -256,3 +256,49 @@ fn ipv6_over_loopback() {
     assert_eq!(got, vec![(Received { src: one, src_port: 0xc071, dst: one, len: roce.len() }, roce)]);
     assert_eq!(link.stats(), LinkStats { sent: 1, received: 1, ..LinkStats::default() });
 }
+
+/// wire.md W-24: the UDP link's GSO trains, cut into packets by the kernel,
+/// pass the strict ICRC check: each segment's ICRC covers the IPv4 ID the
+/// kernel really gave it (0, 1, 2… up the train). The test runs in a network
+/// namespace of its own whose loopback has `gso_max_segs 1`, so the kernel
+/// segments in software before the raw link sees the frames, as on a device
+/// without UDP segmentation offload (a tap to a VM); the usual loopback
+/// passes super-datagrams whole. Needs root for the namespace and `ip`.
+#[test]
+fn udp_link_gso_trains_pass_the_strict_check() {
+    std::thread::spawn(|| {
+        // SAFETY: unshare with CLONE_NEWNET moves only this thread (and the
+        // processes it starts) into a new network namespace.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!("skipping: no network namespace: {}", io::Error::last_os_error());
+            return;
+        }
+        let ip = std::process::Command::new("ip").args(["link", "set", "lo", "up", "gso_max_segs", "1"]).status();
+        if !ip.as_ref().is_ok_and(|s| s.success()) {
+            eprintln!("skipping: cannot set up loopback in the namespace: {ip:?}");
+            return;
+        }
+        let (a, b) = (v4(8, 1), v4(8, 2));
+        let port = ROCE_UDP_PORT;
+        let mut udp_link = UdpLink::new(port);
+        udp_link.attach(a).unwrap();
+        let Some(mut raw) = open_lo(port) else { return };
+        raw.attach(b).unwrap();
+        let big: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
+        let mut sent = Vec::new();
+        // 20 full packets (a train of 15, one of 5) and a shorter last.
+        for i in 0..21u32 {
+            let mut roce = send_only(0x80 + i, if i == 20 { &big[..100] } else { &big });
+            udp_link.transmit(Duration::ZERO, Outgoing { src: a, dst: b, src_port: port, roce: &mut roce }).unwrap();
+            sent.push(roce);
+        }
+        udp_link.flush();
+        assert!(udp_link.gso(a));
+        let got = collect(&mut raw, WINDOW);
+        assert_eq!(raw.stats(), LinkStats { received: 21, ..LinkStats::default() });
+        let got: Vec<Vec<u8>> = got.into_iter().map(|(_, roce)| roce).collect();
+        assert_eq!(got, sent);
+    })
+    .join()
+    .unwrap();
+}

@@ -88,10 +88,7 @@ fn udp_link_drops_a_corrupted_datagram() {
 #[test]
 fn rc_between_two_qps_of_one_host_over_ipv6_loopback() {
     let v6: IpAddr = "::1".parse().unwrap();
-    let port = loop {
-        let s = UdpSocket::bind((v6, 0)).unwrap();
-        break s.local_addr().unwrap().port();
-    };
+    let port = UdpSocket::bind((v6, 0)).unwrap().local_addr().unwrap().port();
     let mut w = World::real_time(UdpLink::new(port));
     w.add_host(v6).unwrap();
     w.create_qp(0, 0x11, QpType::Rc, QpCap::default(), None);
@@ -108,4 +105,70 @@ fn rc_between_two_qps_of_one_host_over_ipv6_loopback() {
     assert_eq!(w.hosts[0].completions[0].2.status, WcStatus::Success);
     assert_eq!(&w.hosts[0].mem.region(1).unwrap().data[0x8000..0x8000 + msg.len()], &msg[..]);
     assert_eq!(w.net.stats().icrc_errors, 0);
+}
+
+/// Sends `lens.len()` packets of those lengths from a link on `A` to a plain
+/// socket on `B` (no GRO: the kernel hands each segment over alone) and
+/// returns, for each datagram received, the IPv4 ID its ICRC was computed
+/// for. `prepare` runs on the link's socket first.
+fn ids_of_icrcs(lens: &[usize], prepare: impl FnOnce(&UdpLink)) -> (UdpLink, Vec<Option<u16>>) {
+    let port = free_port();
+    let receiver = UdpSocket::bind((B, port)).unwrap();
+    receiver.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut link = UdpLink::new(port);
+    link.attach(A).unwrap();
+    prepare(&link);
+    for (i, &len) in lens.iter().enumerate() {
+        let mut roce: Vec<u8> = (0..len).map(|j| (i * 31 + j) as u8).collect();
+        link.transmit(Duration::ZERO, softroce::net::Outgoing { src: A, dst: B, src_port: port, roce: &mut roce })
+            .unwrap();
+    }
+    link.flush();
+    let mut ids = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    for _ in lens {
+        let (n, from) = receiver.recv_from(&mut buf).expect("a datagram was lost");
+        assert_eq!(from, std::net::SocketAddr::new(A, port));
+        let udp = etherparse::UdpHeader { source_port: port, destination_port: port, length: (8 + n) as u16, checksum: 0 };
+        let (IpAddr::V4(a), IpAddr::V4(b)) = (A, B) else { unreachable!() };
+        ids.push(softroce::wire::icrc::verify_ipv4_unknown_id(a, b, &udp.to_bytes(), &buf[..n]).unwrap());
+    }
+    (link, ids)
+}
+
+/// wire.md W-24: packets that leave as one GSO train carry IPv4 IDs 0, 1,
+/// 2… (the kernel numbers segments up from the super-datagram's 0), and the
+/// link computes each one's ICRC for its ID; a new length or the segment or
+/// size limit starts a new train at 0.
+#[test]
+fn gso_trains_carry_icrcs_for_ids_counting_from_zero() {
+    let lens = [[4124; 17].as_slice(), &[1000, 60, 60, 60]].concat();
+    let (link, ids) = ids_of_icrcs(&lens, |_| {});
+    assert!(link.gso(A));
+    // 15 packets of 4124 bytes fit a 64 KiB datagram; then 2 more and a
+    // shorter last, then a train of 60-byte ones.
+    let expected: Vec<Option<u16>> =
+        [(0..15).collect::<Vec<u16>>(), vec![0, 1, 2], vec![0, 1, 2]].concat().into_iter().map(Some).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(link.stats().sent, lens.len() as u64);
+}
+
+/// wire.md W-24: where the kernel refuses GSO (here a socket without UDP
+/// checksums, `SO_NO_CHECK`), the link sends single datagrams, all with ID
+/// 0 and ICRCs to match, and stops trying.
+#[test]
+fn a_link_whose_socket_refuses_gso_sends_single_datagrams_with_id_zero() {
+    let lens = [4124, 4124, 4124, 100];
+    let (link, ids) = ids_of_icrcs(&lens, |link| {
+        // The link's one socket is its one file descriptor.
+        let fd = link.raw_fds()[0];
+        let on: libc::c_int = 1;
+        // SAFETY: a valid socket fd and a pointer to a c_int of the given size.
+        let rc = unsafe {
+            libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, (&on as *const libc::c_int).cast(), 4)
+        };
+        assert_eq!(rc, 0);
+    });
+    assert_eq!(ids, vec![Some(0); lens.len()]);
+    assert!(!link.gso(A));
 }

@@ -1,24 +1,296 @@
-//! Batched datagram I/O with `recvmmsg`/`sendmmsg`: one system call moves up
-//! to [`BATCH`] datagrams, which is most of what a UDP link's throughput
-//! depends on.
+//! Batched datagram I/O with `sendmmsg`/`recvmmsg`, with UDP GSO.
+//!
+//! The kernel's per-datagram work (socket lookup, an skb, a trip through the
+//! IP stack) is most of what a UDP link costs, so datagrams move in batches
+//! of up to [`BATCH`] per system call, and consecutive ones to the same
+//! destination with the same length travel as one GSO super-datagram
+//! (`UDP_SEGMENT`): one skb through the stack, cut into the original
+//! datagrams by the device or by the receiving socket.
+//!
+//! A segment of a super-datagram is a whole datagram on the wire, with its
+//! own IP and UDP headers. The one difference to sending it alone is its
+//! IPv4 Identification: the kernel numbers the segments upward from the
+//! super-datagram's ID (0 from an unconnected `IP_PMTUDISC_DO` socket), so
+//! the `k`th segment carries ID `k`. [`SendBatch::push`] says which `k` a
+//! datagram gets, for callers whose payload covers the IP header (RoCE's
+//! ICRC).
 
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 
-/// Datagrams per system call.
+/// Messages per system call.
 pub const BATCH: usize = 32;
-/// Largest datagram a slot holds: a 4096-byte MTU packet with every header,
-/// and room for jumbo frames.
+/// Segments per GSO super-datagram: `UDP_MAX_SEGMENTS` of Linux before 6.9
+/// (128 since); a larger train would be refused where the smaller limit holds.
+pub const MAX_SEGMENTS: usize = 64;
+/// The largest UDP payload of an IPv4 datagram (65535 minus the IP and UDP
+/// headers): the bound on a super-datagram, and on any one datagram.
+pub const MAX_DATAGRAM: usize = 65535 - 20 - 8;
+/// Bytes a send batch holds: eight full super-datagrams, so a round of an
+/// engine's transmissions (64 packets of 4 KiB per QP) usually leaves in one
+/// system call without holding megabytes per socket.
+const SEND_BYTES: usize = 8 * (MAX_DATAGRAM + 1);
+/// Largest datagram a receive slot holds: a 4096-byte MTU packet with every
+/// header, and room for jumbo frames.
 pub const SLOT: usize = 9216;
+/// `u64`s of control buffer per message, so it is aligned for `cmsghdr`:
+/// room for one `cmsghdr` and an `int` (`CMSG_SPACE(4)` is 24 bytes).
+const CONTROL_WORDS: usize = 4;
 
-/// Datagrams to send, from one socket.
+/// One message of a send batch: a datagram, or a GSO train of segments of
+/// `segment` bytes each (the last may be shorter), stored contiguously.
+#[derive(Clone, Copy)]
+struct Message {
+    dest: SocketAddr,
+    start: usize,
+    len: usize,
+    segment: usize,
+    segments: usize,
+}
+
+impl Message {
+    const EMPTY: Message =
+        Message { dest: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0), start: 0, len: 0, segment: 0, segments: 0 };
+
+    /// Whether a datagram of `len` bytes to `dest` can be the next segment:
+    /// not after a shorter last one, within the kernel's limits.
+    fn takes(&self, dest: SocketAddr, len: usize) -> bool {
+        self.dest == dest
+            && len <= self.segment
+            && self.len == self.segment * self.segments
+            && self.segments < MAX_SEGMENTS
+            && self.len + len <= MAX_DATAGRAM
+    }
+}
+
+/// Datagrams to send from one socket, grouped into GSO trains while the
+/// socket takes them.
 pub struct SendBatch {
     data: Vec<u8>,
-    lens: [usize; BATCH],
-    dests: [libc::sockaddr_storage; BATCH],
+    used: usize,
+    messages: [Message; BATCH],
     count: usize,
+    gso: bool,
+    /// The headers `flush` hands the kernel, kept to avoid building 8 KiB
+    /// of them on the stack or the heap for every call.
+    wire: Box<Wire>,
+}
+
+impl SendBatch {
+    /// An empty batch; `gso` says whether to try `UDP_SEGMENT` at all.
+    pub fn new(gso: bool) -> SendBatch {
+        SendBatch {
+            data: vec![0; SEND_BYTES],
+            used: 0,
+            messages: [Message::EMPTY; BATCH],
+            count: 0,
+            gso,
+            wire: Wire::new(),
+        }
+    }
+
+    /// Whether datagrams still travel as GSO trains (false once the kernel
+    /// refused one).
+    pub fn gso(&self) -> bool {
+        self.gso
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Queues a copy of `datagram` for `dest`. Returns the copy, for the
+    /// caller to finish (the ICRC), and its index in its GSO train — the
+    /// IPv4 ID it will carry — or `None` when the batch has no room: flush,
+    /// then push again.
+    pub fn push(&mut self, dest: SocketAddr, datagram: &[u8]) -> io::Result<Option<(&mut [u8], u16)>> {
+        let len = datagram.len();
+        if len == 0 || len > MAX_DATAGRAM {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram empty or larger than UDP allows"));
+        }
+        if self.used + len > self.data.len() {
+            return Ok(None);
+        }
+        let joins = self.gso && self.count > 0 && self.messages[self.count - 1].takes(dest, len);
+        let index = if joins {
+            let last = &mut self.messages[self.count - 1];
+            last.len += len;
+            last.segments += 1;
+            last.segments - 1
+        } else if self.count == BATCH {
+            return Ok(None);
+        } else {
+            self.messages[self.count] = Message { dest, start: self.used, len, segment: len, segments: 1 };
+            self.count += 1;
+            0
+        };
+        let copy = &mut self.data[self.used..self.used + len];
+        copy.copy_from_slice(datagram);
+        self.used += len;
+        // `index` < MAX_SEGMENTS.
+        Ok(Some((copy, index as u16)))
+    }
+
+    /// Sends everything queued on `fd`. Datagrams the kernel refuses for a
+    /// full socket buffer are dropped, as a NIC drops on a full queue (RC
+    /// retransmits them); one it refuses for another reason (too large for
+    /// the path) is dropped and its error returned once the rest is sent.
+    ///
+    /// If the kernel refuses a GSO train itself (`UDP_SEGMENT` unsupported,
+    /// or a path that cannot checksum or segment it), the batch stops using
+    /// GSO for good and sends the trains as single datagrams; as those carry
+    /// ID 0 rather than their index, `reindex` is called on each segment
+    /// with index `k` > 0 to redo what depends on the ID.
+    pub fn flush(&mut self, fd: RawFd, reindex: &mut dyn FnMut(SocketAddr, &mut [u8], u16)) -> io::Result<usize> {
+        let wire = &mut *self.wire;
+        let mut sent = 0;
+        let mut error = None;
+        // The next message to send, and its next segment in plain mode.
+        let (mut message, mut segment) = (0, 0);
+        while message < self.count {
+            // Lay out up to BATCH wire messages from (message, segment) on.
+            let (mut m, mut s, mut n) = (message, segment, 0);
+            let mut origins = [(0usize, 0usize); BATCH];
+            while m < self.count && n < BATCH {
+                let msg = &self.messages[m];
+                origins[n] = (m, s);
+                if self.gso {
+                    let train = if msg.segments > 1 { msg.segment } else { 0 };
+                    wire.set(n, &mut self.data[msg.start..msg.start + msg.len], msg.dest, train);
+                    m += 1;
+                } else {
+                    let at = msg.start + s * msg.segment;
+                    let len = msg.segment.min(msg.start + msg.len - at);
+                    wire.set(n, &mut self.data[at..at + len], msg.dest, 0);
+                    s += 1;
+                    if s == msg.segments {
+                        (m, s) = (m + 1, 0);
+                    }
+                }
+                n += 1;
+            }
+            // SAFETY: the first `n` wire messages point at live buffers of
+            // self.data and at wire's own addresses and control data.
+            let done = unsafe { libc::sendmmsg(fd, wire.headers.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT) };
+            if done > 0 {
+                let done = done as usize;
+                sent += (0..done).map(|i| wire.datagrams(i)).sum::<usize>();
+                (message, segment) = if done < n { origins[done] } else { (m, s) };
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            let (failed, _) = origins[0];
+            if e.kind() == io::ErrorKind::WouldBlock {
+                break;
+            }
+            if self.gso && self.messages[failed].segments > 1 && refuses_gso(&e) {
+                self.gso = false;
+                reindex_from(&self.messages[failed..self.count], &mut self.data, reindex);
+                continue;
+            }
+            // This datagram (or train) cannot go; the rest may.
+            error.get_or_insert(e);
+            (message, segment) = if self.gso || segment + 1 == self.messages[failed].segments {
+                (failed + 1, 0)
+            } else {
+                (failed, segment + 1)
+            };
+        }
+        self.count = 0;
+        self.used = 0;
+        match error {
+            Some(e) => Err(e),
+            None => Ok(sent),
+        }
+    }
+
+}
+
+/// Calls `reindex` on every segment with index above 0 of `messages`, whose
+/// bytes are in `data`.
+fn reindex_from(messages: &[Message], data: &mut [u8], reindex: &mut dyn FnMut(SocketAddr, &mut [u8], u16)) {
+    for msg in messages {
+        for k in 1..msg.segments {
+            let at = msg.start + k * msg.segment;
+            let end = (at + msg.segment).min(msg.start + msg.len);
+            // k < MAX_SEGMENTS.
+            reindex(msg.dest, &mut data[at..end], k as u16);
+        }
+    }
+}
+
+/// Whether a failed send of a GSO train says the kernel or the path cannot
+/// do GSO (rather than something about this one datagram): `EIO` where the
+/// device cannot checksum it or IPsec is in the way, `EINVAL` from kernels
+/// with a lower segment limit or sockets without UDP checksums,
+/// `ENOPROTOOPT`/`EOPNOTSUPP` from kernels without `UDP_SEGMENT`.
+fn refuses_gso(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP))
+}
+
+/// The headers of one `sendmmsg` call: an address, an iovec and a control
+/// buffer (for `UDP_SEGMENT`) per message.
+struct Wire {
+    headers: [libc::mmsghdr; BATCH],
+    iovs: [libc::iovec; BATCH],
+    names: [libc::sockaddr_storage; BATCH],
+    control: [[u64; CONTROL_WORDS]; BATCH],
+    segments: [usize; BATCH],
+}
+
+// SAFETY: the raw pointers in a `Wire` are set by `set` and read by the
+// kernel within one `flush` call, on one thread; between calls they are
+// stale and never read.
+unsafe impl Send for Wire {}
+
+impl Wire {
+    fn new() -> Box<Wire> {
+        // SAFETY: all fields are plain old data for which zero is valid
+        // (null pointers, zero lengths); `set` fills what a message uses.
+        Box::new(unsafe { zeroed() })
+    }
+
+    /// Makes message `i` the datagram `data` to `dest`, a GSO train of
+    /// `segment`-byte segments unless `segment` is 0.
+    /// The pointers it stores into the `Wire` stay valid while it does not
+    /// move (it lives in a `Box`).
+    fn set(&mut self, i: usize, data: &mut [u8], dest: SocketAddr, segment: usize) {
+        self.names[i] = to_storage(dest);
+        self.iovs[i] = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+        let wire = self;
+        let hdr = &mut wire.headers[i].msg_hdr;
+        hdr.msg_name = (&mut wire.names[i] as *mut libc::sockaddr_storage).cast();
+        hdr.msg_namelen = storage_len(&wire.names[i]);
+        hdr.msg_iov = &mut wire.iovs[i];
+        hdr.msg_iovlen = 1;
+        wire.segments[i] = if segment == 0 { 1 } else { data.len().div_ceil(segment) };
+        if segment == 0 {
+            hdr.msg_control = std::ptr::null_mut();
+            hdr.msg_controllen = 0;
+            return;
+        }
+        let control = &mut wire.control[i];
+        hdr.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE of an int fits the control buffer, which is
+        // aligned for cmsghdr; CMSG_FIRSTHDR of a buffer that large is
+        // non-null and the data write stays inside it.
+        unsafe {
+            hdr.msg_controllen = libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) as _;
+            let cmsg = libc::CMSG_FIRSTHDR(hdr);
+            (*cmsg).cmsg_level = libc::SOL_UDP;
+            (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+            // `segment` ≤ MAX_DATAGRAM fits the u16 UDP_SEGMENT takes.
+            libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(segment as u16);
+        }
+    }
+
+    /// Datagrams on the wire that message `i` stands for.
+    fn datagrams(&self, i: usize) -> usize {
+        self.segments[i]
+    }
 }
 
 /// Datagrams received and not yet handed out.
@@ -30,75 +302,10 @@ pub struct RecvBatch {
     next: usize,
 }
 
-impl Default for SendBatch {
-    fn default() -> SendBatch {
-        // SAFETY: sockaddr_storage is plain old data; zero is a valid value.
-        SendBatch { data: vec![0; BATCH * SLOT], lens: [0; BATCH], dests: unsafe { zeroed() }, count: 0 }
-    }
-}
-
 impl Default for RecvBatch {
     fn default() -> RecvBatch {
         // SAFETY: as above.
         RecvBatch { data: vec![0; BATCH * SLOT], lens: [0; BATCH], srcs: unsafe { zeroed() }, count: 0, next: 0 }
-    }
-}
-
-impl SendBatch {
-    pub fn is_full(&self) -> bool {
-        self.count == BATCH
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    /// Queues a datagram; the caller flushes when the batch is full.
-    pub fn push(&mut self, dest: SocketAddr, datagram: &[u8]) -> io::Result<()> {
-        if datagram.len() > SLOT {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than a batch slot"));
-        }
-        debug_assert!(!self.is_full());
-        let at = self.count * SLOT;
-        self.data[at..at + datagram.len()].copy_from_slice(datagram);
-        self.lens[self.count] = datagram.len();
-        self.dests[self.count] = to_storage(dest);
-        self.count += 1;
-        Ok(())
-    }
-
-    /// Sends everything queued on `fd`. Datagrams the kernel refuses (a full
-    /// socket buffer) are dropped, as a NIC drops on a full queue; RC
-    /// retransmits them.
-    pub fn flush(&mut self, fd: RawFd) -> io::Result<usize> {
-        let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
-        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        for i in 0..self.count {
-            iovs[i] = libc::iovec { iov_base: self.data[i * SLOT..].as_mut_ptr().cast(), iov_len: self.lens[i] };
-            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-            msgs[i].msg_hdr.msg_name = (&mut self.dests[i] as *mut libc::sockaddr_storage).cast();
-            msgs[i].msg_hdr.msg_namelen = storage_len(&self.dests[i]);
-        }
-        let mut sent = 0;
-        let mut result = Ok(0);
-        while sent < self.count {
-            // SAFETY: `msgs[sent..count]` point at live iovecs, buffers and
-            // addresses owned by self for the duration of the call.
-            let n = unsafe {
-                libc::sendmmsg(fd, msgs[sent..].as_mut_ptr(), (self.count - sent) as u32, libc::MSG_DONTWAIT)
-            };
-            if n <= 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::WouldBlock {
-                    result = Err(e);
-                }
-                break;
-            }
-            sent += n as usize;
-        }
-        self.count = 0;
-        result.map(|_: usize| sent)
     }
 }
 
@@ -204,6 +411,7 @@ mod tests {
     use super::*;
     use std::net::UdpSocket;
     use std::os::fd::AsRawFd;
+    use std::time::Duration;
 
     #[test]
     fn sockaddr_round_trip() {
@@ -213,31 +421,156 @@ mod tests {
         }
     }
 
+    /// The index each datagram gets in its train.
+    fn indices(batch: &mut SendBatch, datagrams: &[(SocketAddr, usize)]) -> Vec<u16> {
+        datagrams.iter().map(|&(dest, len)| batch.push(dest, &vec![7; len]).unwrap().unwrap().1).collect()
+    }
+
     #[test]
-    fn batches_cross_a_socket_pair() {
-        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let dest = rx.local_addr().unwrap();
-        let mut out = SendBatch::default();
-        for i in 0..5u8 {
-            out.push(dest, &[i; 100]).unwrap();
+    fn trains_take_one_destination_and_length_with_a_shorter_last() {
+        let (a, b): (SocketAddr, SocketAddr) = ("127.0.0.1:9".parse().unwrap(), "127.0.0.2:9".parse().unwrap());
+        let mut batch = SendBatch::new(true);
+        let got = indices(&mut batch, &[(a, 100), (a, 100), (a, 100), (a, 60), (a, 60), (a, 100), (b, 100), (a, 100)]);
+        assert_eq!(got, [0, 1, 2, 3, 0, 0, 0, 0]);
+        assert_eq!(batch.count, 5);
+        // Longer than the train's segments: a new datagram.
+        assert_eq!(indices(&mut batch, &[(a, 101)]), [0]);
+        // Without GSO every datagram stands alone.
+        let mut plain = SendBatch::new(false);
+        assert_eq!(indices(&mut plain, &[(a, 100), (a, 100)]), [0, 0]);
+    }
+
+    #[test]
+    fn trains_respect_the_segment_and_size_limits() {
+        let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut batch = SendBatch::new(true);
+        let got = indices(&mut batch, &vec![(a, 16); MAX_SEGMENTS + 1]);
+        assert_eq!(got[MAX_SEGMENTS - 1], (MAX_SEGMENTS - 1) as u16);
+        assert_eq!(got[MAX_SEGMENTS], 0);
+        let mut batch = SendBatch::new(true);
+        let fit = MAX_DATAGRAM / 4128;
+        let got = indices(&mut batch, &vec![(a, 4128); fit + 1]);
+        assert_eq!(got[fit - 1], (fit - 1) as u16);
+        assert_eq!(got[fit], 0);
+        assert!(batch.push(a, &vec![0; MAX_DATAGRAM + 1]).is_err());
+        assert!(batch.push(a, &[]).is_err());
+    }
+
+    #[test]
+    fn a_full_batch_asks_to_be_flushed() {
+        let mut batch = SendBatch::new(false);
+        for i in 0..BATCH {
+            let dest = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1000 + i as u16);
+            assert!(batch.push(dest, &[1; 10]).unwrap().is_some());
         }
-        assert_eq!(out.flush(tx.as_raw_fd()).unwrap(), 5);
-        assert!(out.is_empty());
-        let mut inb = RecvBatch::default();
+        assert!(batch.push("127.0.0.1:9".parse().unwrap(), &[1; 10]).unwrap().is_none());
+        let mut big = SendBatch::new(true);
+        let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        while big.push(a, &vec![0; MAX_DATAGRAM]).unwrap().is_some() {}
+        assert_eq!(big.used, SEND_BYTES - SEND_BYTES % MAX_DATAGRAM);
+    }
+
+    /// `n` datagrams of `len` bytes (the last `last` bytes), each filled with
+    /// its number.
+    fn train(n: u8, len: usize, last: usize) -> Vec<Vec<u8>> {
+        (0..n).map(|i| vec![i; if i + 1 == n { last } else { len }]).collect()
+    }
+
+    /// Everything `rx` gets within a second, as `pop` hands it out.
+    fn receive_all(rx: &UdpSocket, inb: &mut RecvBatch, want: usize) -> Vec<Vec<u8>> {
         let mut got = Vec::new();
-        for _ in 0..100 {
+        for _ in 0..1000 {
             if inb.fill(rx.as_raw_fd()).unwrap() > 0 {
-                while let Some((src, data)) = inb.pop() {
-                    assert_eq!(src, Some(tx.local_addr().unwrap()));
+                while let Some((_, data)) = inb.pop() {
                     got.push(data.to_vec());
                 }
             }
-            if got.len() == 5 {
+            if got.len() >= want {
                 break;
             }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(got, (0..5u8).map(|i| vec![i; 100]).collect::<Vec<_>>());
+        got
+    }
+
+    fn set(socket: &UdpSocket, level: libc::c_int, option: libc::c_int, value: libc::c_int) -> bool {
+        // SAFETY: a valid socket fd and a pointer to a c_int of the given size.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                level,
+                option,
+                (&value as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            ) == 0
+        }
+    }
+
+    #[test]
+    fn trains_cross_a_socket_pair_as_single_datagrams() {
+        {
+            let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let dest = rx.local_addr().unwrap();
+            let datagrams = [train(5, 1000, 300), train(3, 200, 200)].concat();
+            let mut out = SendBatch::new(true);
+            for d in &datagrams {
+                out.push(dest, d).unwrap().unwrap();
+            }
+            assert_eq!(out.count, 2);
+            let sent = out.flush(tx.as_raw_fd(), &mut |_, _, _| panic!("no fallback on loopback")).unwrap();
+            assert_eq!(sent, 8);
+            assert!(out.gso() && out.is_empty());
+            let mut inb = RecvBatch::default();
+            assert_eq!(receive_all(&rx, &mut inb, datagrams.len()), datagrams);
+        }
+    }
+
+    /// A socket without UDP checksums (`SO_NO_CHECK`) cannot send GSO
+    /// (`EINVAL`): the batch sends the trains datagram by datagram, has the
+    /// later segments re-done for ID 0, and stays without GSO.
+    #[test]
+    fn a_refused_train_falls_back_to_single_datagrams() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(set(&tx, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1));
+        let dest = rx.local_addr().unwrap();
+        let datagrams = [vec![vec![9u8; 50]], train(4, 500, 100)].concat();
+        let mut out = SendBatch::new(true);
+        for d in &datagrams {
+            out.push(dest, d).unwrap().unwrap();
+        }
+        let mut redone = Vec::new();
+        let sent = out
+            .flush(tx.as_raw_fd(), &mut |to, data: &mut [u8], id| {
+                redone.push((to, data[0], data.len(), id));
+                data[1] = 0xee;
+            })
+            .unwrap();
+        assert_eq!(sent, 5);
+        assert!(!out.gso());
+        assert_eq!(redone, [(dest, 1, 500, 1), (dest, 2, 500, 2), (dest, 3, 100, 3)]);
+        let mut expected = datagrams.clone();
+        for d in &mut expected[2..] {
+            d[1] = 0xee;
+        }
+        assert_eq!(receive_all(&rx, &mut RecvBatch::default(), expected.len()), expected);
+        // Later batches do not try again.
+        assert_eq!(indices(&mut out, &[(dest, 10), (dest, 10)]), [0, 0]);
+    }
+
+    #[test]
+    fn a_datagram_the_path_refuses_does_not_take_the_rest_with_it() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let dest = rx.local_addr().unwrap();
+        let mut out = SendBatch::new(false);
+        out.push(dest, &[1; 10]).unwrap().unwrap();
+        // Port 0 is refused (EINVAL) whatever the GSO setting.
+        out.push("127.0.0.1:0".parse().unwrap(), &[2; 10]).unwrap().unwrap();
+        out.push(dest, &[3; 10]).unwrap().unwrap();
+        assert!(out.flush(tx.as_raw_fd(), &mut |_, _, _| {}).is_err());
+        assert!(out.is_empty());
+        assert_eq!(receive_all(&rx, &mut RecvBatch::default(), 2), [vec![1; 10], vec![3; 10]]);
     }
 }

@@ -2,11 +2,21 @@
 //!
 //! The kernel adds the IP and UDP headers, so the link sends and receives
 //! RoCE bytes (BTH … ICRC). Sockets are unconnected and set
-//! `IP_PMTUDISC_DO`, so IPv4 packets leave with DF and Identification 0 — the
-//! ICRC this link computes over that header is the one a strict peer (kernel
-//! rxe, a NIC) checks. On receive the sender's Identification is unknown, so
-//! IPv4 ICRCs are checked "up to the ID" (`icrc::verify_ipv4_unknown_id`);
-//! IPv6 headers have no such field and are checked exactly.
+//! `IP_PMTUDISC_DO`, so IPv4 packets leave with DF and Identification 0.
+//!
+//! Packets move in batches, and consecutive packets to one destination with
+//! one length (the MTU-sized packets of a message) leave as one UDP GSO
+//! super-datagram, which the kernel cuts into ordinary datagrams, each a
+//! whole RoCE packet. The kernel numbers those segments' IPv4 IDs upward
+//! from the super-datagram's 0, so the `k`th packet of a train carries ID
+//! `k`, and its ICRC is computed over that header: it is the one a strict
+//! peer (kernel rxe, a NIC) checks. Where the kernel refuses GSO the socket
+//! falls back to single datagrams for good, and their ICRCs are redone for
+//! ID 0.
+//!
+//! On receive the sender's Identification is unknown, so IPv4 ICRCs are
+//! checked "up to the ID" (`icrc::verify_ipv4_unknown_id`), packet by
+//! packet; IPv6 headers have no such field and are checked exactly.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -19,6 +29,7 @@ use etherparse::{IpNumber, Ipv6Header, UdpHeader};
 use super::mmsg::{RecvBatch, SendBatch};
 use super::{Link, LinkStats, Outgoing, Received};
 use crate::wire::icrc;
+use crate::wire::roce::ICRC_LEN;
 use crate::wire::ROCE_UDP_PORT;
 
 /// Sockets bound to local addresses, all on one UDP port; datagrams move in
@@ -76,8 +87,19 @@ impl UdpLink {
         // then has to retransmit.
         set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, SOCKET_BUFFER);
         set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SOCKET_BUFFER);
-        self.sockets.insert(addr, (socket, SendBatch::default()));
+        // Kernels without UDP GSO (before 4.18) refuse the option, and would
+        // ignore the per-message one, sending a train as one datagram; 0
+        // leaves the socket's own setting off.
+        let gso = set_int_option(&socket, libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok();
+        self.sockets.insert(addr, (socket, SendBatch::new(gso)));
         Ok(())
+    }
+
+    /// Whether the socket of `addr` still sends GSO trains: false before
+    /// [`UdpLink::bind`], where the kernel has no UDP GSO, and once it
+    /// refused a train.
+    pub fn gso(&self, addr: IpAddr) -> bool {
+        self.sockets.get(&addr).is_some_and(|(_, batch)| batch.gso())
     }
 
 }
@@ -86,6 +108,43 @@ impl UdpLink {
 fn udp_header(source_port: u16, destination_port: u16, roce_len: usize) -> Option<[u8; 8]> {
     let length = u16::try_from(UdpHeader::LEN + roce_len).ok()?;
     Some(UdpHeader { source_port, destination_port, length, checksum: 0 }.to_bytes())
+}
+
+/// The ICRC of a packet from `src` to `dst`, both on `port`, sent with IPv4
+/// Identification `id` (ignored for IPv6); `roce` includes the ICRC's place.
+fn icrc_of(src: IpAddr, dst: IpAddr, port: u16, roce: &[u8], id: u16) -> io::Result<u32> {
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+    let udp = udp_header(port, port, roce.len()).ok_or_else(|| invalid("packet too large"))?;
+    let covered = roce.len().checked_sub(ICRC_LEN).ok_or_else(|| invalid("packet too short"))?;
+    let udp_len = UdpHeader::LEN + roce.len();
+    let icrc = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            // What the kernel sends: DF, and the ID of the packet's place.
+            let ip = icrc::ipv4_header(s, d, (20 + udp_len) as u16, id, 0x40);
+            icrc::compute(&ip, &udp, &roce[..covered])
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            icrc::compute(&ipv6_header(s.octets(), d.octets(), udp_len), &udp, &roce[..covered])
+        }
+        _ => return Err(invalid("source and destination are of different IP versions")),
+    };
+    icrc.map_err(|e| invalid(&e.to_string()))
+}
+
+/// Sends what `batch` holds on `socket`, bound to `local`. A train the
+/// kernel refuses leaves as single datagrams with ID 0, so the ICRCs of its
+/// later packets change by what the ID did.
+fn flush_batch(socket: &UdpSocket, batch: &mut SendBatch, local: IpAddr) -> io::Result<usize> {
+    batch.flush(socket.as_raw_fd(), &mut |dest, roce, id| {
+        if let (Ok(was), Ok(now)) =
+            (icrc_of(local, dest.ip(), dest.port(), roce, id), icrc_of(local, dest.ip(), dest.port(), roce, 0))
+        {
+            // XOR keeps a deliberately broken ICRC broken.
+            let at = roce.len() - ICRC_LEN;
+            let old = u32::from_le_bytes([roce[at], roce[at + 1], roce[at + 2], roce[at + 3]]);
+            roce[at..].copy_from_slice(&(old ^ was ^ now).to_le_bytes());
+        }
+    })
 }
 
 /// Checks the ICRC of a datagram that arrived at `dst` on `port`, as well as
@@ -123,42 +182,37 @@ impl Link for UdpLink {
     }
 
     fn transmit(&mut self, _now: Duration, out: Outgoing<'_>) -> io::Result<()> {
-        let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
-        let udp = udp_header(self.port, self.port, out.roce.len()).ok_or_else(|| invalid("packet too large"))?;
-        let udp_len = UdpHeader::LEN + out.roce.len();
-        let filled = match (out.src, out.dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                // What the kernel will send: DF, Identification 0.
-                let ip = icrc::ipv4_header(s, d, (20 + udp_len) as u16, 0, 0x40);
-                icrc::fill(&ip, &udp, out.roce)
-            }
-            (IpAddr::V6(s), IpAddr::V6(d)) => {
-                icrc::fill(&ipv6_header(s.octets(), d.octets(), udp_len), &udp, out.roce)
-            }
-            _ => return Err(invalid("source and destination are of different IP versions")),
-        };
-        filled.map_err(|e| invalid(&e.to_string()))?;
-        if self.corrupt_every != 0 && (self.stats.sent + 1) % u64::from(self.corrupt_every) == 0 {
-            if let Some(last) = out.roce.last_mut() {
-                *last ^= 0x01;
-                self.stats.corrupted += 1;
-            }
-        }
+        // Checks the packet (lengths, IP versions) before it is queued.
+        icrc_of(out.src, out.dst, self.port, out.roce, 0)?;
         let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| {
             io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src))
         })?;
-        batch.push(SocketAddr::new(out.dst, self.port), out.roce)?;
+        let dest = SocketAddr::new(out.dst, self.port);
+        let mut flushed = Ok(0);
+        let (copy, id) = match batch.push(dest, out.roce)? {
+            Some(queued) => queued,
+            None => {
+                flushed = flush_batch(socket, batch, out.src);
+                batch.push(dest, out.roce)?.ok_or_else(|| io::Error::other("an empty batch has no room"))?
+            }
+        };
+        let mut crc = icrc_of(out.src, out.dst, self.port, copy, id)?;
         self.stats.sent += 1;
-        if batch.is_full() {
-            batch.flush(socket.as_raw_fd())?;
+        if self.corrupt_every != 0 && self.stats.sent % u64::from(self.corrupt_every) == 0 {
+            crc ^= 1 << 24;
+            self.stats.corrupted += 1;
         }
-        Ok(())
+        // The copy goes out; the caller's bytes get the same ICRC.
+        let at = copy.len() - ICRC_LEN;
+        copy[at..].copy_from_slice(&crc.to_le_bytes());
+        out.roce[at..].copy_from_slice(&crc.to_le_bytes());
+        flushed.map(drop)
     }
 
     fn flush(&mut self) {
-        for (socket, batch) in self.sockets.values_mut() {
+        for (&local, (socket, batch)) in &mut self.sockets {
             if !batch.is_empty() {
-                let _ = batch.flush(socket.as_raw_fd());
+                let _ = flush_batch(socket, batch, local);
             }
         }
     }
