@@ -1,11 +1,12 @@
-//! Batched datagram I/O with `sendmmsg`/`recvmmsg`, with UDP GSO.
+//! Batched datagram I/O with `sendmmsg`/`recvmmsg`, with UDP GSO and GRO.
 //!
 //! The kernel's per-datagram work (socket lookup, an skb, a trip through the
 //! IP stack) is most of what a UDP link costs, so datagrams move in batches
 //! of up to [`BATCH`] per system call, and consecutive ones to the same
 //! destination with the same length travel as one GSO super-datagram
 //! (`UDP_SEGMENT`): one skb through the stack, cut into the original
-//! datagrams by the device or by the receiving socket.
+//! datagrams by the device, or by the receiving socket, or not at all when
+//! the receiver asked for them coalesced (`UDP_GRO`), as [`RecvBatch`] does.
 //!
 //! A segment of a super-datagram is a whole datagram on the wire, with its
 //! own IP and UDP headers. The one difference to sending it alone is its
@@ -32,9 +33,8 @@ pub const MAX_DATAGRAM: usize = 65535 - 20 - 8;
 /// engine's transmissions (64 packets of 4 KiB per QP) usually leaves in one
 /// system call without holding megabytes per socket.
 const SEND_BYTES: usize = 8 * (MAX_DATAGRAM + 1);
-/// Largest datagram a receive slot holds: a 4096-byte MTU packet with every
-/// header, and room for jumbo frames.
-pub const SLOT: usize = 9216;
+/// Bytes of one receive slot: a whole GRO super-datagram.
+const SLOT: usize = 1 << 16;
 /// `u64`s of control buffer per message, so it is aligned for `cmsghdr`:
 /// room for one `cmsghdr` and an `int` (`CMSG_SPACE(4)` is 24 bytes).
 const CONTROL_WORDS: usize = 4;
@@ -293,45 +293,64 @@ impl Wire {
     }
 }
 
-/// Datagrams received and not yet handed out.
+/// Datagrams received and not yet handed out. A slot may hold a GRO
+/// super-datagram, which [`RecvBatch::pop`] hands out segment by segment.
 pub struct RecvBatch {
     data: Vec<u8>,
     lens: [usize; BATCH],
+    /// GRO segment size of each slot; 0 for a plain datagram.
+    segments: [usize; BATCH],
     srcs: [libc::sockaddr_storage; BATCH],
+    control: [[u64; CONTROL_WORDS]; BATCH],
     count: usize,
     next: usize,
+    /// Bytes of slot `next` already handed out.
+    offset: usize,
 }
 
 impl Default for RecvBatch {
     fn default() -> RecvBatch {
-        // SAFETY: as above.
-        RecvBatch { data: vec![0; BATCH * SLOT], lens: [0; BATCH], srcs: unsafe { zeroed() }, count: 0, next: 0 }
+        RecvBatch {
+            // Pages are only touched as large datagrams arrive.
+            data: vec![0; BATCH * SLOT],
+            lens: [0; BATCH],
+            segments: [0; BATCH],
+            // SAFETY: sockaddr_storage is plain old data; zero is a valid value.
+            srcs: unsafe { zeroed() },
+            control: [[0; CONTROL_WORDS]; BATCH],
+            count: 0,
+            next: 0,
+            offset: 0,
+        }
     }
 }
 
 impl RecvBatch {
     /// Reads up to [`BATCH`] datagrams from `fd` if the batch is used up;
-    /// returns how many are waiting.
+    /// returns how many slots are waiting.
     pub fn fill(&mut self, fd: RawFd) -> io::Result<usize> {
         if self.next < self.count {
             return Ok(self.count - self.next);
         }
+        // SAFETY: zero is a valid iovec and mmsghdr (null pointers).
         let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
         let mut msgs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        for i in 0..BATCH {
-            iovs[i] = libc::iovec { iov_base: self.data[i * SLOT..].as_mut_ptr().cast(), iov_len: SLOT };
-            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-            msgs[i].msg_hdr.msg_name = (&mut self.srcs[i] as *mut libc::sockaddr_storage).cast();
-            msgs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
+        for (i, (iov, msg)) in iovs.iter_mut().zip(msgs.iter_mut()).enumerate() {
+            *iov = libc::iovec { iov_base: self.data[i * SLOT..].as_mut_ptr().cast(), iov_len: SLOT };
+            let hdr = &mut msg.msg_hdr;
+            hdr.msg_iov = iov;
+            hdr.msg_iovlen = 1;
+            hdr.msg_name = (&mut self.srcs[i] as *mut libc::sockaddr_storage).cast();
+            hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
+            hdr.msg_control = self.control[i].as_mut_ptr().cast();
+            hdr.msg_controllen = size_of::<[u64; CONTROL_WORDS]>() as _;
         }
-        // SAFETY: every message points at a live SLOT-sized buffer and address
-        // storage owned by self.
+        // SAFETY: every message points at a live SLOT-sized buffer, address
+        // storage and control buffer owned by self.
         let n = unsafe {
             libc::recvmmsg(fd, msgs.as_mut_ptr(), BATCH as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
         };
-        self.next = 0;
-        self.count = 0;
+        (self.next, self.offset, self.count) = (0, 0, 0);
         if n < 0 {
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
@@ -340,20 +359,46 @@ impl RecvBatch {
             // A datagram larger than the slot was cut: mark it so it is dropped.
             let truncated = msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             self.lens[i] = if truncated { 0 } else { msg.msg_len as usize };
+            self.segments[i] = gro_segment(&msg.msg_hdr);
         }
         self.count = n as usize;
         Ok(self.count)
     }
 
-    /// The next datagram and its source; truncated ones come out empty.
+    /// The next datagram (a segment of a GRO super-datagram counts as one)
+    /// and its source; truncated ones come out empty.
     pub fn pop(&mut self) -> Option<(Option<SocketAddr>, &[u8])> {
         if self.next >= self.count {
             return None;
         }
         let i = self.next;
-        self.next += 1;
-        Some((from_storage(&self.srcs[i]), &self.data[i * SLOT..i * SLOT + self.lens[i]]))
+        let (len, segment) = (self.lens[i], self.segments[i]);
+        let left = len - self.offset;
+        let take = if segment == 0 { left } else { segment.min(left) };
+        let at = i * SLOT + self.offset;
+        self.offset += take;
+        if self.offset >= len {
+            (self.next, self.offset) = (i + 1, 0);
+        }
+        Some((from_storage(&self.srcs[i]), &self.data[at..at + take]))
     }
+}
+
+/// The segment size a `UDP_GRO` control message gives, or 0 if there is none.
+fn gro_segment(hdr: &libc::msghdr) -> usize {
+    // SAFETY: the kernel filled msg_control up to msg_controllen with
+    // well-formed control messages; CMSG_* stay within it.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == libc::UDP_GRO {
+                let size = libc::CMSG_DATA(cmsg).cast::<libc::c_int>().read_unaligned();
+                return usize::try_from(size).unwrap_or(0);
+            }
+            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+        }
+    }
+    0
 }
 
 fn to_storage(addr: SocketAddr) -> libc::sockaddr_storage {
@@ -507,10 +552,13 @@ mod tests {
     }
 
     #[test]
-    fn trains_cross_a_socket_pair_as_single_datagrams() {
-        {
+    fn trains_cross_a_socket_pair_and_gro_splits_them_back() {
+        for gro in [true, false] {
             let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
             let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            if gro {
+                assert!(set(&rx, libc::SOL_UDP, libc::UDP_GRO, 1));
+            }
             let dest = rx.local_addr().unwrap();
             let datagrams = [train(5, 1000, 300), train(3, 200, 200)].concat();
             let mut out = SendBatch::new(true);
@@ -522,7 +570,9 @@ mod tests {
             assert_eq!(sent, 8);
             assert!(out.gso() && out.is_empty());
             let mut inb = RecvBatch::default();
-            assert_eq!(receive_all(&rx, &mut inb, datagrams.len()), datagrams);
+            assert_eq!(receive_all(&rx, &mut inb, datagrams.len()), datagrams, "GRO {gro}");
+            // With GRO on, the first train arrived in one slot.
+            assert_eq!(inb.segments[0], if gro { 1000 } else { 0 });
         }
     }
 

@@ -12,7 +12,8 @@
 //! `k`, and its ICRC is computed over that header: it is the one a strict
 //! peer (kernel rxe, a NIC) checks. Where the kernel refuses GSO the socket
 //! falls back to single datagrams for good, and their ICRCs are redone for
-//! ID 0.
+//! ID 0. Received datagrams come coalesced where the kernel can (`UDP_GRO`)
+//! and are split back into packets.
 //!
 //! On receive the sender's Identification is unknown, so IPv4 ICRCs are
 //! checked "up to the ID" (`icrc::verify_ipv4_unknown_id`), packet by
@@ -91,6 +92,8 @@ impl UdpLink {
         // ignore the per-message one, sending a train as one datagram; 0
         // leaves the socket's own setting off.
         let gso = set_int_option(&socket, libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok();
+        // Without GRO datagrams arrive one by one, which works too.
+        let _ = set_int_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1);
         self.sockets.insert(addr, (socket, SendBatch::new(gso)));
         Ok(())
     }
@@ -221,7 +224,8 @@ impl Link for UdpLink {
         loop {
             if let (Some((src, datagram)), Some(local)) = (self.rx.pop(), self.rx_local) {
                 self.stats.received += 1;
-                let Some(src) = src.filter(|_| !datagram.is_empty() && datagram.len() <= buf.len()) else {
+                let fits = !datagram.is_empty() && datagram.len() <= buf.len().min(LARGEST_PACKET);
+                let Some(src) = src.filter(|_| fits) else {
                     self.stats.malformed += 1;
                     continue;
                 };
@@ -283,6 +287,11 @@ pub fn free_port(addrs: &[IpAddr]) -> io::Result<u16> {
         }
     }
 }
+
+/// The largest datagram taken for a packet: a 4096-byte payload with every
+/// header has room to spare, as have jumbo frames. Anything larger is
+/// malformed, not worth an ICRC check (a GRO slot could hold 64 KiB).
+const LARGEST_PACKET: usize = 9216;
 
 /// Bytes of socket buffer to ask for in each direction.
 const SOCKET_BUFFER: libc::c_int = 8 << 20;
