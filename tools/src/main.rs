@@ -11,6 +11,7 @@ mod bench;
 mod demo;
 mod devinfo;
 mod dump;
+mod perf;
 mod pingpong;
 
 #[derive(Parser)]
@@ -32,6 +33,8 @@ enum Command {
     Devinfo(devinfo::Args),
     /// Ping-pong SENDs with a peer, as ibv_rc/uc/ud/srq_pingpong do (and with them).
     Pingpong(pingpong::Args),
+    /// Measure bandwidth or latency with a peer, as perftest's ib_{send,write,read,atomic}_{bw,lat} do (and with them).
+    Perf(perf::Args),
 }
 
 /// The environment variable holding the log filter (`tracing` directives).
@@ -51,5 +54,6 @@ fn main() -> ExitCode {
         Command::Dump(args) => dump::run(args),
         Command::Devinfo(args) => devinfo::run(args),
         Command::Pingpong(args) => pingpong::run(args),
+        Command::Perf(args) => perf::run(args),
     }
 }
