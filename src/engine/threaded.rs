@@ -1,15 +1,27 @@
-//! The progress engine behind a verbs context: one thread that owns the
-//! link, moves packets between it and the QPs, runs their timers and
-//! delivers completions to completion queues.
+//! The progress engine behind a verbs context: the link, and the work of
+//! moving packets between it and the QPs, running their timers and
+//! delivering completions to completion queues.
 //!
-//! Application threads reach a QP directly (post_send locks it, queues the
-//! request and rings the doorbell), so posting costs a mutex and an eventfd
-//! write, not a round trip. Completions travel to the application through
-//! `crossbeam-channel` queues, one per CQ.
+//! Progress is driven by whichever thread is there, one at a time (the
+//! [`Progress`] state sits behind a mutex):
+//! - an application thread that posts sends its QP's packets itself
+//!   ([`Engine::kick`]);
+//! - one that waits on or polls an empty CQ receives and handles packets
+//!   itself until its completion arrives ([`Engine::wait_completion`],
+//!   [`Engine::poll_progress`]);
+//! - otherwise the engine thread does it, woken by the sockets, its
+//!   doorbell (work an application thread could not take on) or a timer.
+//!
+//! So a message costs one wake-up, the receiver's, as a UDP datagram does,
+//! instead of three hand-offs between application and engine threads; and
+//! the engine still runs a passive side (a WRITE target) on its own.
+//! Completions reach applications through `crossbeam-channel` queues, one
+//! per CQ.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -130,6 +142,14 @@ pub(crate) struct EngineShared {
     pub malformed: AtomicU64,
     /// Packets for a QP number the device does not have (never created, or destroyed).
     pub unknown_qp: AtomicU64,
+    /// When the sleeping engine thread wakes (ns on the transport's clock);
+    /// 0 while it is awake.
+    pub engine_wake_at: AtomicU64,
+    /// Application threads driving progress right now.
+    pub drivers: AtomicUsize,
+    /// When an application thread last drove progress (ns on the
+    /// transport's clock).
+    pub driven_at: AtomicU64,
 }
 
 impl EngineShared {
@@ -138,12 +158,28 @@ impl EngineShared {
             d.signal();
         }
     }
+
+    /// Whether the engine thread is awake, or asleep until after `timer`
+    /// (on the transport's clock): then it must be rung to honour it.
+    fn engine_sleeps_past(&self, timer: Duration) -> bool {
+        let wake = self.engine_wake_at.load(Ordering::SeqCst);
+        wake == 0 || nanos(timer) < wake
+    }
+
+    /// Whether an application thread drives progress, or did within
+    /// [`HANDOVER`] of `now`: then the engine keeps off the sockets, where
+    /// it would only race that thread for each packet.
+    fn app_driving(&self, now: Duration) -> bool {
+        self.drivers.load(Ordering::SeqCst) > 0
+            || nanos(now).saturating_sub(self.driven_at.load(Ordering::SeqCst)) < nanos(HANDOVER)
+    }
 }
 
 /// The engine thread, stopped and joined on drop.
 #[derive(Debug)]
 pub(crate) struct Engine {
     pub shared: Arc<EngineShared>,
+    progress: Arc<Mutex<Progress>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -152,15 +188,118 @@ impl Engine {
     /// sleeps: lowest latency, one core spent.
     pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
         let shared = Arc::new(EngineShared { doorbell: Some(EventFd::new()?), ..EngineShared::default() });
-        let thread_shared = Arc::clone(&shared);
+        let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared)));
+        let (thread_shared, thread_progress) = (Arc::clone(&shared), Arc::clone(&progress));
         let span_name = name.to_string();
         let thread = std::thread::Builder::new()
             .name(format!("softroce-{name}"))
             .spawn(move || {
                 let _span = debug_span!("engine", device = %span_name).entered();
-                run(link, &thread_shared, busy_poll)
+                run(&thread_progress, &thread_shared, busy_poll)
             })?;
-        Ok(Engine { shared, thread: Some(thread) })
+        Ok(Engine { shared, progress, thread: Some(thread) })
+    }
+
+    /// After a post to `cell`'s QP: sends its new packets from this thread
+    /// when nobody else is driving progress (no doorbell, no engine wake-up),
+    /// else rings the doorbell for whoever is.
+    pub fn kick(&self, cell: &QpCell) {
+        let Some(mut p) = try_lock(&self.progress) else {
+            self.shared.ring();
+            return;
+        };
+        let now = p.now();
+        self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
+        if std::mem::take(&mut p.owed) {
+            // What the last waiter left unsent goes out in this batch.
+            let Progress { link, locals, tx, qps, .. } = &mut *p;
+            for other in qps.iter() {
+                let mut qp = lock(&other.qp);
+                transmit(&mut qp, link.as_mut(), &self.shared, locals, now, tx, KICK_LIMIT);
+                other.drain(&mut qp, &self.shared.events);
+            }
+        }
+        let mut qp = lock(&cell.qp);
+        let Progress { link, locals, tx, .. } = &mut *p;
+        let sent = transmit(&mut qp, link.as_mut(), &self.shared, locals, now, tx, KICK_LIMIT);
+        cell.drain(&mut qp, &self.shared.events);
+        let timer = qp.poll_timeout();
+        drop(qp);
+        p.link.flush();
+        *lock(&self.shared.link_stats) = p.link.stats();
+        drop(p);
+        // More to send, or a timer the sleeping engine does not know about.
+        if sent == KICK_LIMIT || timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
+            self.shared.ring();
+        }
+    }
+
+    /// Before a poll of an empty `cq` returns nothing: one round of
+    /// progress from this thread, if nobody else is driving, so that
+    /// applications that spin on the CQ (as perftest and most verbs
+    /// programs do) move their own packets instead of waiting for the
+    /// engine thread to wake.
+    pub fn poll_progress(&self, cq: &CqShared) {
+        let Some(mut p) = try_lock(&self.progress) else { return };
+        p.iterate(&self.shared, Some(cq));
+        self.release(p);
+    }
+
+    /// Lets go of driving progress: notes when, and rings the engine if it
+    /// sleeps past a timer this thread armed.
+    fn release(&self, p: MutexGuard<'_, Progress>) {
+        let next_timer = p.next_timer();
+        self.shared.driven_at.store(nanos(p.now()), Ordering::SeqCst);
+        drop(p);
+        if next_timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
+            self.shared.ring();
+        }
+    }
+
+    /// Waits up to `timeout` for the next completion of `cq`. While nobody
+    /// else drives progress, this thread does — receives, handles, sends —
+    /// so a completion reaches it without a hand-off from the engine thread
+    /// (one wake-up per message, as for a plain UDP receive).
+    pub fn wait_completion(&self, cq: &CqShared, timeout: Duration) -> Option<WorkCompletion> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(wc) = cq.entries.1.try_recv() {
+                return Some(wc);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let Some(mut p) = try_lock(&self.progress) else {
+                // Someone else drives: they hand completions over. Look
+                // again soon, in case they stop.
+                if let Ok(wc) = cq.entries.1.recv_timeout(left.min(HANDOVER)) {
+                    return Some(wc);
+                }
+                continue;
+            };
+            self.shared.drivers.fetch_add(1, Ordering::SeqCst);
+            let wc = loop {
+                let step = p.iterate(&self.shared, Some(cq));
+                if let Ok(wc) = cq.entries.1.try_recv() {
+                    break Some(wc);
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break None;
+                }
+                if !step.busy {
+                    let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
+                    wait_readable(&p.fds, left.min(timer));
+                    if let Some(d) = &self.shared.doorbell {
+                        d.drain();
+                    }
+                }
+            };
+            self.shared.drivers.fetch_sub(1, Ordering::SeqCst);
+            self.release(p);
+            return wc;
+        }
     }
 }
 
@@ -174,45 +313,117 @@ impl Drop for Engine {
     }
 }
 
-/// The engine loop: receive, run timers, transmit, sleep until the link or
-/// the doorbell has something (or the next timer is due).
-fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
-    let start = Instant::now();
-    let mut rx = vec![0u8; 64 * 1024];
-    let mut tx = vec![0u8; 4096 + TRANSMIT_HEADROOM + 64];
-    let mut qps: Vec<Arc<QpCell>> = Vec::new();
-    let mut by_qpn: BTreeMap<u32, Arc<QpCell>> = BTreeMap::new();
-    let mut version = u64::MAX;
-    // A context binds its addresses before the engine starts.
-    let locals = link.local_addrs();
-    let mut fds = link.raw_fds();
-    if let Some(d) = &shared.doorbell {
-        fds.push(d.as_raw_fd());
+/// Packets a post sends from the posting thread before leaving the rest
+/// to the engine.
+const KICK_LIMIT: usize = 64;
+/// How long a waiter whose engine is busy waits for a hand-off before
+/// trying to drive progress itself again.
+const HANDOVER: Duration = Duration::from_millis(1);
+/// The longest the engine sleeps: it re-reads the QP table at least this often.
+const IDLE: Duration = Duration::from_millis(100);
+
+/// Locks `m` if no one holds it (a poisoned lock is taken over, as in [`lock`]).
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
     }
-    while !shared.stop.load(Ordering::SeqCst) {
-        let seen = shared.qps_version.load(Ordering::Acquire);
-        if seen != version {
-            by_qpn = lock(&shared.qps).clone();
-            qps = by_qpn.values().cloned().collect();
-            version = seen;
+}
+
+/// The engine's working state: the link, its buffers and a snapshot of the
+/// QP table. One thread at a time drives progress with it — the engine
+/// thread, or an application thread that would otherwise wait for it.
+pub(crate) struct Progress {
+    link: Box<dyn Link + Send>,
+    /// The transport's clock starts here.
+    start: Instant,
+    rx: Vec<u8>,
+    tx: Vec<u8>,
+    qps: Vec<Arc<QpCell>>,
+    by_qpn: BTreeMap<u32, Arc<QpCell>>,
+    version: u64,
+    locals: Vec<IpAddr>,
+    /// The link's descriptors and the doorbell: readable when there is work.
+    fds: Vec<RawFd>,
+    /// A round ended early: QPs may have packets to send.
+    owed: bool,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress").field("locals", &self.locals).field("qps", &self.qps.len()).finish()
+    }
+}
+
+/// What one round of progress did.
+struct Step {
+    /// Packets moved or timers fired: another round may find more.
+    busy: bool,
+    /// The earliest timer of any QP.
+    next_timer: Option<Duration>,
+}
+
+impl Progress {
+    fn new(link: Box<dyn Link + Send>, shared: &EngineShared) -> Progress {
+        // A context binds its addresses before the engine starts.
+        let locals = link.local_addrs();
+        let mut fds = link.raw_fds();
+        if let Some(d) = &shared.doorbell {
+            fds.push(d.as_raw_fd());
         }
-        let now = start.elapsed();
+        Progress {
+            link,
+            start: Instant::now(),
+            rx: vec![0u8; 64 * 1024],
+            tx: vec![0u8; 4096 + TRANSMIT_HEADROOM + 64],
+            qps: Vec::new(),
+            by_qpn: BTreeMap::new(),
+            version: u64::MAX,
+            locals,
+            fds,
+            owed: false,
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// The earliest timer of any QP.
+    fn next_timer(&self) -> Option<Duration> {
+        self.qps.iter().filter_map(|cell| lock(&cell.qp).poll_timeout()).min()
+    }
+
+    /// One round: receive, run due timers, transmit. With `until`, the
+    /// round ends as soon as that CQ has a completion, before timers and
+    /// transmission: the waiter gets it first, and the answers owed (an
+    /// ACK, say) leave with the waiter's next post, in one batch with it
+    /// (see [`Engine::kick`]), or with the next round.
+    fn iterate(&mut self, shared: &EngineShared, until: Option<&CqShared>) -> Step {
+        let seen = shared.qps_version.load(Ordering::Acquire);
+        if seen != self.version {
+            self.by_qpn = lock(&shared.qps).clone();
+            self.qps = self.by_qpn.values().cloned().collect();
+            self.version = seen;
+        }
+        let now = self.now();
         let mut busy = false;
 
         // Timers run only once the link is drained: an ACK waiting in the
         // socket must not lose the race to the timeout it would cancel.
         let mut drained = false;
         for _ in 0..64 {
-            let Some(r) = link.receive(now, &mut rx) else {
+            let Some(r) = self.link.receive(now, &mut self.rx) else {
                 drained = true;
                 break;
             };
             busy = true;
-            let Ok(pkt) = RoceRepr::parse(&rx[..r.len]) else {
+            let Ok(pkt) = RoceRepr::parse(&self.rx[..r.len]) else {
                 shared.malformed.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            let Some(cell) = by_qpn.get(&pkt.header.bth.dest_qpn) else {
+            let Some(cell) = self.by_qpn.get(&pkt.header.bth.dest_qpn) else {
                 trace!(qpn = pkt.header.bth.dest_qpn, "packet for an unknown QP");
                 shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -221,24 +432,32 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
             let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
             let mut mem = RegistryAccess(&registry);
             let mut srq = cell.srq.as_ref().map(|s| lock(s));
-            let incoming = Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
+            let incoming =
+                Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
             qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
             drop(srq);
             drop(registry);
             cell.drain(&mut qp, &shared.events);
+            drop(qp);
+            if until.is_some_and(|cq| !cq.entries.1.is_empty()) {
+                self.owed = true;
+                *lock(&shared.link_stats) = self.link.stats();
+                return Step { busy: true, next_timer: None };
+            }
         }
+        self.owed = false;
 
-        let mut next: Option<Duration> = None;
-        for cell in &qps {
+        let mut next_timer: Option<Duration> = None;
+        for cell in &self.qps {
             let mut qp = lock(&cell.qp);
             if drained && qp.poll_timeout().is_some_and(|t| t <= now) {
                 qp.handle_timeout(now);
                 busy = true;
             }
-            let sent = transmit(&mut qp, &mut link, shared, &locals, now, &mut tx, 64);
+            let sent = transmit(&mut qp, self.link.as_mut(), shared, &self.locals, now, &mut self.tx, 64);
             busy |= sent > 0;
             cell.drain(&mut qp, &shared.events);
-            next = match (next, qp.poll_timeout()) {
+            next_timer = match (next_timer, qp.poll_timeout()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -247,27 +466,63 @@ fn run<L: Link>(mut link: L, shared: &EngineShared, busy_poll: bool) {
         // (the ACK of the last message, say); then they are gone.
         for cell in std::mem::take(&mut *lock(&shared.closing)) {
             let mut qp = lock(&cell.qp);
-            busy |= transmit(&mut qp, &mut link, shared, &locals, now, &mut tx, usize::MAX) > 0;
+            let sent = transmit(&mut qp, self.link.as_mut(), shared, &self.locals, now, &mut self.tx, usize::MAX);
+            busy |= sent > 0;
         }
-        link.flush();
-        *lock(&shared.link_stats) = link.stats();
+        self.link.flush();
+        *lock(&shared.link_stats) = self.link.stats();
+        Step { busy, next_timer }
+    }
+}
 
-        if !busy && !busy_poll {
-            let wait = next.map_or(Duration::from_millis(100), |t| t.saturating_sub(start.elapsed()));
-            wait_readable(&fds, wait.min(Duration::from_millis(100)));
+/// The engine loop: drive progress, then sleep until the link or the
+/// doorbell has something (or the next timer is due). While an application
+/// thread drives progress, the engine waits for the lock.
+fn run(progress: &Mutex<Progress>, shared: &EngineShared, busy_poll: bool) {
+    let (fds, start) = {
+        let p = lock(progress);
+        (p.fds.clone(), p.start)
+    };
+    let doorbell: Vec<RawFd> = shared.doorbell.iter().map(|d| d.as_raw_fd()).collect();
+    while !shared.stop.load(Ordering::SeqCst) {
+        if !busy_poll && shared.app_driving(start.elapsed()) {
+            // Only a doorbell (work an application thread could not hand
+            // over) calls the engine in while the application drives.
+            shared.engine_wake_at.store(nanos(start.elapsed() + HANDOVER), Ordering::SeqCst);
+            let rung = wait_readable(&doorbell, HANDOVER);
+            shared.engine_wake_at.store(0, Ordering::SeqCst);
+            if !rung {
+                continue;
+            }
             if let Some(d) = &shared.doorbell {
                 d.drain();
             }
         }
+        let step = lock(progress).iterate(shared, None);
+        if step.busy || busy_poll {
+            continue;
+        }
+        let now = start.elapsed();
+        let wait = step.next_timer.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
+        shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
+        wait_readable(&fds, wait);
+        shared.engine_wake_at.store(0, Ordering::SeqCst);
+        if let Some(d) = &shared.doorbell {
+            d.drain();
+        }
     }
 }
 
+fn nanos(t: Duration) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Hands up to `limit` of the QP's packets to the link; returns how many.
-fn transmit<L: Link>(
+fn transmit(
     qp: &mut Qp,
-    link: &mut L,
+    link: &mut (dyn Link + Send),
     shared: &EngineShared,
-    locals: &[std::net::IpAddr],
+    locals: &[IpAddr],
     now: Duration,
     buf: &mut [u8],
     limit: usize,

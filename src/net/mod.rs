@@ -23,13 +23,32 @@ pub use raw::RawLink;
 pub use sim::{Delivery, Faults, SimNet, Stats};
 pub use udp::UdpLink;
 
-/// Blocks until one of `fds` is readable or `timeout` passes.
-pub fn wait_readable(fds: &[RawFd], timeout: Duration) {
-    let mut polls: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: `polls` is a valid array of `polls.len()` pollfd structs.
-    unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, millis) };
+/// Blocks until one of `fds` is readable or `timeout` passes; returns
+/// whether one is.
+pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> bool {
+    // On the stack for the usual few descriptors: engines wait on every
+    // idle turn and must not allocate.
+    const ON_STACK: usize = 16;
+    let entry = |&fd: &RawFd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut stack = [libc::pollfd { fd: -1, events: 0, revents: 0 }; ON_STACK];
+    let mut heap = Vec::new();
+    let polls: &mut [libc::pollfd] = if fds.len() <= ON_STACK {
+        for (poll, fd) in stack.iter_mut().zip(fds) {
+            *poll = entry(fd);
+        }
+        &mut stack[..fds.len()]
+    } else {
+        heap.extend(fds.iter().map(entry));
+        &mut heap
+    };
+    let spec = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `polls` is a valid array of `polls.len()` pollfd structs and
+    // `spec` a valid timespec; no signal mask is given.
+    let n = unsafe { libc::ppoll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, &spec, std::ptr::null()) };
+    n > 0
 }
 
 /// A packet a QP hands to a link: RoCE bytes (BTH up to a placeholder ICRC),

@@ -453,6 +453,9 @@ impl Drop for CompletionQueue {
 impl CompletionQueue {
     /// Moves up to `out.len()` completions into `out`; returns how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        if self.shared.entries.1.is_empty() {
+            self.ctx.engine.poll_progress(&self.shared);
+        }
         let mut n = 0;
         while n < out.len() {
             match self.shared.entries.1.try_recv() {
@@ -468,12 +471,15 @@ impl CompletionQueue {
 
     /// The next completion, if one is queued.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
+        if self.shared.entries.1.is_empty() {
+            self.ctx.engine.poll_progress(&self.shared);
+        }
         self.shared.entries.1.try_recv().ok()
     }
 
     /// Waits up to `timeout` for a completion (blocking mode).
     pub fn wait_one(&self, timeout: Duration) -> Option<WorkCompletion> {
-        self.shared.entries.1.recv_timeout(timeout).ok()
+        self.ctx.engine.wait_completion(&self.shared, timeout)
     }
 
     /// `ibv_req_notify_cq`: the next completion (or, with `solicited_only`,
@@ -588,17 +594,16 @@ impl QueuePair {
         // and whatever else the QP holds to the CQ it belongs to.
         self.cell.drain(&mut qp, &self.ctx.engine.shared.events);
         drop(qp);
-        self.ctx.engine.shared.ring();
+        self.ctx.engine.kick(&self.cell);
         Ok(())
     }
 
-    /// `ibv_post_recv`.
+    /// `ibv_post_recv`. A receive gives the engine nothing to send, so it
+    /// is not woken (a peer that met RNR retries on its own timer).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let mut qp = lock(&self.cell.qp);
         qp.post_recv(wr)?;
         self.cell.drain(&mut qp, &self.ctx.engine.shared.events);
-        drop(qp);
-        self.ctx.engine.shared.ring();
         Ok(())
     }
 

@@ -1,0 +1,85 @@
+//! Who drives progress: application threads that post or wait move their own
+//! packets, and the engine thread takes over whatever they leave — timers
+//! they armed, answers they owe, the passive side of a transfer.
+
+mod verbs_common;
+
+use std::time::{Duration, Instant};
+
+use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use softroce::verbs::{ConnectOptions, ContextOptions, QpInit};
+use verbs_common::*;
+
+/// Node A breaks the ICRC of every other packet it sends.
+fn lossy_pair() -> Pair {
+    let port = free_port(&[IP_A, IP_B]);
+    let lossy = ContextOptions { port, corrupt_icrc_every: 2, ..ContextOptions::default() };
+    let a = Node::open("lossy_a", IP_A, lossy);
+    let b = Node::open("lossy_b", IP_B, ContextOptions { port, ..ContextOptions::default() });
+    // The shortest ACK timeout that is not "wait forever": 8.4 ms.
+    let quick = ConnectOptions { timeout: 11, ..options(Mtu::Mtu1024) };
+    Pair::new((a, b), QpType::Rc, &quick, &quick)
+}
+
+
+#[test]
+fn a_timer_armed_by_a_posting_thread_fires_on_the_engine_thread() {
+    let p = lossy_pair();
+    for wr_id in 0..2 {
+        p.qp_b.post_recv(RecvWr { wr_id, sg_list: vec![p.mr_b.sge(0, 64)] }).unwrap();
+    }
+    // The first SEND arrives; the second is dropped by B for its ICRC. The
+    // posting thread then never touches A again: only A's engine thread can
+    // retransmit when the timer it did not arm expires.
+    for wr_id in 0..2 {
+        p.qp_a.post_send(SendWr::new(wr_id, SendOp::Send).with_sge(p.mr_a.sge(0, 64))).unwrap();
+    }
+    for wr_id in 0..2 {
+        let wc = next_wc(&p.b.cq);
+        assert_eq!((wc.wr_id, wc.status, wc.opcode), (wr_id, WcStatus::Success, WcOpcode::Recv));
+    }
+    let a = p.a.ctx.counters();
+    assert!(a.link.corrupted >= 1 && a.qp.timeouts >= 1, "{a:?}");
+    assert_eq!(p.b.ctx.counters().link.icrc_errors, a.link.corrupted);
+}
+
+#[test]
+fn waiters_on_two_cqs_of_one_context_both_get_their_completions() {
+    let (a, b) = nodes(false);
+    let second_cq = a.ctx.create_cq(64, None).unwrap();
+    let qp_1 = a.qp(QpType::Rc);
+    let qp_2 = a.pd.create_qp(&QpInit { send_cq: &second_cq, recv_cq: &second_cq, ..a.init(QpType::Rc) }).unwrap();
+    let (peer_1, peer_2) = (b.qp(QpType::Rc), b.qp(QpType::Rc));
+    connect(&qp_1, &peer_1, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+    connect(&qp_2, &peer_2, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+    let (mr_a, mr_b) = (a.mr(1 << 20), b.mr(1 << 20));
+    const ROUNDS: u64 = 200;
+    std::thread::scope(|s| {
+        // Two threads wait at once: one drives progress, the other is
+        // handed its completions (and drives when the first stops).
+        for (qp, cq) in [(&qp_1, &a.cq), (&qp_2, &second_cq)] {
+            let (mr_a, mr_b) = (&mr_a, &mr_b);
+            s.spawn(move || {
+                for i in 0..ROUNDS {
+                    let op = SendOp::RdmaWrite { remote_addr: mr_b.addr(), rkey: mr_b.rkey() };
+                    let mut wr = SendWr::new(i, op).with_sge(mr_a.sge(0, 64 << 10));
+                    wr.flags.signaled = true;
+                    qp.post_send(wr).unwrap();
+                    let wc = cq.wait_one(WAIT).expect("a completion");
+                    assert_eq!((wc.wr_id, wc.status, wc.qp_num), (i, WcStatus::Success, qp.qpn()));
+                }
+            });
+        }
+    });
+    assert!(a.cq.poll_one().is_none() && second_cq.poll_one().is_none());
+}
+
+#[test]
+fn a_wait_that_finds_nothing_returns_at_its_deadline() {
+    let (a, _b) = nodes(false);
+    let start = Instant::now();
+    assert!(a.cq.wait_one(Duration::ZERO).is_none());
+    assert!(a.cq.wait_one(Duration::from_millis(30)).is_none());
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_millis(30) && waited < WAIT, "{waited:?}");
+}
