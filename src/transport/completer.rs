@@ -26,7 +26,7 @@ impl Qp {
         let hdr = pkt.header;
         let psn = hdr.bth.psn;
         let receiving = matches!(self.attr.state, QpState::Rts | QpState::Sqd | QpState::Sqe);
-        if self.qp_type != QpType::Rc || !receiving || !self.from_peer(&pkt) {
+        if self.qp_type != QpType::Rc || !receiving || !self.is_from_peer(&pkt) {
             self.counters.dropped += 1;
             return;
         }

@@ -557,8 +557,8 @@ impl Qp {
 
     /// Whether a packet for this connected QP comes from its peer: the peer's
     /// address, and its source port when one was configured.
-    pub(crate) fn from_peer(&self, pkt: &Incoming<'_>) -> bool {
-        Some(pkt.src) == self.attr.dest && self.attr.peer_port.is_none_or(|port| port == pkt.src_port)
+    pub(crate) fn is_from_peer(&self, pkt: &Incoming<'_>) -> bool {
+        Some(pkt.src) == self.attr.dest && self.attr.peer_port.map_or(true, |port| port == pkt.src_port)
     }
 
     /// Writes the next packet to send into `buf` (which must hold the path MTU

@@ -108,7 +108,7 @@ impl Qp {
             self.ud_receive(pkt, mem, srq);
             return;
         }
-        if !self.from_peer(&pkt) {
+        if !self.is_from_peer(&pkt) {
             self.counters.dropped += 1;
             return;
         }

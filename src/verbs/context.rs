@@ -219,11 +219,10 @@ impl ProtectionDomain {
         if ptr.is_null() || len == 0 {
             return Err(Error::InvalidArgument("null or empty memory region".into()));
         }
-        if access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC) {
-            if !access.contains(Access::LOCAL_WRITE) {
-                // libibverbs: remote write or atomic rights need local write.
-                return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE".into()));
-            }
+        // libibverbs: remote write or atomic rights need local write.
+        let remote_writes = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        if remote_writes && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE".into()));
         }
         let mut registry = self.ctx.engine.shared.registry.write().unwrap_or_else(|e| e.into_inner());
         let key = loop {
