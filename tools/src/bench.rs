@@ -191,6 +191,8 @@ pub struct Case {
 pub struct Conn {
     pub mtu: Mtu,
     pub qps: usize,
+    /// Devices, so engine threads, per side; the QPs are split among them.
+    pub engines: usize,
 }
 
 impl Case {
@@ -199,7 +201,12 @@ impl Case {
     }
 
     fn softroce(test: Test, size: usize, mtu: Mtu, qps: usize) -> Case {
-        Case { test, size, conn: Some(Conn { mtu, qps }) }
+        Case { test, size, conn: Some(Conn { mtu, qps, engines: 1 }) }
+    }
+
+    /// A stream over `qps` QPs split among `engines` devices per side.
+    fn engines(test: Test, size: usize, qps: usize, engines: usize) -> Case {
+        Case { test, size, conn: Some(Conn { mtu: Mtu::Mtu4096, qps, engines }) }
     }
 }
 
@@ -230,6 +237,7 @@ fn plan(quick: bool) -> Vec<Case> {
         }
         cases.push(Case::softroce(Test::RcWrite, mib, Mtu::Mtu1024, 1));
         cases.push(Case::softroce(Test::RcWrite, mib, Mtu::Mtu4096, 4));
+        cases.push(Case::engines(Test::RcWrite, mib, 4, rdma::MAX_ENGINES));
         cases.push(Case::softroce(Test::RcSend, mib, Mtu::Mtu4096, 1));
         cases.push(Case::softroce(Test::RcRead, mib, Mtu::Mtu4096, 1));
         cases.push(Case::softroce(Test::SendLat, PING_SMALL, Mtu::Mtu4096, 1));
@@ -240,6 +248,12 @@ fn plan(quick: bool) -> Vec<Case> {
                 for qps in [1, 4] {
                     cases.extend(SIZES.iter().map(|&size| Case::softroce(test, size, mtu, qps)));
                 }
+            }
+        }
+        for test in RC_STREAMS {
+            for size in [64 << 10, mib] {
+                cases.push(Case::engines(test, size, 2, rdma::MAX_ENGINES));
+                cases.push(Case::engines(test, size, 4, rdma::MAX_ENGINES));
             }
         }
         for size in [PING_SMALL, PING_PAGE] {
@@ -465,16 +479,18 @@ struct Row {
 
 fn table_header() -> String {
     format!(
-        "{:<10} {:>7} {:>4} {:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
-        "test", "size", "MTU", "QPs", "GB/s", "msg/s", "CPU s/GB", "p50 µs", "p99 µs", "×udp", "×gso", "×tcp", "retries"
+        "{:<10} {:>7} {:>4} {:>3} {:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
+        "test", "size", "MTU", "QPs", "eng", "GB/s", "msg/s", "CPU s/GB", "p50 µs", "p99 µs", "×udp", "×gso", "×tcp", "retries"
     )
 }
 
 impl Row {
     fn table_line(&self) -> String {
         let c = &self.case;
-        let (mtu, qps) = c.conn.map_or(("-".to_owned(), "-".to_owned()), |c| (c.mtu.bytes().to_string(), c.qps.to_string()));
-        let head = format!("{:<10} {:>7} {:>4} {:>3}", c.test.name(), size_label(c.size), mtu, qps);
+        let (mtu, qps, engines) = c.conn.map_or(("-".to_owned(), "-".to_owned(), "-".to_owned()), |c| {
+            (c.mtu.bytes().to_string(), c.qps.to_string(), c.engines.to_string())
+        });
+        let head = format!("{:<10} {:>7} {:>4} {:>3} {:>3}", c.test.name(), size_label(c.size), mtu, qps, engines);
         let f = match &self.result {
             Ok(f) => f,
             Err(why) if c.test.is_softroce() => return format!("{head} FAILED: {why}"),
@@ -505,6 +521,7 @@ impl Row {
             "size": c.size,
             "mtu": c.conn.map(|c| c.mtu.bytes()),
             "qps": c.conn.map(|c| c.qps),
+            "engines": c.conn.map(|c| c.engines),
         });
         let (figures, ratio_of) = match &self.result {
             Ok(f) => {

@@ -10,11 +10,12 @@ use std::sync::OnceLock;
 use serde_json::{Map, Value};
 
 /// Keys of every row that has figures.
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 13] = [
     "test",
     "size",
     "mtu",
     "qps",
+    "engines",
     "gbytes_per_s",
     "msgs_per_s",
     "cpu_s_per_gb",
@@ -67,7 +68,11 @@ fn number(row: &Map<String, Value>, key: &str) -> f64 {
 fn find<'a>(rows: &'a [Map<String, Value>], test: &str, size: u64, mtu: Option<u64>, qps: Option<u64>) -> &'a Map<String, Value> {
     rows.iter()
         .find(|r| {
-            text(r, "test") == test && r["size"].as_u64() == Some(size) && r["mtu"].as_u64() == mtu && r["qps"].as_u64() == qps
+            text(r, "test") == test
+                && r["size"].as_u64() == Some(size)
+                && r["mtu"].as_u64() == mtu
+                && r["qps"].as_u64() == qps
+                && r["engines"].as_u64().unwrap_or(1) == 1
         })
         .unwrap_or_else(|| panic!("no {test} row of {size} B, MTU {mtu:?}, {qps:?} QPs"))
 }
@@ -94,6 +99,9 @@ fn every_json_row_is_complete_and_sane() {
     }
     find(rows, "send-lat", 8, Some(4096), Some(1));
     find(rows, "write-rate", 64, Some(4096), Some(1));
+    // The same 4 QPs over one engine per side and over two.
+    let engines = |n| rows.iter().any(|r| text(r, "test") == "rc-write" && r["qps"] == 4 && r["engines"] == n);
+    assert!(engines(1) && engines(2), "{rows:?}");
 
     for row in rows {
         assert!(!row.contains_key("error"), "{row:?}");
@@ -116,13 +124,14 @@ fn every_json_row_is_complete_and_sane() {
         }
         let softroce = !["udp", "udp-gso", "tcp", "udp-lat"].contains(&test);
         if !softroce {
-            for key in ["mtu", "qps", "ratio_udp", "ratio_udp_gso", "ratio_tcp"] {
+            for key in ["mtu", "qps", "engines", "ratio_udp", "ratio_udp_gso", "ratio_tcp"] {
                 assert!(row[key].is_null(), "{key} of {row:?}");
             }
             continue;
         }
         number(row, "mtu");
         number(row, "qps");
+        number(row, "engines");
         // Each ratio is there exactly when its baseline ran and compares.
         let size = row["size"].as_u64().unwrap();
         let baselines = match test {
@@ -160,7 +169,7 @@ fn the_plot_has_a_line_per_series() {
     assert!(svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"), "{svg}");
     let series: BTreeSet<(&str, u64, u64)> = rows
         .iter()
-        .filter(|r| STREAMS.contains(&text(r, "test")))
+        .filter(|r| STREAMS.contains(&text(r, "test")) && r["engines"].as_u64() == Some(1))
         .map(|r| (text(r, "test"), r["mtu"].as_u64().unwrap(), r["qps"].as_u64().unwrap()))
         .collect();
     assert!(series.len() >= 3, "{series:?}");
@@ -179,10 +188,10 @@ fn the_table_has_ratios_and_a_line_per_row() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines[0].starts_with("softroce bench: ") && lines[0].contains("load average"), "{stdout}");
     assert!(lines[1].split_whitespace().eq([
-        "test", "size", "MTU", "QPs", "GB/s", "msg/s", "CPU", "s/GB", "p50", "µs", "p99", "µs", "×udp", "×gso", "×tcp", "retries"
+        "test", "size", "MTU", "QPs", "eng", "GB/s", "msg/s", "CPU", "s/GB", "p50", "µs", "p99", "µs", "×udp", "×gso", "×tcp", "retries"
     ]));
     let rc_write: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with("rc-write ")).collect();
-    assert_eq!(rc_write.len(), 5, "{stdout}");
+    assert_eq!(rc_write.len(), 6, "{stdout}");
     assert_eq!(lines.iter().filter(|l| l.starts_with("tcp ")).count(), 1, "{stdout}");
     for line in rc_write {
         let fields: Vec<&str> = line.split_whitespace().collect();

@@ -63,12 +63,13 @@ impl Series {
     }
 }
 
-/// The streams' rows grouped into series, in the order they first appear.
+/// The streams' rows grouped into series, in the order they first appear;
+/// rows over two engines per side (a few sizes only) are left to the table.
 fn series(rows: &[Row]) -> Vec<Series> {
     let mut all: Vec<Series> = Vec::new();
     for row in rows {
         let (Some(conn), Ok(figures)) = (row.case.conn, &row.result) else { continue };
-        if !RC_STREAMS.contains(&row.case.test) {
+        if !RC_STREAMS.contains(&row.case.test) || conn.engines != 1 {
             continue;
         }
         let point = (row.case.size, figures.gbytes_per_s);

@@ -1,13 +1,16 @@
 //! The softroce rows: RC WRITE, SEND and READ streams and SEND ping-pongs
 //! between two devices on loopback UDP (127.0.0.1 and 127.0.0.2), run the
 //! way perftest runs them: a window of requests in flight per QP, every
-//! few of them signaled, refilled as completions come.
+//! few of them signaled, refilled as completions come. Rows with two
+//! engines per side run a second pair of devices (127.0.0.3 and 127.0.0.4),
+//! each with its own engine thread, half the QPs and its own application
+//! threads.
 //!
 //! The application threads wait for completions by sleeping on the CQ, not
-//! by spinning: with two engine threads beside them, spinning would take the
-//! cores the engines need (the machines this runs on have few).
+//! by spinning: spinning would take the cores the engines need (the
+//! machines this runs on have few).
 
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,8 +21,11 @@ use softroce::verbs::{
 
 use super::{Case, Conn, Measured, Meter, Test, Timing};
 
-const ADDRESS_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
-const ADDRESS_B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+/// The requester's and the responder's address of each pair of devices.
+const ADDRESSES: [(Ipv4Addr, Ipv4Addr); MAX_ENGINES] =
+    [(Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)), (Ipv4Addr::new(127, 0, 0, 3), Ipv4Addr::new(127, 0, 0, 4))];
+/// Pairs of devices, so engine threads per side, a row can use.
+pub const MAX_ENGINES: usize = 2;
 /// Loopback's MTU, so that the active RoCE MTU is 4096.
 const LINK_MTU: u32 = 65536;
 /// GID index of the IPv4 address (index 0 is the link-local GID).
@@ -58,6 +64,11 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// The two devices, open for the whole bench; each row connects its own QPs.
 pub struct Devices {
+    pairs: Vec<Pair>,
+}
+
+/// Two devices: `a` requests, `b` responds.
+struct Pair {
     a: Side,
     b: Side,
 }
@@ -88,12 +99,18 @@ impl Side {
 impl Devices {
     /// Opens both devices on `port`, or else on a free port.
     pub fn open(port: Option<u16>) -> Result<Devices, String> {
-        let devices = [
-            Device::custom("bench_a", vec![ADDRESS_A], [0x02, 0, 0, 0, 0, 0x0a], LINK_MTU),
-            Device::custom("bench_b", vec![ADDRESS_B], [0x02, 0, 0, 0, 0, 0x0b], LINK_MTU),
-        ];
+        let device = |name: String, ip: Ipv4Addr| {
+            let [.., c, d] = ip.octets();
+            Device::custom(&name, vec![IpAddr::V4(ip)], [0x02, 0, 0, 0, c, d], LINK_MTU)
+        };
         let open = |port| -> softroce::verbs::Result<Devices> {
-            Ok(Devices { a: Side::open(&devices[0], port)?, b: Side::open(&devices[1], port)? })
+            let mut pairs = Vec::new();
+            for (i, &(a, b)) in ADDRESSES.iter().enumerate() {
+                let a = Side::open(&device(format!("bench_a{i}"), a), port)?;
+                let b = Side::open(&device(format!("bench_b{i}"), b), port)?;
+                pairs.push(Pair { a, b });
+            }
+            Ok(Devices { pairs })
         };
         if let Some(port) = port {
             return open(port).map_err(|e| format!("cannot open the devices on port {port}: {e}"));
@@ -111,14 +128,43 @@ impl Devices {
 
     /// Retransmissions so far, by both devices.
     fn retries(&self) -> u64 {
-        [&self.a, &self.b].iter().map(|s| s.ctx.counters().qp.retries).sum()
+        self.pairs.iter().flat_map(|p| [&p.a, &p.b]).map(|s| s.ctx.counters().qp.retries).sum()
     }
 
     /// A stream of RC WRITEs, SENDs or READs of `case.size` bytes over
     /// `case.conn`'s QPs, counted as the requester's completions arrive.
     pub fn stream(&self, case: &Case, timing: &Timing) -> Result<Measured, String> {
         let conn = case.conn.expect("a softroce row");
-        let link = Link::connect(self, conn)?;
+        let pairs = self.pairs.get(..conn.engines).filter(|p| !p.is_empty() && conn.qps % p.len() == 0);
+        let pairs = pairs.ok_or_else(|| format!("{} QPs over {} engines per side", conn.qps, conn.engines))?;
+        let links = pairs
+            .iter()
+            .map(|pair| Link::connect(pair, Conn { qps: conn.qps / pairs.len(), ..conn }))
+            .collect::<Result<Vec<Link>, String>>()?;
+        let in_flight = InFlight::for_size(case.size);
+        let retries = self.retries();
+        let meter = Meter::default();
+        let (window, results) = std::thread::scope(|s| {
+            let runs: Vec<_> = pairs
+                .iter()
+                .zip(&links)
+                .map(|(pair, link)| {
+                    let meter = &meter;
+                    s.spawn(move || pair.stream(case, link, in_flight, meter))
+                })
+                .collect();
+            let window = meter.time(timing);
+            (window, runs.into_iter().map(joined).collect::<Vec<_>>())
+        });
+        results.into_iter().collect::<Result<Vec<()>, String>>()?;
+        Ok(Measured { window, rtts: Vec::new(), retries: Some(self.retries() - retries) })
+    }
+}
+
+impl Pair {
+    /// One pair's part of a stream: its sender (and for SENDs, its
+    /// receiver) until the meter stops.
+    fn stream(&self, case: &Case, link: &Link, in_flight: InFlight, meter: &Meter) -> Result<(), String> {
         let (size, remote) = (case.size, self.b.mr.remote());
         let (op, local) = match case.test {
             Test::RcWrite | Test::WriteRate => {
@@ -140,34 +186,30 @@ impl Devices {
                 }
             }
         }
-        let in_flight = InFlight::for_size(size);
-        let retries = self.retries();
-        let meter = Meter::default();
         let sender_done = AtomicBool::new(false);
-        let (window, sent, received) = std::thread::scope(|s| {
-            let sender = s.spawn(|| {
-                let sent = link.post_stream(op, local, in_flight, &meter);
-                sender_done.store(true, Ordering::Relaxed);
-                sent
-            });
+        let (sent, received) = std::thread::scope(|s| {
             let receiver = sends.then(|| s.spawn(|| link.repost_receives(self.b.mr.sge(SINK_AT, size), &sender_done)));
-            let window = meter.time(timing);
-            (window, joined(sender), receiver.map(joined))
+            let sent = link.post_stream(op, local, in_flight, meter);
+            sender_done.store(true, Ordering::Relaxed);
+            (sent, receiver.map(joined))
         });
         sent?;
         received.transpose()?;
-        Ok(Measured { window, rtts: Vec::new(), retries: Some(self.retries() - retries) })
+        Ok(())
     }
+}
 
+impl Devices {
     /// SEND ping-pong of `case.size` bytes on the first QP: one thread sends
     /// and waits for the answer, the other answers each SEND with one.
     pub fn ping_pong(&self, case: &Case, timing: &Timing) -> Result<Measured, String> {
         let conn = case.conn.expect("a softroce row");
-        let link = Link::connect(self, conn)?;
+        let pair = &self.pairs[0];
+        let link = Link::connect(pair, conn)?;
         let size = case.size;
         let (qp_a, qp_b) = &link.qps[0];
-        self.a.recv(qp_a, 0, size)?;
-        self.b.recv(qp_b, 0, size)?;
+        pair.a.recv(qp_a, 0, size)?;
+        pair.b.recv(qp_b, 0, size)?;
         let send = |side: &Side, qp: &QueuePair| {
             let mut wr = SendWr::new(0, SendOp::Send).with_sge(side.mr.sge(SOURCE_AT, size));
             // Unsignaled: only receives complete, so each wait sees the answer.
@@ -183,10 +225,10 @@ impl Devices {
                 let pinged = (|| {
                     while !meter.stopped() {
                         let start = Instant::now();
-                        send(&self.a, qp_a)?;
+                        send(&pair.a, qp_a)?;
                         expect(link.wait_a(STEP_TIMEOUT)?, "ping-pong answer")?;
                         let rtt = start.elapsed();
-                        self.a.recv(qp_a, 0, size)?;
+                        pair.a.recv(qp_a, 0, size)?;
                         if meter.measuring() {
                             rtts.push(rtt);
                         }
@@ -201,8 +243,8 @@ impl Devices {
                 while !pinger_done.load(Ordering::Relaxed) {
                     let Some(wc) = link.b_cq.wait_one(POLL) else { continue };
                     expect(wc, "ping")?;
-                    self.b.recv(qp_b, 0, size)?;
-                    send(&self.b, qp_b)?;
+                    pair.b.recv(qp_b, 0, size)?;
+                    send(&pair.b, qp_b)?;
                 }
                 Ok::<(), String>(())
             });
@@ -216,15 +258,10 @@ impl Devices {
     }
 }
 
-/// A UDP port free on both addresses at the moment of asking.
+/// A UDP port free on every address at the moment of asking.
 fn free_port() -> Result<u16, String> {
-    loop {
-        let a = UdpSocket::bind((ADDRESS_A, 0)).map_err(|e| format!("bind {ADDRESS_A}: {e}"))?;
-        let port = a.local_addr().map_err(|e| e.to_string())?.port();
-        if UdpSocket::bind((ADDRESS_B, port)).is_ok() {
-            return Ok(port);
-        }
-    }
+    let all: Vec<IpAddr> = ADDRESSES.iter().flat_map(|&(a, b)| [IpAddr::V4(a), IpAddr::V4(b)]).collect();
+    softroce::net::udp::free_port(&all).map_err(|e| format!("no free UDP port on {all:?}: {e}"))
 }
 
 /// A scoped thread's result; a panic is an error of the row.
@@ -267,7 +304,7 @@ struct Link {
 const SEQ_BITS: u32 = 40;
 
 impl Link {
-    fn connect(devices: &Devices, conn: Conn) -> Result<Link, String> {
+    fn connect(devices: &Pair, conn: Conn) -> Result<Link, String> {
         let failed = |e: softroce::verbs::Error| format!("connecting {} QPs at MTU {}: {e}", conn.qps, conn.mtu.bytes());
         let (a_cq, b_cq) =
             (devices.a.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?, devices.b.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?);
