@@ -1,10 +1,14 @@
 //! Every test that rxe-spec names must exist, so the spec cannot drift from
-//! the code that checks it.
+//! the code that checks it. A Rust test is named `path.rs::test_name`; a
+//! scenario of the kernel-rxe interop suite `tools/interop/suite::SCENARIO`,
+//! where SCENARIO is text of the suite's scenario names as the suite spells
+//! them.
 
 use std::fs;
 use std::path::Path;
 
-/// `path::name` references in backticks after "Test:" in the spec pages.
+/// `path::name` references in backticks after "Test:" in the spec pages:
+/// Rust tests (`path.rs::name`) and interop scenarios (`tools/interop/…::name`).
 fn references(page: &str) -> Vec<(String, String)> {
     let mut refs = Vec::new();
     let mut in_tests = false;
@@ -20,7 +24,7 @@ fn references(page: &str) -> Vec<(String, String)> {
         }
         for quoted in line.split('`').skip(1).step_by(2) {
             if let Some((path, name)) = quoted.rsplit_once("::") {
-                if path.ends_with(".rs") {
+                if path.ends_with(".rs") || path.starts_with("tools/interop/") {
                     refs.push((path.to_string(), name.to_string()));
                 }
             }
@@ -43,7 +47,12 @@ fn every_named_test_exists() {
         for (path, name) in references(&page) {
             checked += 1;
             let source = fs::read_to_string(root.join(&path)).unwrap_or_default();
-            let defined = source.contains(&format!("fn {name}("));
+            let defined = if path.ends_with(".rs") {
+                source.contains(&format!("fn {name}("))
+            } else {
+                // An interop scenario: the suite must still have it.
+                !name.is_empty() && source.contains(name.as_str())
+            };
             if !defined {
                 missing.push(format!("{}: {path}::{name}", page_path.display()));
             }
@@ -60,4 +69,6 @@ fn references_are_found_in_test_lines_only() {
         references(page),
         vec![("src/x.rs".into(), "one".into()), ("tests/y.rs".into(), "two".into())]
     );
+    let page = "**I-1. Y.** text\nTest: `tools/interop/suite::RC 1 B, MTU 1024`, `README.md::no`";
+    assert_eq!(references(page), vec![("tools/interop/suite".into(), "RC 1 B, MTU 1024".into())]);
 }
