@@ -17,8 +17,9 @@
 //! CRC is affine over GF(2), the effect of the unknown 16 ID bits on the result
 //! is a known linear map: [`verify_ipv4_unknown_id`] computes the CRC with ID 0
 //! and asks whether the difference to the received ICRC is the image of some
-//! 16-bit ID. It answers with that ID, so the check costs one CRC plus a few
-//! dozen carry-less multiplications, and a random corruption slips through with
+//! 16-bit ID. It answers with that ID, so the check costs one CRC plus (for a
+//! nonzero ID) one carry-less multiplication by a factor that depends only on
+//! the length, cached per thread, and a random corruption slips through with
 //! probability 2^-16 (2^-15 counting the DF-bit retry). When the whole IP header
 //! is known (pcap, raw link) use [`compute`] and compare: that check is strict.
 
@@ -156,10 +157,13 @@ mod gf2 {
     /// x^-1 modulo the generator: (P + 1) / x, which exists because P(0) = 1.
     pub(super) const X_INV: u32 = (POLY << 1) | 1;
 
-    /// a * b modulo the generator.
-    pub(super) fn mul(a: u32, mut b: u32) -> u32 {
+    /// a * b modulo the generator (`const` so the table below is built at
+    /// compile time).
+    pub(super) const fn mul(a: u32, mut b: u32) -> u32 {
         let mut product = 0;
-        for bit in (0..32).rev() {
+        let mut bit = 32;
+        while bit > 0 {
+            bit -= 1;
             if a & (1 << bit) != 0 {
                 product ^= b;
             }
@@ -169,6 +173,7 @@ mod gf2 {
     }
 
     /// base^exp modulo the generator.
+    #[cfg(test)]
     pub(super) fn pow(mut base: u32, mut exp: u64) -> u32 {
         let mut result = ONE;
         while exp != 0 {
@@ -181,6 +186,55 @@ mod gf2 {
         result
     }
 
+    /// `X_INV^(2^i)`: x^-e is the product of the entries for the bits set in
+    /// e, a handful of multiplications where squaring-and-multiplying takes
+    /// dozens.
+    const X_INV_POWERS: [u32; 64] = {
+        let mut table = [0; 64];
+        table[0] = X_INV;
+        let mut i = 1;
+        while i < 64 {
+            table[i] = mul(table[i - 1], table[i - 1]);
+            i += 1;
+        }
+        table
+    };
+
+    /// x^-exp modulo the generator.
+    pub(super) fn x_inv_pow(exp: u64) -> u32 {
+        let mut result = ONE;
+        let mut bits = exp;
+        while bits != 0 {
+            let i = bits.trailing_zeros();
+            result = mul(result, X_INV_POWERS[i as usize]);
+            bits &= bits - 1;
+        }
+        result
+    }
+
+    /// The last few `(shift, x^-shift)` pairs `solve_id` used, per thread:
+    /// packets of a stream mostly have one of a few lengths, so the factor
+    /// is usually one multiplication away.
+    const CACHED: usize = 4;
+    std::thread_local! {
+        static FACTORS: std::cell::Cell<([(u64, u32); CACHED], usize)> =
+            const { std::cell::Cell::new(([(0, ONE); CACHED], 0)) };
+    }
+
+    /// x^-shift, from the cache if it is there.
+    fn unshift(shift: u64) -> u32 {
+        FACTORS.with(|cell| {
+            let (mut entries, next) = cell.get();
+            if let Some(&(_, factor)) = entries.iter().find(|(s, _)| *s == shift) {
+                return factor;
+            }
+            let factor = x_inv_pow(shift);
+            entries[next] = (shift, factor);
+            cell.set((entries, (next + 1) % CACHED));
+            factor
+        })
+    }
+
     /// Given the difference `delta` between a CRC computed with a zero 16-bit
     /// field and the real one, with `trailing` bytes after that field, finds the
     /// field's value.
@@ -190,8 +244,13 @@ mod gf2 {
     /// shift leaves D itself, which must fit in the 16 highest-order register
     /// bits; otherwise no field value explains the difference.
     pub(super) fn solve_id(delta: u32, trailing: usize) -> Option<u16> {
+        // ID 0 (single datagrams from unconnected DF sockets, ours) needs no
+        // arithmetic.
+        if delta == 0 {
+            return Some(0);
+        }
         let shift = 8 * trailing as u64 + 32;
-        let d = mul(delta, pow(X_INV, shift));
+        let d = mul(delta, unshift(shift));
         if d & 0xffff != 0 {
             return None;
         }
@@ -210,6 +269,33 @@ mod tests {
         let x = 1u32 << 30;
         assert_eq!(gf2::mul(x, gf2::X_INV), 1 << 31);
         assert_eq!(gf2::mul(gf2::pow(x, 1000), gf2::pow(gf2::X_INV, 1000)), 1 << 31);
+    }
+
+    #[test]
+    fn the_table_powers_agree_with_squaring() {
+        for exp in [0u64, 1, 2, 3, 32, 8 * 4124 + 32, 8 * 65535 + 32, u64::from(u32::MAX) + 5, u64::MAX] {
+            assert_eq!(gf2::x_inv_pow(exp), gf2::pow(gf2::X_INV, exp), "exponent {exp}");
+        }
+    }
+
+    /// Many lengths in turn, more than the factor cache holds, and the same
+    /// length with every kind of ID: the cache never answers for the wrong
+    /// length.
+    #[test]
+    fn recovers_ids_across_lengths_and_cache_evictions() {
+        let (src, dst) = (Ipv4Addr::new(10, 77, 0, 2), Ipv4Addr::new(10, 77, 0, 3));
+        let udp = [0xc0, 0x00, 0x12, 0xb7, 0x00, 0x00, 0x00, 0x00];
+        for round in 0..3u16 {
+            for len in [16usize, 20, 64, 1040, 4124, 4128, 100, 16] {
+                let id = round.wrapping_mul(0x1111).wrapping_add(len as u16);
+                let mut roce: Vec<u8> = (0..len).map(|i| (i * 3) as u8).collect();
+                let ip = ipv4_header(src, dst, (28 + len) as u16, id, 0x40);
+                fill(&ip, &udp, &mut roce).unwrap();
+                assert_eq!(verify_ipv4_unknown_id(src, dst, &udp, &roce), Ok(Some(id)), "length {len}");
+                roce[len / 2] ^= 0x20;
+                assert_eq!(verify_ipv4_unknown_id(src, dst, &udp, &roce), Ok(None), "length {len}");
+            }
+        }
     }
 
     fn sample(id: u16, flags: u8) -> ([u8; 20], [u8; 8], Vec<u8>) {
