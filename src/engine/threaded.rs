@@ -210,21 +210,22 @@ impl Engine {
         };
         let now = p.now();
         self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
+        // The new requests first: the peer waits for them.
+        let mut qp = lock(&cell.qp);
+        let Progress { link, locals, tx, .. } = &mut *p;
+        let sent = transmit(&mut qp, link.as_mut(), &self.shared, locals, now, tx, KICK_LIMIT, Order::RequestsFirst);
+        cell.drain(&mut qp, &self.shared.events);
+        drop(qp);
         if std::mem::take(&mut p.owed) {
-            // What the last waiter left unsent goes out in this batch.
+            // What the last waiter left unsent goes out in the same batch.
             let Progress { link, locals, tx, qps, .. } = &mut *p;
             for other in qps.iter() {
                 let mut qp = lock(&other.qp);
-                transmit(&mut qp, link.as_mut(), &self.shared, locals, now, tx, KICK_LIMIT);
+                transmit(&mut qp, link.as_mut(), &self.shared, locals, now, tx, KICK_LIMIT, Order::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
             }
         }
-        let mut qp = lock(&cell.qp);
-        let Progress { link, locals, tx, .. } = &mut *p;
-        let sent = transmit(&mut qp, link.as_mut(), &self.shared, locals, now, tx, KICK_LIMIT);
-        cell.drain(&mut qp, &self.shared.events);
-        let timer = qp.poll_timeout();
-        drop(qp);
+        let timer = lock(&cell.qp).poll_timeout();
         p.link.flush();
         *lock(&self.shared.link_stats) = p.link.stats();
         drop(p);
@@ -414,12 +415,12 @@ impl Progress {
         // socket must not lose the race to the timeout it would cancel.
         let mut drained = false;
         for _ in 0..64 {
-            let Some(r) = self.link.receive(now, &mut self.rx) else {
+            let Some((r, roce)) = self.link.receive_in_place(now, &mut self.rx) else {
                 drained = true;
                 break;
             };
             busy = true;
-            let Ok(pkt) = RoceRepr::parse(&self.rx[..r.len]) else {
+            let Ok(pkt) = RoceRepr::parse(roce) else {
                 shared.malformed.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
@@ -454,7 +455,7 @@ impl Progress {
                 qp.handle_timeout(now);
                 busy = true;
             }
-            let sent = transmit(&mut qp, self.link.as_mut(), shared, &self.locals, now, &mut self.tx, 64);
+            let sent = transmit(&mut qp, self.link.as_mut(), shared, &self.locals, now, &mut self.tx, 64, Order::ResponsesFirst);
             busy |= sent > 0;
             cell.drain(&mut qp, &shared.events);
             next_timer = match (next_timer, qp.poll_timeout()) {
@@ -466,7 +467,8 @@ impl Progress {
         // (the ACK of the last message, say); then they are gone.
         for cell in std::mem::take(&mut *lock(&shared.closing)) {
             let mut qp = lock(&cell.qp);
-            let sent = transmit(&mut qp, self.link.as_mut(), shared, &self.locals, now, &mut self.tx, usize::MAX);
+            let sent =
+                transmit(&mut qp, self.link.as_mut(), shared, &self.locals, now, &mut self.tx, usize::MAX, Order::ResponsesFirst);
             busy |= sent > 0;
         }
         self.link.flush();
@@ -517,6 +519,15 @@ fn nanos(t: Duration) -> u64 {
     u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Which of a QP's packets go first when it has both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// The transport's own order: a busy requester cannot starve the peer of ACKs.
+    ResponsesFirst,
+    /// For a posting thread: its new requests, then what the QP owes.
+    RequestsFirst,
+}
+
 /// Hands up to `limit` of the QP's packets to the link; returns how many.
 fn transmit(
     qp: &mut Qp,
@@ -526,12 +537,17 @@ fn transmit(
     now: Duration,
     buf: &mut [u8],
     limit: usize,
+    order: Order,
 ) -> usize {
     let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
     let mem = RegistryAccess(&registry);
     let mut sent = 0;
     while sent < limit {
-        let Some(t) = qp.poll_transmit(now, &mem, buf) else { break };
+        let next = match order {
+            Order::ResponsesFirst => qp.poll_transmit(now, &mem, buf),
+            Order::RequestsFirst => qp.poll_transmit_requests_first(now, &mem, buf),
+        };
+        let Some(t) = next else { break };
         let roce = &mut buf[..t.len];
         let remote_qpn = Bth::new_unchecked(&*roce).dest_qpn();
         let src_port = match qp.qp_type() {

@@ -565,13 +565,28 @@ impl Qp {
     /// plus [`TRANSMIT_HEADROOM`] bytes; a smaller one yields nothing) and says where it goes. Responses go before requests so
     /// a busy requester cannot starve the peer of ACKs.
     pub fn poll_transmit(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+        self.transmit_next(now, mem, buf, false)
+    }
+
+    /// As [`Qp::poll_transmit`], but requests before responses: for the
+    /// thread that just posted them, since the peer waits for the request
+    /// and the answers this QP owes (ACKs) can trail it in the same batch.
+    pub fn poll_transmit_requests_first(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+        self.transmit_next(now, mem, buf, true)
+    }
+
+    fn transmit_next(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8], requests_first: bool) -> Option<Transmit> {
         let needed = self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM;
         if buf.len() < needed {
             tracing::warn!(qpn = self.qpn, needed, got = buf.len(), "transmit buffer too small");
             return None;
         }
         let _span = tracing::trace_span!("qp", qpn = self.qpn).entered();
-        let tx = self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?;
+        let tx = if requests_first {
+            self.next_request(now, mem, buf).or_else(|| self.next_response(mem, buf))?
+        } else {
+            self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?
+        };
         self.counters.sent_packets += 1;
         if tracing::enabled!(tracing::Level::TRACE) {
             if let Ok(sent) = RoceRepr::parse(&buf[..tx.len]) {
