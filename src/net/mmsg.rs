@@ -19,6 +19,7 @@
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ops::Range;
 use std::os::fd::RawFd;
 
 /// Messages per system call.
@@ -365,9 +366,10 @@ impl RecvBatch {
         Ok(self.count)
     }
 
-    /// The next datagram (a segment of a GRO super-datagram counts as one)
-    /// and its source; truncated ones come out empty.
-    pub fn pop(&mut self) -> Option<(Option<SocketAddr>, &[u8])> {
+    /// The next datagram (a segment of a GRO super-datagram counts as one):
+    /// its source and where its bytes are ([`RecvBatch::bytes`]), so callers
+    /// can hand them on without copying. Truncated ones come out empty.
+    pub fn pop(&mut self) -> Option<(Option<SocketAddr>, Range<usize>)> {
         if self.next >= self.count {
             return None;
         }
@@ -380,7 +382,13 @@ impl RecvBatch {
         if self.offset >= len {
             (self.next, self.offset) = (i + 1, 0);
         }
-        Some((from_storage(&self.srcs[i]), &self.data[at..at + take]))
+        Some((from_storage(&self.srcs[i]), at..at + take))
+    }
+
+    /// The bytes of a datagram [`RecvBatch::pop`] handed out, until the
+    /// next [`RecvBatch::fill`] that reads.
+    pub fn bytes(&self, datagram: Range<usize>) -> &[u8] {
+        self.data.get(datagram).unwrap_or_default()
     }
 }
 
@@ -526,8 +534,8 @@ mod tests {
         let mut got = Vec::new();
         for _ in 0..1000 {
             if inb.fill(rx.as_raw_fd()).unwrap() > 0 {
-                while let Some((_, data)) = inb.pop() {
-                    got.push(data.to_vec());
+                while let Some((_, datagram)) = inb.pop() {
+                    got.push(inb.bytes(datagram).to_vec());
                 }
             }
             if got.len() >= want {

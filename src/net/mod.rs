@@ -115,6 +115,15 @@ pub trait Link {
     /// with a bad ICRC are dropped and counted.
     fn receive(&mut self, now: Duration, buf: &mut [u8]) -> Option<Received>;
 
+    /// [`Link::receive`] without the copy where the link can avoid it: the
+    /// packet's RoCE bytes stay in the link's own buffer, valid until the
+    /// next call; links without one use `scratch`. Engines take packets this
+    /// way, as each is parsed and handled before the next.
+    fn receive_in_place<'a>(&'a mut self, now: Duration, scratch: &'a mut [u8]) -> Option<(Received, &'a [u8])> {
+        let r = self.receive(now, scratch)?;
+        Some((r, scratch.get(..r.len)?))
+    }
+
     /// When the link will next have a packet, for links that know (virtual
     /// time); `None` for real networks.
     fn next_event(&self) -> Option<Duration>;

@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
@@ -103,6 +104,42 @@ impl UdpLink {
     /// refused a train.
     pub fn gso(&self, addr: IpAddr) -> bool {
         self.sockets.get(&addr).is_some_and(|(_, batch)| batch.gso())
+    }
+
+    /// The next received packet of at most `limit` bytes with a good ICRC,
+    /// and where its bytes are in the receive batch; counts the others.
+    fn next_packet(&mut self, limit: usize) -> Option<(Received, Range<usize>)> {
+        loop {
+            if let (Some((src, at)), Some(local)) = (self.rx.pop(), self.rx_local) {
+                self.stats.received += 1;
+                let len = at.len();
+                let Some(src) = src.filter(|_| len > 0 && len <= limit.min(LARGEST_PACKET)) else {
+                    self.stats.malformed += 1;
+                    continue;
+                };
+                if !icrc_ok(src, local, self.port, self.rx.bytes(at.clone())) {
+                    self.stats.icrc_errors += 1;
+                    continue;
+                }
+                return Some((Received { src: src.ip(), src_port: src.port(), dst: local, len }, at));
+            }
+            // Refill from the first socket with datagrams waiting.
+            let mut filled = false;
+            for (&local, (socket, _)) in &self.sockets {
+                match self.rx.fill(socket.as_raw_fd()) {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        self.rx_local = Some(local);
+                        filled = true;
+                        break;
+                    }
+                    Err(_) => self.stats.malformed += 1,
+                }
+            }
+            if !filled {
+                return None;
+            }
+        }
     }
 
 }
@@ -221,38 +258,14 @@ impl Link for UdpLink {
     }
 
     fn receive(&mut self, _now: Duration, buf: &mut [u8]) -> Option<Received> {
-        loop {
-            if let (Some((src, datagram)), Some(local)) = (self.rx.pop(), self.rx_local) {
-                self.stats.received += 1;
-                let fits = !datagram.is_empty() && datagram.len() <= buf.len().min(LARGEST_PACKET);
-                let Some(src) = src.filter(|_| fits) else {
-                    self.stats.malformed += 1;
-                    continue;
-                };
-                if !icrc_ok(src, local, self.port, datagram) {
-                    self.stats.icrc_errors += 1;
-                    continue;
-                }
-                buf[..datagram.len()].copy_from_slice(datagram);
-                return Some(Received { src: src.ip(), src_port: src.port(), dst: local, len: datagram.len() });
-            }
-            // Refill from the first socket with datagrams waiting.
-            let mut filled = false;
-            for (&local, (socket, _)) in &self.sockets {
-                match self.rx.fill(socket.as_raw_fd()) {
-                    Ok(0) => {}
-                    Ok(_) => {
-                        self.rx_local = Some(local);
-                        filled = true;
-                        break;
-                    }
-                    Err(_) => self.stats.malformed += 1,
-                }
-            }
-            if !filled {
-                return None;
-            }
-        }
+        let (r, at) = self.next_packet(buf.len())?;
+        buf[..r.len].copy_from_slice(self.rx.bytes(at));
+        Some(r)
+    }
+
+    fn receive_in_place<'a>(&'a mut self, _now: Duration, _scratch: &'a mut [u8]) -> Option<(Received, &'a [u8])> {
+        let (r, at) = self.next_packet(LARGEST_PACKET)?;
+        Some((r, self.rx.bytes(at)))
     }
 
     fn next_event(&self) -> Option<Duration> {
