@@ -209,3 +209,18 @@ fn gro_trains_are_split_and_checked_packet_by_packet() {
     assert_eq!(got, kept);
     assert_eq!(rx.stats(), softroce::net::LinkStats { received: 21, icrc_errors: 4, ..Default::default() });
 }
+
+/// Packets the link cannot send are refused before anything is queued.
+#[test]
+fn impossible_packets_are_refused() {
+    let mut link = UdpLink::new(free_port());
+    link.attach(A).unwrap();
+    let v6: IpAddr = "::1".parse().unwrap();
+    for (dst, len) in [(B, 15), (B, 65_508), (v6, 100)] {
+        let mut roce = vec![0u8; len];
+        let out = softroce::net::Outgoing { src: A, dst, src_port: 0, roce: &mut roce };
+        assert_eq!(link.transmit(Duration::ZERO, out).unwrap_err().kind(), std::io::ErrorKind::InvalidInput, "{dst} {len}");
+    }
+    link.flush();
+    assert_eq!(link.stats().sent, 0);
+}

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use etherparse::{IpNumber, Ipv6Header, UdpHeader};
 
-use super::mmsg::{RecvBatch, SendBatch};
+use super::mmsg::{RecvBatch, SendBatch, MAX_DATAGRAM};
 use super::{Link, LinkStats, Outgoing, Received};
 use crate::wire::icrc;
 use crate::wire::roce::ICRC_LEN;
@@ -150,6 +150,23 @@ fn udp_header(source_port: u16, destination_port: u16, roce_len: usize) -> Optio
     Some(UdpHeader { source_port, destination_port, length, checksum: 0 }.to_bytes())
 }
 
+/// Refuses a packet the link cannot send (before it is queued, where the
+/// ICRC computation could no longer fail): shorter than a BTH and an ICRC,
+/// larger than a UDP datagram, or between IP versions.
+fn check(src: IpAddr, dst: IpAddr, len: usize) -> io::Result<()> {
+    let invalid = |what: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, what.to_string()));
+    if len < MIN_PACKET {
+        return invalid("packet too short");
+    }
+    if len > MAX_DATAGRAM {
+        return invalid("packet too large");
+    }
+    if src.is_ipv4() != dst.is_ipv4() {
+        return invalid("source and destination are of different IP versions");
+    }
+    Ok(())
+}
+
 /// The ICRC of a packet from `src` to `dst`, both on `port`, sent with IPv4
 /// Identification `id` (ignored for IPv6); `roce` includes the ICRC's place.
 fn icrc_of(src: IpAddr, dst: IpAddr, port: u16, roce: &[u8], id: u16) -> io::Result<u32> {
@@ -222,8 +239,7 @@ impl Link for UdpLink {
     }
 
     fn transmit(&mut self, _now: Duration, out: Outgoing<'_>) -> io::Result<()> {
-        // Checks the packet (lengths, IP versions) before it is queued.
-        icrc_of(out.src, out.dst, self.port, out.roce, 0)?;
+        check(out.src, out.dst, out.roce.len())?;
         let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| {
             io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src))
         })?;
@@ -300,6 +316,9 @@ pub fn free_port(addrs: &[IpAddr]) -> io::Result<u16> {
         }
     }
 }
+
+/// The shortest packet: a BTH and an ICRC.
+const MIN_PACKET: usize = 12 + ICRC_LEN;
 
 /// The largest datagram taken for a packet: a 4096-byte payload with every
 /// header has room to spare, as have jumbo frames. Anything larger is
