@@ -285,19 +285,25 @@ fn udp_link_gso_trains_pass_the_strict_check() {
         let Some(mut raw) = open_lo(port) else { return };
         raw.attach(b).unwrap();
         let big: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
-        let mut sent = Vec::new();
-        // 20 full packets (a train of 15, one of 5) and a shorter last.
-        for i in 0..21u32 {
-            let mut roce = send_only(0x80 + i, if i == 20 { &big[..100] } else { &big });
-            udp_link.transmit(Duration::ZERO, Outgoing { src: a, dst: b, src_port: port, roce: &mut roce }).unwrap();
-            sent.push(roce);
+        // At MTU 4096, 20 full packets (a train of 15, one of 5) and a
+        // shorter last; at MTU 1024, 70 (a train of 61, IDs up to 60, and
+        // one of 9). One group at a time, so the raw socket's buffer holds it.
+        let mut received = 0;
+        for lens in [[vec![4096; 20], vec![100]].concat(), vec![1024; 70]] {
+            let mut sent = Vec::new();
+            for (i, &len) in lens.iter().enumerate() {
+                let mut roce = send_only(0x80 + i as u32, &big[..len]);
+                let out = Outgoing { src: a, dst: b, src_port: port, roce: &mut roce };
+                udp_link.transmit(Duration::ZERO, out).unwrap();
+                sent.push(roce);
+            }
+            udp_link.flush();
+            assert!(udp_link.gso(a));
+            let got: Vec<Vec<u8>> = collect(&mut raw, WINDOW).into_iter().map(|(_, roce)| roce).collect();
+            received += lens.len() as u64;
+            assert_eq!(raw.stats(), LinkStats { received, ..LinkStats::default() });
+            assert_eq!(got, sent);
         }
-        udp_link.flush();
-        assert!(udp_link.gso(a));
-        let got = collect(&mut raw, WINDOW);
-        assert_eq!(raw.stats(), LinkStats { received: 21, ..LinkStats::default() });
-        let got: Vec<Vec<u8>> = got.into_iter().map(|(_, roce)| roce).collect();
-        assert_eq!(got, sent);
     })
     .join()
     .unwrap();
