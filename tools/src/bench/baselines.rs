@@ -1,7 +1,9 @@
 //! The baselines softroce is measured against, each over loopback with one
 //! sending and one receiving thread: UDP datagrams moved as softroce's UDP
-//! link moves them (unconnected sockets, `sendmmsg`/`recvmmsg` batches of
-//! 32), the same with GSO and GRO, one TCP stream, and a UDP ping-pong.
+//! link moved them before it sent GSO trains (unconnected sockets,
+//! `sendmmsg`/`recvmmsg` batches of 32, one datagram per packet), the same
+//! with GSO and GRO (as the link now does, at its best: every datagram a
+//! full train), one TCP stream, and a UDP ping-pong.
 
 use std::io::{self, Read, Write};
 use std::mem::{size_of, zeroed};
