@@ -548,7 +548,7 @@ fn a_qp_destroyed_right_after_its_last_receive_still_acknowledges_it() {
         drop(qp_b);
         assert_eq!(received.status, WcStatus::Success, "round {round}");
         let wc = next_wc(&a.cq);
-        assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success), "round {round}");
+        assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success), "round {round}: {wc:?} {:?} {:?}", a.ctx.counters(), b.ctx.counters());
         drop((a, qp_a, mr_a, mr_b));
     }
 }

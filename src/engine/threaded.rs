@@ -242,7 +242,7 @@ impl Engine {
     /// engine thread to wake.
     pub fn poll_progress(&self, cq: &CqShared) {
         let Some(mut p) = try_lock(&self.progress) else { return };
-        p.iterate(&self.shared, Some(cq));
+        p.iterate(&self.shared, Some(&|| !cq.entries.1.is_empty()));
         self.release(p);
     }
 
@@ -271,36 +271,57 @@ impl Engine {
             if left.is_zero() {
                 return None;
             }
-            let Some(mut p) = try_lock(&self.progress) else {
+            if !self.drive_until(&|| !cq.entries.1.is_empty(), deadline) {
                 // Someone else drives: they hand completions over. Look
                 // again soon, in case they stop.
                 if let Ok(wc) = cq.entries.1.recv_timeout(left.min(HANDOVER)) {
                     return Some(wc);
                 }
-                continue;
-            };
-            self.shared.drivers.fetch_add(1, Ordering::SeqCst);
-            let wc = loop {
-                let step = p.iterate(&self.shared, Some(cq));
-                if let Ok(wc) = cq.entries.1.try_recv() {
-                    break Some(wc);
-                }
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break None;
-                }
-                if !step.busy {
-                    let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
-                    wait_readable(&p.fds, left.min(timer));
-                    if let Some(d) = &self.shared.doorbell {
-                        d.drain();
-                    }
-                }
-            };
-            self.shared.drivers.fetch_sub(1, Ordering::SeqCst);
-            self.release(p);
-            return wc;
+            }
         }
+    }
+
+    /// Waits up to `timeout` for `channel` to have an event, driving
+    /// progress meanwhile as [`Engine::wait_completion`] does.
+    pub fn wait_event(&self, channel: &ChannelShared, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let ready = || !channel.events.1.is_empty();
+        while !ready() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            if !self.drive_until(&ready, deadline) {
+                wait_readable(&[channel.fd.as_raw_fd()], left.min(HANDOVER));
+            }
+        }
+    }
+
+    /// Drives progress from this thread until `ready()` or `deadline`, if
+    /// nobody else is driving; returns whether it could.
+    fn drive_until(&self, ready: &dyn Fn() -> bool, deadline: Instant) -> bool {
+        let Some(mut p) = try_lock(&self.progress) else { return false };
+        self.shared.drivers.fetch_add(1, Ordering::SeqCst);
+        loop {
+            let step = p.iterate(&self.shared, Some(ready));
+            if ready() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            if !step.busy {
+                let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
+                wait_readable(&p.fds, left.min(timer));
+                if let Some(d) = &self.shared.doorbell {
+                    d.drain();
+                }
+            }
+        }
+        self.shared.drivers.fetch_sub(1, Ordering::SeqCst);
+        self.release(p);
+        true
     }
 }
 
@@ -397,11 +418,11 @@ impl Progress {
     }
 
     /// One round: receive, run due timers, transmit. With `until`, the
-    /// round ends as soon as that CQ has a completion, before timers and
+    /// round ends as soon as it holds (a CQ has a completion, say), before timers and
     /// transmission: the waiter gets it first, and the answers owed (an
     /// ACK, say) leave with the waiter's next post, in one batch with it
     /// (see [`Engine::kick`]), or with the next round.
-    fn iterate(&mut self, shared: &EngineShared, until: Option<&CqShared>) -> Step {
+    fn iterate(&mut self, shared: &EngineShared, until: Option<&dyn Fn() -> bool>) -> Step {
         let seen = shared.qps_version.load(Ordering::Acquire);
         if seen != self.version {
             self.by_qpn = lock(&shared.qps).clone();
@@ -440,7 +461,7 @@ impl Progress {
             drop(registry);
             cell.drain(&mut qp, &shared.events);
             drop(qp);
-            if until.is_some_and(|cq| !cq.entries.1.is_empty()) {
+            if until.is_some_and(|ready| ready()) {
                 self.owed = true;
                 *lock(&shared.link_stats) = self.link.stats();
                 return Step { busy: true, next_timer: None };

@@ -127,7 +127,7 @@ impl Context {
     /// `ibv_create_comp_channel`: a channel CQs can signal completion events on.
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         let shared = ChannelShared { fd: EventFd::new()?, events: crossbeam_channel::unbounded() };
-        Ok(CompletionChannel { shared: Arc::new(shared) })
+        Ok(CompletionChannel { ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
     }
 
     /// The next asynchronous event (`ibv_get_async_event`, without blocking).
@@ -504,6 +504,7 @@ impl CompletionQueue {
 /// readable while events wait, so it works with poll, epoll and async runtimes.
 #[derive(Debug)]
 pub struct CompletionChannel {
+    ctx: Arc<ContextInner>,
     shared: Arc<ChannelShared>,
 }
 
@@ -512,7 +513,8 @@ impl CompletionChannel {
     pub fn get_event(&self, timeout: Duration) -> Option<u32> {
         let events = &self.shared.events.1;
         if events.is_empty() {
-            crate::net::wait_readable(&[self.shared.fd.as_raw_fd()], timeout);
+            // Drives progress meanwhile, if nobody else does.
+            self.ctx.engine.wait_event(&self.shared, timeout);
         }
         // Drain before taking an event and signal again while more wait, so
         // the descriptor is readable exactly while events wait.
