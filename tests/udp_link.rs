@@ -224,3 +224,45 @@ fn impossible_packets_are_refused() {
     link.flush();
     assert_eq!(link.stats().sent, 0);
 }
+
+/// Packets an engine builds in the link's own send buffer leave as those
+/// handed to `transmit` do, in the same GSO trains (IDs counting up), with
+/// one copy fewer; a link with two sockets cannot tell which buffer a packet
+/// goes to, and offers none.
+#[test]
+fn packets_built_in_the_send_buffer_join_the_trains() {
+    let port = free_port();
+    let receiver = UdpSocket::bind((B, port)).unwrap();
+    receiver.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut link = UdpLink::new(port);
+    link.attach(A).unwrap();
+    let packet = |i: usize| -> Vec<u8> { (0..1000).map(|j| (i * 17 + j) as u8).collect() };
+    for i in 0..6 {
+        if i % 2 == 0 {
+            let room = link.send_buffer(4096 + 64).expect("one socket: room to build in");
+            room[..1000].copy_from_slice(&packet(i));
+            link.transmit_built(Duration::ZERO, A, B, port, 1000).unwrap();
+        } else {
+            let mut roce = packet(i);
+            link.transmit(Duration::ZERO, softroce::net::Outgoing { src: A, dst: B, src_port: port, roce: &mut roce })
+                .unwrap();
+        }
+    }
+    // A packet between IP versions is refused, and nothing was taken for it.
+    let v6: IpAddr = "::1".parse().unwrap();
+    assert!(link.transmit_built(Duration::ZERO, A, v6, port, 1000).is_err());
+    link.flush();
+    assert_eq!(link.stats().sent, 6);
+    let (IpAddr::V4(a), IpAddr::V4(b)) = (A, B) else { unreachable!() };
+    let mut buf = vec![0u8; 4096];
+    for i in 0..6 {
+        let n = receiver.recv(&mut buf).expect("a packet was lost");
+        assert_eq!(&buf[..n - 4], &packet(i)[..996]);
+        let udp = etherparse::UdpHeader { source_port: port, destination_port: port, length: (8 + n) as u16, checksum: 0 };
+        let id = softroce::wire::icrc::verify_ipv4_unknown_id(a, b, &udp.to_bytes(), &buf[..n]).unwrap();
+        assert_eq!(id, Some(i as u16));
+    }
+    drop(receiver);
+    link.attach(B).unwrap();
+    assert!(link.send_buffer(4096).is_none());
+}

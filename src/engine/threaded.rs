@@ -564,19 +564,27 @@ fn transmit(
     let mem = RegistryAccess(&registry);
     let mut sent = 0;
     while sent < limit {
+        // Build in the link's send buffer where it has one: no copy there.
+        let room = link.send_buffer(buf.len());
+        let in_link = room.is_some();
+        let space = room.unwrap_or(&mut *buf);
         let next = match order {
-            Order::ResponsesFirst => qp.poll_transmit(now, &mem, buf),
-            Order::RequestsFirst => qp.poll_transmit_requests_first(now, &mem, buf),
+            Order::ResponsesFirst => qp.poll_transmit(now, &mem, space),
+            Order::RequestsFirst => qp.poll_transmit_requests_first(now, &mem, space),
         };
         let Some(t) = next else { break };
-        let roce = &mut buf[..t.len];
-        let remote_qpn = Bth::new_unchecked(&*roce).dest_qpn();
+        let remote_qpn = Bth::new_unchecked(&space[..t.len]).dest_qpn();
         let src_port = match qp.qp_type() {
             crate::transport::QpType::Ud => rxe_ud_source_port(qp.qpn()),
             _ => rxe_source_port(qp.qpn(), remote_qpn),
         };
         let src = source_for(locals, t.dest);
-        if let Err(e) = link.transmit(now, Outgoing { src, dst: t.dest, src_port, roce }) {
+        let sent_now = if in_link {
+            link.transmit_built(now, src, t.dest, src_port, t.len)
+        } else {
+            link.transmit(now, Outgoing { src, dst: t.dest, src_port, roce: &mut buf[..t.len] })
+        };
+        if let Err(e) = sent_now {
             debug!(qpn = qp.qpn(), error = %e, "send failed");
         }
         sent += 1;

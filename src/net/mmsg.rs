@@ -102,15 +102,29 @@ impl SendBatch {
         self.count == 0
     }
 
-    /// Queues a copy of `datagram` for `dest`. Returns the copy, for the
-    /// caller to finish (the ICRC), and its index in its GSO train — the
-    /// IPv4 ID it will carry — or `None` when the batch has no room: flush,
-    /// then push again.
+    /// Room for a datagram of up to `len` bytes where the next one queued
+    /// goes, so a caller can build it in place and [`SendBatch::commit`] it
+    /// instead of pushing a copy; `None` when the batch is full (flush).
+    pub fn room(&mut self, len: usize) -> Option<&mut [u8]> {
+        let fits = self.count < BATCH && self.used + len <= self.data.len();
+        fits.then(|| &mut self.data[self.used..self.used + len])
+    }
+
+    /// Queues a copy of `datagram` for `dest`; see [`SendBatch::commit`].
     pub fn push(&mut self, dest: SocketAddr, datagram: &[u8]) -> io::Result<Option<(&mut [u8], u16)>> {
         let len = datagram.len();
-        if len == 0 || len > MAX_DATAGRAM {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram empty or larger than UDP allows"));
-        }
+        check_len(len)?;
+        let Some(room) = self.room(len) else { return Ok(None) };
+        room.copy_from_slice(datagram);
+        self.commit(dest, len)
+    }
+
+    /// Queues the first `len` bytes of [`SendBatch::room`] as a datagram for
+    /// `dest`. Returns them, for the caller to finish (the ICRC), and their
+    /// index in their GSO train — the IPv4 ID they will carry — or `None`
+    /// when the batch has no room: flush, then build or push again.
+    pub fn commit(&mut self, dest: SocketAddr, len: usize) -> io::Result<Option<(&mut [u8], u16)>> {
+        check_len(len)?;
         if self.used + len > self.data.len() {
             return Ok(None);
         }
@@ -127,11 +141,10 @@ impl SendBatch {
             self.count += 1;
             0
         };
-        let copy = &mut self.data[self.used..self.used + len];
-        copy.copy_from_slice(datagram);
+        let queued = &mut self.data[self.used..self.used + len];
         self.used += len;
         // `index` < MAX_SEGMENTS.
-        Ok(Some((copy, index as u16)))
+        Ok(Some((queued, index as u16)))
     }
 
     /// Sends everything queued on `fd`. Datagrams the kernel refuses for a
@@ -220,6 +233,14 @@ fn reindex_from(messages: &[Message], data: &mut [u8], reindex: &mut dyn FnMut(S
             reindex(msg.dest, &mut data[at..end], k as u16);
         }
     }
+}
+
+/// Refuses datagrams UDP cannot carry (and empty ones, which no caller means).
+fn check_len(len: usize) -> io::Result<()> {
+    if len == 0 || len > MAX_DATAGRAM {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram empty or larger than UDP allows"));
+    }
+    Ok(())
 }
 
 /// Whether a failed send of a GSO train says the kernel or the path cannot
@@ -510,6 +531,20 @@ mod tests {
     }
 
     #[test]
+    fn a_datagram_built_in_place_queues_like_a_pushed_one() {
+        let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut batch = SendBatch::new(true);
+        batch.push(a, &[1; 100]).unwrap().unwrap();
+        // Room for more than the datagram will need, as an engine asks.
+        batch.room(4096).unwrap()[..100].copy_from_slice(&[2; 100]);
+        let (queued, index) = batch.commit(a, 100).unwrap().unwrap();
+        assert_eq!((&*queued, index), (&[2u8; 100][..], 1));
+        assert_eq!((batch.count, batch.used), (1, 200));
+        assert_eq!(&batch.data[..200], &[[1u8; 100], [2; 100]].concat()[..]);
+        assert!(batch.commit(a, 0).is_err());
+    }
+
+    #[test]
     fn a_full_batch_asks_to_be_flushed() {
         let mut batch = SendBatch::new(false);
         for i in 0..BATCH {
@@ -517,6 +552,7 @@ mod tests {
             assert!(batch.push(dest, &[1; 10]).unwrap().is_some());
         }
         assert!(batch.push("127.0.0.1:9".parse().unwrap(), &[1; 10]).unwrap().is_none());
+        assert!(batch.room(10).is_none());
         let mut big = SendBatch::new(true);
         let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
         while big.push(a, &vec![0; MAX_DATAGRAM]).unwrap().is_some() {}

@@ -107,6 +107,24 @@ pub trait Link {
     /// Sends one packet, filling in its ICRC.
     fn transmit(&mut self, now: Duration, out: Outgoing<'_>) -> io::Result<()>;
 
+    /// Room of `len` bytes to build the next packet in, inside the link's
+    /// own send buffer, for links that can send it from there
+    /// ([`Link::transmit_built`]): one copy fewer than [`Link::transmit`].
+    /// `None` where the link has no such buffer, or cannot tell which of
+    /// its buffers the packet will leave from.
+    fn send_buffer(&mut self, len: usize) -> Option<&mut [u8]> {
+        let _ = len;
+        None
+    }
+
+    /// Sends the packet of `len` RoCE bytes just built at the start of the
+    /// [`Link::send_buffer`] room, filling in its ICRC, as
+    /// [`Link::transmit`] would.
+    fn transmit_built(&mut self, now: Duration, src: IpAddr, dst: IpAddr, src_port: u16, len: usize) -> io::Result<()> {
+        let _ = (now, src, dst, src_port, len);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this link builds no packets in place"))
+    }
+
     /// Sends whatever [`Link::transmit`] batched. Engines call it after each
     /// round of transmissions.
     fn flush(&mut self) {}

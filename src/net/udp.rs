@@ -204,6 +204,34 @@ fn flush_batch(socket: &UdpSocket, batch: &mut SendBatch, local: IpAddr) -> io::
     })
 }
 
+/// Counts a packet queued from `src` to `dest` and fills in its ICRC for
+/// IPv4 ID `id`, broken on purpose every `corrupt_every`th packet; returns
+/// the ICRC.
+fn seal(
+    stats: &mut LinkStats,
+    corrupt_every: u32,
+    src: IpAddr,
+    dest: SocketAddr,
+    queued: &mut [u8],
+    id: u16,
+) -> io::Result<u32> {
+    let mut crc = icrc_of(src, dest.ip(), dest.port(), queued, id)?;
+    stats.sent += 1;
+    if corrupt_every != 0 && stats.sent % u64::from(corrupt_every) == 0 {
+        crc ^= 1 << 24;
+        stats.corrupted += 1;
+    }
+    // icrc_of succeeded, so the packet holds an ICRC's place.
+    let at = queued.len() - ICRC_LEN;
+    queued[at..].copy_from_slice(&crc.to_le_bytes());
+    Ok(crc)
+}
+
+/// The error for a packet from an address the link has no socket for.
+fn no_socket(addr: IpAddr) -> io::Error {
+    io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {addr}"))
+}
+
 /// Checks the ICRC of a datagram that arrived at `dst` on `port`, as well as
 /// a UDP receiver can.
 fn icrc_ok(src: SocketAddr, dst: IpAddr, port: u16, roce: &[u8]) -> bool {
@@ -240,9 +268,7 @@ impl Link for UdpLink {
 
     fn transmit(&mut self, _now: Duration, out: Outgoing<'_>) -> io::Result<()> {
         check(out.src, out.dst, out.roce.len())?;
-        let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::AddrNotAvailable, format!("no socket bound to {}", out.src))
-        })?;
+        let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| no_socket(out.src))?;
         let dest = SocketAddr::new(out.dst, self.port);
         let mut flushed = Ok(0);
         let (copy, id) = match batch.push(dest, out.roce)? {
@@ -252,17 +278,35 @@ impl Link for UdpLink {
                 batch.push(dest, out.roce)?.ok_or_else(|| io::Error::other("an empty batch has no room"))?
             }
         };
-        let mut crc = icrc_of(out.src, out.dst, self.port, copy, id)?;
-        self.stats.sent += 1;
-        if self.corrupt_every != 0 && self.stats.sent % u64::from(self.corrupt_every) == 0 {
-            crc ^= 1 << 24;
-            self.stats.corrupted += 1;
-        }
-        // The copy goes out; the caller's bytes get the same ICRC.
-        let at = copy.len() - ICRC_LEN;
-        copy[at..].copy_from_slice(&crc.to_le_bytes());
+        let crc = seal(&mut self.stats, self.corrupt_every, out.src, dest, copy, id)?;
+        // The caller's bytes get the same ICRC.
+        let at = out.roce.len() - ICRC_LEN;
         out.roce[at..].copy_from_slice(&crc.to_le_bytes());
         flushed.map(drop)
+    }
+
+    /// Only with one socket: which one a packet leaves from is known once it
+    /// is built. A full batch is sent first.
+    fn send_buffer(&mut self, len: usize) -> Option<&mut [u8]> {
+        let mut sockets = self.sockets.iter_mut();
+        let (&local, (socket, batch)) = sockets.next()?;
+        if sockets.next().is_some() {
+            return None;
+        }
+        if batch.room(len).is_none() {
+            // Errors mean dropped packets, which RC retransmits.
+            let _ = flush_batch(socket, batch, local);
+        }
+        batch.room(len)
+    }
+
+    fn transmit_built(&mut self, _now: Duration, src: IpAddr, dst: IpAddr, _src_port: u16, len: usize) -> io::Result<()> {
+        check(src, dst, len)?;
+        let (_, batch) = self.sockets.get_mut(&src).ok_or_else(|| no_socket(src))?;
+        let dest = SocketAddr::new(dst, self.port);
+        let built = batch.commit(dest, len)?;
+        let (queued, id) = built.ok_or_else(|| io::Error::other("no room was taken for the packet"))?;
+        seal(&mut self.stats, self.corrupt_every, src, dest, queued, id).map(drop)
     }
 
     fn flush(&mut self) {
