@@ -20,6 +20,11 @@
 //!   SEND a ping-pong of messages, READ and atomics a client-only loop of
 //!   one request at a time.
 //!
+//! With `-D`, a BW run lasts that many seconds and counts the completions
+//! (the SEND server: the receives, from its first) of the middle half, as
+//! perftest's alarm-driven states do; requests still in flight at the end
+//! are abandoned.
+//!
 //! Where we differ: timing uses the monotonic clock (perftest counts CPU
 //! cycles); the CPU-frequency warning `-F` silences does not exist, so
 //! `-F` is accepted and does nothing; latency tests use one QP; the client
@@ -181,6 +186,10 @@ pub struct Args {
     /// Report average bandwidth only (no peak).
     #[arg(short = 'N', long = "noPeak")]
     no_peak: bool,
+    /// Run BW tests for this many seconds instead of -n iterations, counting
+    /// the middle half (perftest's margins of a quarter on each side).
+    #[arg(short = 'D', long = "duration", value_parser = c_u32)]
+    duration: Option<u32>,
     /// Report in Gb/sec instead of MB/sec.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
@@ -259,6 +268,8 @@ pub struct Params {
     ib_port: u8,
     no_peak: bool,
     gbits: bool,
+    /// `-D`: the run's length and the margin before and after the sample.
+    duration: Option<(Duration, Duration)>,
     timeout: Option<Duration>,
 }
 
@@ -298,12 +309,14 @@ impl Params {
         let mut rx_depth = check("Rx depth", args.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }), 1, 16384)?;
         let requested_cq_mod = args.cq_mod.map(|m| check("CQ moderation", m, 1, 1024)).transpose()?;
         let mut cq_mod = requested_cq_mod.unwrap_or(100);
-        tx_depth = tx_depth.min(iters);
-        if verb == Verb::Send {
-            rx_depth = rx_depth.min(iters);
-        }
-        if matches!(args.conn, Conn::Uc | Conn::Ud) && args.rx_depth.is_none() {
-            rx_depth = iters.min(16000);
+        if args.duration.is_none() {
+            tx_depth = tx_depth.min(iters);
+            if verb == Verb::Send {
+                rx_depth = rx_depth.min(iters);
+            }
+            if matches!(args.conn, Conn::Uc | Conn::Ud) && args.rx_depth.is_none() {
+                rx_depth = iters.min(16000);
+            }
         }
         // Above 8 KiB perftest signals every request (unless told or -a).
         if size > 8192 && args.conn != Conn::Ud && !args.all && requested_cq_mod.is_none() {
@@ -324,7 +337,17 @@ impl Params {
             Ok(p) if p >= 1 => p,
             _ => return fail(" IB port should be 1 or more"),
         };
-        let no_peak = args.no_peak || (bw && iters > 20000) || (bw && verb == Verb::Send && args.server.is_none());
+        let duration = match args.duration {
+            Some(_) if args.lat => return fail("softroce perf runs latency tests by iterations only: leave out -D"),
+            Some(_) if args.all => return fail("Duration mode currently doesn't support running on all sizes."),
+            Some(0) => return fail(" Duration period should be positive"),
+            Some(d) => Some((Duration::from_secs(d.into()), Duration::from_secs((d / 4).into()))),
+            None => None,
+        };
+        let no_peak = args.no_peak
+            || duration.is_some()
+            || (bw && iters > 20000)
+            || (bw && verb == Verb::Send && args.server.is_none());
         Ok(Params {
             verb,
             conn: args.conn,
@@ -342,6 +365,7 @@ impl Params {
             ib_port,
             no_peak,
             gbits: args.report_gbits,
+            duration,
             timeout: args.timeout.map(Duration::from_secs_f64),
         })
     }
@@ -609,8 +633,8 @@ fn rdma_bw(comm: &mut Comm, res: &mut Res, p: &Params, mtu: Mtu, mine: &[KeyMsg]
     print_bw_header(p);
     let mut last = BwReport::default();
     for size in p.sizes(mtu) {
-        let times = res.run_bw_client(p, &theirs, size)?;
-        last = times.report(size as u64, p.iters as u64 * p.num_qps as u64, p.cq_mod.into(), p.gbits);
+        let (times, total) = res.run_bw_client(p, &theirs, size)?;
+        last = times.report(size as u64, total, p.cq_mod.into(), p.gbits);
         println!("{}", bw_line(&last, p.gbits));
         std::io::stdout().flush().ok();
     }
@@ -636,12 +660,8 @@ fn send_bw(comm: &mut Comm, res: &mut Res, p: &Params, mtu: Mtu, mine: &[KeyMsg]
         }
         // The client may not send before the receives are up.
         comm.hand_shake(&mine[0])?;
-        let total = p.iters as u64 * p.num_qps as u64;
-        let report = if client {
-            res.run_bw_client(p, &theirs, size)?.report(size as u64, total, p.cq_mod.into(), p.gbits)
-        } else {
-            res.run_bw_server(p, size)?.report(size as u64, total, p.cq_mod.into(), p.gbits)
-        };
+        let (times, total) = if client { res.run_bw_client(p, &theirs, size)? } else { res.run_bw_server(p, size)? };
+        let report = times.report(size as u64, total, p.cq_mod.into(), p.gbits);
         println!("{}", bw_line(&report, p.gbits));
         std::io::stdout().flush().ok();
         if p.all {

@@ -152,6 +152,23 @@ fn all_sizes() {
 }
 
 #[test]
+fn duration_counts_the_middle_of_the_run() {
+    for test in ["write", "send"] {
+        let (server, client) = pair(&[test, "-D", "2", "-q", "2", "-s", "4096"]);
+        for run in [&server, &client] {
+            assert!(run.success, "{test}:\n{}\n{}", run.stdout, run.stderr);
+        }
+        for table in [rows(&server, BW), rows(&client, BW)] {
+            assert_eq!(table.len(), 1, "{table:?}");
+            assert_eq!(table[0][0], "4096");
+            // No peak with -D, and some messages counted.
+            assert_eq!(table[0][2], "0.00");
+            assert!(table[0][1].parse::<u64>().unwrap() > 0, "{table:?}");
+        }
+    }
+}
+
+#[test]
 fn report_gbits() {
     let (server, client) = pair(&["write", "-n", "100", "--report_gbits"]);
     assert!(server.success && client.success, "{}\n{}", client.stdout, client.stderr);
@@ -224,7 +241,14 @@ fn malformed_peers_are_clear_errors() {
 
 #[test]
 fn options_perftest_refuses_are_refused() {
-    for args in [&["read", "-c", "UC"][..], &["atomic", "-s", "64"], &["write", "-c", "UD"], &["write", "-n", "2"]] {
+    for args in [
+        &["read", "-c", "UC"][..],
+        &["atomic", "-s", "64"],
+        &["write", "-c", "UD"],
+        &["write", "-n", "2"],
+        &["write", "-D", "2", "-a"],
+        &["read", "--lat", "-q", "2"],
+    ] {
         let out = perf(CLIENT_IP, free_tcp_port(), free_udp_port(), args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");
     }

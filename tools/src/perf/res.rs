@@ -316,69 +316,75 @@ impl Res {
 
     /// `run_iter_bw`: every QP keeps up to `tx_depth` requests in flight,
     /// one in `cq_mod` signaled (and the last), until `iters` completed on
-    /// each.
-    pub fn run_bw_client(&self, p: &Params, theirs: &[KeyMsg], size: usize) -> Result<BwTimes, Fail> {
+    /// each, or with `-D` until the time is up. Returns the timestamps and
+    /// the number of messages they cover.
+    pub fn run_bw_client(&self, p: &Params, theirs: &[KeyMsg], size: usize) -> Result<(BwTimes, u64), Fail> {
         let n = self.qps.len();
-        let iters = u64::from(p.iters);
-        let total = iters * n as u64;
+        let iters = if p.duration.is_some() { u64::MAX } else { u64::from(p.iters) };
+        let total = iters.saturating_mul(n as u64);
         let cq_mod = u64::from(p.cq_mod);
-        let mut times = BwTimes::new(total as usize, p.no_peak);
+        let mut clock = Clock::new(p.duration);
+        let mut times = BwTimes::new(if clock.timed() { 1 } else { total as usize }, p.no_peak);
         let (mut scnt, mut ccnt) = (vec![0u64; n], vec![0u64; n]);
         let (mut totscnt, mut totccnt) = (0u64, 0u64);
         let mut batch = Vec::with_capacity(POLL_BATCH);
         let mut last = Instant::now();
-        while totscnt < total || totccnt < total {
+        while (totscnt < total || totccnt < total) && !clock.ended() {
             for q in 0..n {
                 while scnt[q] < iters && scnt[q] - ccnt[q].min(scnt[q]) < u64::from(p.tx_depth) {
                     let signaled = (scnt[q] + 1) % cq_mod == 0 || scnt[q] + 1 == iters;
                     let wr = self.request(p, q, &theirs[q], size, scnt[q], signaled);
-                    times.post(totscnt as usize, self.now());
+                    if !clock.timed() {
+                        times.post(totscnt as usize, self.now());
+                    }
                     self.post(q, wr, scnt[q])?;
                     scnt[q] += 1;
                     totscnt += 1;
                 }
             }
-            if totccnt < total {
-                Self::poll(&self.send_cq, &mut batch, Duration::from_millis(100));
-                for wc in &batch {
-                    if wc.status != WcStatus::Success {
-                        return Err(Fail(format!(
-                            " Completion with error at client\n Failed status {}: wr_id {} syndrom 0x0\nscnt={totscnt}, ccnt={totccnt}\n ({})",
-                            wc.status as u32,
-                            wc.wr_id as i32,
-                            wc.status.as_str()
-                        )));
-                    }
-                    let q = (wc.wr_id as usize).min(n - 1);
-                    ccnt[q] += cq_mod;
-                    totccnt += cq_mod;
+            Self::poll(&self.send_cq, &mut batch, Duration::from_millis(if clock.timed() { 1 } else { 100 }));
+            for wc in &batch {
+                if wc.status != WcStatus::Success {
+                    return Err(Fail(format!(
+                        " Completion with error at client\n Failed status {}: wr_id {} syndrom 0x0\nscnt={totscnt}, ccnt={totccnt}\n ({})",
+                        wc.status as u32,
+                        wc.wr_id as i32,
+                        wc.status.as_str()
+                    )));
+                }
+                let q = (wc.wr_id as usize).min(n - 1);
+                ccnt[q] += cq_mod;
+                totccnt += cq_mod;
+                if clock.timed() {
+                    clock.count(cq_mod);
+                } else {
                     times.complete(totccnt as usize, self.now());
                 }
-                if batch.is_empty() {
-                    self.check_progress(last, || format!("waiting for completions ({totccnt} of {total})"))?;
-                } else {
-                    last = Instant::now();
-                }
+            }
+            if batch.is_empty() {
+                self.check_progress(last, || format!("waiting for completions ({totccnt} of {total})"))?;
+            } else {
+                last = Instant::now();
             }
         }
-        times.finish(self.now());
-        Ok(times)
+        Ok(clock.finish(self, times, total))
     }
 
     /// `run_iter_bw_server`: counts receives until `iters` arrived on every
-    /// QP, re-posting while fewer than `iters` were posted. The clock starts
-    /// at the first receive.
-    pub fn run_bw_server(&self, p: &Params, size: usize) -> Result<BwTimes, Fail> {
+    /// QP (or with `-D` until the time is up), re-posting while fewer than
+    /// `iters` were posted. The clock starts at the first receive.
+    pub fn run_bw_server(&self, p: &Params, size: usize) -> Result<(BwTimes, u64), Fail> {
         let n = self.qps.len();
-        let iters = u64::from(p.iters);
-        let total = iters * n as u64;
+        let iters = if p.duration.is_some() { u64::MAX } else { u64::from(p.iters) };
+        let total = iters.saturating_mul(n as u64);
+        let mut clock = Clock::new(p.duration);
         let mut times = BwTimes::new(1, true);
         let mut posted = vec![u64::from(p.rx_depth); n];
         let mut rcnt = 0u64;
         let mut batch = Vec::with_capacity(POLL_BATCH);
         let mut last = Instant::now();
-        while rcnt < total {
-            Self::poll(&self.recv_cq, &mut batch, Duration::from_millis(100));
+        while rcnt < total && !(rcnt > 0 && clock.ended()) {
+            Self::poll(&self.recv_cq, &mut batch, Duration::from_millis(if clock.timed() { 1 } else { 100 }));
             if batch.is_empty() {
                 if last.elapsed() >= self.timeout.unwrap_or(SERVER_SILENCE) {
                     return Err(Fail(format!(
@@ -392,6 +398,7 @@ impl Res {
             for wc in &batch {
                 if rcnt == 0 {
                     times.post(0, self.now());
+                    clock = Clock::new(p.duration);
                 }
                 if wc.status != WcStatus::Success {
                     return Err(Fail(format!(
@@ -402,6 +409,7 @@ impl Res {
                     )));
                 }
                 rcnt += 1;
+                clock.count(1);
                 let q = (wc.wr_id as usize).min(n - 1);
                 if posted[q] < iters {
                     self.post_recvs(p, q, size, 1)?;
@@ -409,8 +417,7 @@ impl Res {
                 }
             }
         }
-        times.finish(self.now());
-        Ok(times)
+        Ok(clock.finish(self, times, total))
     }
 
     /// `run_iter_lat` (READ and atomic latency): one signaled request at a
@@ -531,5 +538,59 @@ impl Res {
             }
         }
         Ok(posted)
+    }
+}
+
+/// `-D`'s phases (perftest's `catch_alarm`): a margin, the sample whose
+/// completions count, a margin, the end. Without `-D` it is always
+/// sampling and never ends.
+struct Clock {
+    phases: Option<(Instant, Instant, Instant)>,
+    counted: u64,
+}
+
+impl Clock {
+    /// Starting now, for `(length, margin)`.
+    fn new(duration: Option<(Duration, Duration)>) -> Clock {
+        let phases = duration.map(|(length, margin)| {
+            let start = Instant::now();
+            (start + margin, start + length.saturating_sub(margin), start + length)
+        });
+        Clock { phases, counted: 0 }
+    }
+
+    fn timed(&self) -> bool {
+        self.phases.is_some()
+    }
+
+    fn ended(&self) -> bool {
+        self.phases.is_some_and(|(_, _, end)| Instant::now() >= end)
+    }
+
+    /// Counts `n` messages if they completed in the sample.
+    fn count(&mut self, n: u64) {
+        if let Some((from, to, _)) = self.phases {
+            let now = Instant::now();
+            if now >= from && now < to {
+                self.counted += n;
+            }
+        }
+    }
+
+    /// The timestamps and message count to report: the sample's bounds and
+    /// what it counted with `-D`, else the run's own.
+    fn finish(self, res: &Res, mut times: BwTimes, total: u64) -> (BwTimes, u64) {
+        match self.phases {
+            Some((from, to, _)) => {
+                let at = |t: Instant| t.saturating_duration_since(res.origin).as_nanos() as u64;
+                times.posted[0] = at(from);
+                times.completed[0] = at(to);
+                (times, self.counted)
+            }
+            None => {
+                times.finish(res.now());
+                (times, total)
+            }
+        }
     }
 }
