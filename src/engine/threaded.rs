@@ -180,12 +180,16 @@ impl EngineShared {
 pub(crate) struct Engine {
     pub shared: Arc<EngineShared>,
     progress: Arc<Mutex<Progress>>,
+    /// Threads that drive progress poll instead of sleeping.
+    busy_poll: bool,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Engine {
-    /// Starts the engine thread over `link`. With `busy_poll` it never
-    /// sleeps: lowest latency, one core spent.
+    /// Starts the engine thread over `link`. With `busy_poll`, application
+    /// threads that wait for a completion or an event poll instead of
+    /// sleeping (lowest latency, a core spent per waiting thread); the
+    /// engine thread always sleeps when idle, so idle devices cost nothing.
     pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
         let shared = Arc::new(EngineShared { doorbell: Some(EventFd::new()?), ..EngineShared::default() });
         let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared)));
@@ -195,9 +199,9 @@ impl Engine {
             .name(format!("softroce-{name}"))
             .spawn(move || {
                 let _span = debug_span!("engine", device = %span_name).entered();
-                run(&thread_progress, &thread_shared, busy_poll)
+                run(&thread_progress, &thread_shared)
             })?;
-        Ok(Engine { shared, progress, thread: Some(thread) })
+        Ok(Engine { shared, progress, busy_poll, thread: Some(thread) })
     }
 
     /// After a post to `cell`'s QP: sends its new packets from this thread
@@ -311,7 +315,7 @@ impl Engine {
             if left.is_zero() {
                 break;
             }
-            if !step.busy {
+            if !step.busy && !self.busy_poll {
                 let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
                 wait_readable(&p.fds, left.min(timer));
                 if let Some(d) = &self.shared.doorbell {
@@ -501,14 +505,14 @@ impl Progress {
 /// The engine loop: drive progress, then sleep until the link or the
 /// doorbell has something (or the next timer is due). While an application
 /// thread drives progress, the engine waits for the lock.
-fn run(progress: &Mutex<Progress>, shared: &EngineShared, busy_poll: bool) {
+fn run(progress: &Mutex<Progress>, shared: &EngineShared) {
     let (fds, start) = {
         let p = lock(progress);
         (p.fds.clone(), p.start)
     };
     let doorbell: Vec<RawFd> = shared.doorbell.iter().map(|d| d.as_raw_fd()).collect();
     while !shared.stop.load(Ordering::SeqCst) {
-        if !busy_poll && shared.app_driving(start.elapsed()) {
+        if shared.app_driving(start.elapsed()) {
             // Only a doorbell (work an application thread could not hand
             // over) calls the engine in while the application drives.
             shared.engine_wake_at.store(nanos(start.elapsed() + HANDOVER), Ordering::SeqCst);
@@ -522,7 +526,7 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, busy_poll: bool) {
             }
         }
         let step = lock(progress).iterate(shared, None);
-        if step.busy || busy_poll {
+        if step.busy {
             continue;
         }
         let now = start.elapsed();

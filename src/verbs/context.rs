@@ -27,7 +27,10 @@ use crate::wire::{Psn, ROCE_UDP_PORT};
 pub struct ContextOptions {
     /// UDP port of the RoCE link (4791; tests choose free ones).
     pub port: u16,
-    /// The engine spins instead of sleeping: lowest latency, one core spent.
+    /// Application threads in [`CompletionQueue::wait_one`] or
+    /// [`CompletionChannel::get_event`] poll instead of sleeping: lowest
+    /// latency, a core spent per waiting thread. (The engine thread sleeps
+    /// when idle either way.)
     pub busy_poll: bool,
     /// Send every this many packets with a broken ICRC (0: never), to test
     /// that peers drop them ([`UdpLink::corrupt_icrc_every`]).

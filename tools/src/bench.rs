@@ -57,6 +57,10 @@ pub struct Args {
     /// ratios to baselines left out are null.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "TEST,...")]
     test: Vec<Test>,
+    /// Open the softroce devices with busy polling: threads that wait for
+    /// completions poll instead of sleeping (a core each).
+    #[arg(long)]
+    busy_poll: bool,
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {
@@ -82,16 +86,17 @@ pub fn run(args: Args) -> ExitCode {
 /// failed (a baseline that fails is only unavailable).
 fn bench(args: &Args) -> Result<bool, String> {
     let timing = Timing { warmup: args.seconds / 5, seconds: args.seconds };
-    let devices = rdma::Devices::open(args.port)?;
+    let devices = rdma::Devices::open(args.port, args.busy_poll)?;
     let host = Host::now();
     if !args.json {
         say!(
-            "softroce bench: {} cores, Linux {}, load average {} at the start; {} s per row after {} s warm-up",
+            "softroce bench: {} cores, Linux {}, load average {} at the start; {} s per row after {} s warm-up{}",
             host.cores,
             host.kernel,
             host.load,
             timing.seconds.as_secs_f64(),
-            timing.warmup.as_secs_f64()
+            timing.warmup.as_secs_f64(),
+            if args.busy_poll { "; softroce devices busy-poll" } else { "" }
         );
         say!("{}", table_header());
     }
