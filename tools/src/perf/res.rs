@@ -51,18 +51,20 @@ fn inc(size: usize, cache_line: usize) -> usize {
 pub struct Res {
     _ctx: Context,
     pd: ProtectionDomain,
-    pub mr: MemoryRegion,
+    mr: MemoryRegion,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
-    pub qps: Vec<QueuePair>,
+    qps: Vec<QueuePair>,
     /// `BUFF_SIZE(size, cycle_buffer)`: one slot of the buffer.
     slot: usize,
+    /// The cycle buffer (page) and cache line sizes both sides agreed on.
     cycle: usize,
     cache_line: usize,
     /// UD destinations, once connected.
     ud: Vec<UdDest>,
-    /// Where no-progress limits come from.
-    pub timeout: Option<Duration>,
+    /// `--timeout`: how long to wait without progress.
+    timeout: Option<Duration>,
+    /// The zero of the runs' timestamps.
     origin: Instant,
 }
 
