@@ -252,7 +252,7 @@ impl Res {
     /// The `count`-th request of QP `q` for a test of `size` bytes.
     fn request(&self, p: &Params, q: usize, peer: &KeyMsg, size: usize, count: u64, signaled: bool) -> SendWr {
         let local = self.cycled(q * self.slot, size, count);
-        let remote_addr = peer.vaddr + (self.cycled(0, size, count) as u64);
+        let remote_addr = peer.vaddr.wrapping_add(self.cycled(0, size, count) as u64);
         let op = match p.verb {
             Verb::Send => SendOp::Send,
             Verb::Write => SendOp::RdmaWrite { remote_addr, rkey: peer.rkey },
