@@ -12,6 +12,8 @@
 //!   each QP against the buffer the server announced, one in `-Q` signaled;
 //!   the server's QPs only answer, in RTR, and the server waits for the
 //!   client's last handshake, receives the client's results and prints them.
+//! - With `-b` (WRITE, READ, atomics) both sides do the client's part at
+//!   once, trade their results and print the sums.
 //! - SEND BW: the server pre-posts `-r` receives per QP and counts arrivals
 //!   (its clock starts at the first), the client sends as above; each side
 //!   prints its own figures. Handshakes separate the sizes of `-a`.
@@ -45,7 +47,7 @@ use softroce::verbs::{Device, Gid};
 use softroce::wire::ROCE_UDP_PORT;
 
 use proto::{BwReport, Comm, KeyMsg};
-use report::{bw_header, bw_line, lat_line, LAT_HEADER, RESULT_LINE};
+use report::{bw_header, bw_line, bw_sum_line, lat_line, LAT_HEADER, RESULT_LINE};
 use res::Res;
 
 /// `MAX_SIZE`: the largest message, and the buffer size of `-a`.
@@ -183,6 +185,10 @@ pub struct Args {
     /// Do not fail on CPU frequency changes (accepted; no effect here).
     #[arg(short = 'F', long = "CPU-freq")]
     cpu_freq: bool,
+    /// Bidirectional: both sides WRITE, READ or run atomics at once and
+    /// report the sum (not for SEND here).
+    #[arg(short = 'b', long = "bidirectional")]
+    bidirectional: bool,
     /// Report average bandwidth only (no peak).
     #[arg(short = 'N', long = "noPeak")]
     no_peak: bool,
@@ -268,6 +274,8 @@ pub struct Params {
     ib_port: u8,
     no_peak: bool,
     gbits: bool,
+    /// `-b`: both sides send.
+    duplex: bool,
     /// `-D`: the run's length and the margin before and after the sample.
     duration: Option<(Duration, Duration)>,
     timeout: Option<Duration>,
@@ -337,6 +345,9 @@ impl Params {
             Ok(p) if p >= 1 => p,
             _ => return fail(" IB port should be 1 or more"),
         };
+        if args.bidirectional && (args.lat || verb == Verb::Send) {
+            return fail("softroce perf runs -b (bidirectional) with WRITE, READ and atomic BW tests only");
+        }
         let duration = match args.duration {
             Some(_) if args.lat => return fail("softroce perf runs latency tests by iterations only: leave out -D"),
             Some(_) if args.all => return fail("Duration mode currently doesn't support running on all sizes."),
@@ -347,7 +358,7 @@ impl Params {
         let no_peak = args.no_peak
             || duration.is_some()
             || (bw && iters > 20000)
-            || (bw && verb == Verb::Send && args.server.is_none());
+            || (bw && verb == Verb::Send && args.server.is_none() && !args.bidirectional);
         Ok(Params {
             verb,
             conn: args.conn,
@@ -365,6 +376,7 @@ impl Params {
             ib_port,
             no_peak,
             gbits: args.report_gbits,
+            duplex: args.bidirectional,
             duration,
             timeout: args.timeout.map(Duration::from_secs_f64),
         })
@@ -486,14 +498,18 @@ fn print_test_info(p: &Params, device: &str, client: bool, mtu: Mtu, gid_index: 
     if p.verb == Verb::Atomic {
         title.push_str(if p.cmp_and_swap { "CMP_AND_SWAP " } else { "FETCH_AND_ADD " });
     }
-    title.push_str(if p.lat { "Latency Test" } else { "BW Test" });
+    title.push_str(match (p.lat, p.duplex) {
+        (true, _) => "Latency Test",
+        (false, true) => "Bidirectional BW Test",
+        (false, false) => "BW Test",
+    });
     println!("{title}");
     println!(" Dual-port       : OFF\t\tDevice         : {device}");
     println!(" Number of qps   : {}\t\tTransport type : IB", p.num_qps);
     println!(" Connection type : {}\t\tUsing SRQ      : OFF", p.conn.name());
     println!(" PCIe relax order: Unsupported");
     println!(" ibv_wr* API     : OFF");
-    if client {
+    if client || p.duplex {
         println!(" TX depth        : {}", p.tx_depth);
     }
     if p.verb == Verb::Send && !client {
@@ -613,15 +629,16 @@ fn print_bw_header(p: &Params) {
     println!("{}", bw_header(p.gbits));
 }
 
-/// `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw` (`write_bw.c` and friends).
+/// `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw` (`write_bw.c` and friends),
+/// also bidirectional.
 fn rdma_bw(comm: &mut Comm, res: &mut Res, p: &Params, mtu: Mtu, mine: &[KeyMsg], client: bool) -> Result<(), Fail> {
     let theirs = exchange_all(comm, mine)?;
     check_gids(&mine[0], &theirs[0])?;
-    res.connect(p, mtu, mine, &theirs, client)?;
+    res.connect(p, mtu, mine, &theirs, client || p.duplex)?;
     let theirs = print_and_exchange(comm, mine, p.verb)?;
     // "An additional handshake is required after moving qp to RTR."
     comm.hand_shake(&mine[0])?;
-    if !client {
+    if !client && !p.duplex {
         // The server's QPs only answer: wait for the client's end.
         print_bw_header(p);
         comm.hand_shake(&mine[0])?;
@@ -633,14 +650,28 @@ fn rdma_bw(comm: &mut Comm, res: &mut Res, p: &Params, mtu: Mtu, mine: &[KeyMsg]
     print_bw_header(p);
     let mut last = BwReport::default();
     for size in p.sizes(mtu) {
+        if p.duplex {
+            // Both sides start together, and with -a finish together.
+            comm.hand_shake(&mine[0])?;
+        }
         let (times, total) = res.run_bw_client(p, &theirs, size)?;
         last = times.report(size as u64, total, p.cq_mod.into(), p.gbits);
-        println!("{}", bw_line(&last, p.gbits));
+        if p.duplex {
+            if p.all {
+                comm.hand_shake(&mine[0])?;
+            }
+            let peer = comm.exchange_bw_reports(&last)?;
+            println!("{}", bw_sum_line(&last, &peer, p.gbits));
+        } else {
+            println!("{}", bw_line(&last, p.gbits));
+        }
         std::io::stdout().flush().ok();
     }
     println!("{RESULT_LINE}");
-    comm.hand_shake(&mine[0])?;
-    comm.exchange_bw_reports(&last)?;
+    if !p.duplex {
+        comm.hand_shake(&mine[0])?;
+        comm.exchange_bw_reports(&last)?;
+    }
     comm.close(&mine[0])
 }
 

@@ -152,6 +152,22 @@ fn all_sizes() {
 }
 
 #[test]
+fn bidirectional_sums_both_sides() {
+    for test in ["write", "read", "atomic"] {
+        let (server, client) = pair(&[test, "-b", "-n", "300", "-q", "2"]);
+        for run in [&server, &client] {
+            assert!(run.success, "{test}:\n{}\n{}", run.stdout, run.stderr);
+            assert!(run.stdout.contains("Bidirectional BW Test"), "{}", run.stdout);
+        }
+        let (s, c) = (rows(&server, BW), rows(&client, BW));
+        assert_eq!((s.len(), c.len()), (1, 1));
+        // Each side prints the sum of both: the same figures.
+        assert_eq!(s[0], c[0], "{test}");
+        assert_eq!(c[0][1], "600");
+    }
+}
+
+#[test]
 fn duration_counts_the_middle_of_the_run() {
     for test in ["write", "send"] {
         let (server, client) = pair(&[test, "-D", "2", "-q", "2", "-s", "4096"]);
@@ -248,6 +264,7 @@ fn options_perftest_refuses_are_refused() {
         &["write", "-n", "2"],
         &["write", "-D", "2", "-a"],
         &["read", "--lat", "-q", "2"],
+        &["send", "-b"],
     ] {
         let out = perf(CLIENT_IP, free_tcp_port(), free_udp_port(), args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");

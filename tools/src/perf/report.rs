@@ -31,7 +31,23 @@ fn unit(gbits: bool) -> f64 {
 /// `print_full_bw_report`'s line: `REPORT_FMT`, or `REPORT_FMT_EXT` (six
 /// decimals) for Gb/s figures under 0.1.
 pub fn bw_line(r: &BwReport, gbits: bool) -> String {
-    if gbits && r.bw_avg < 0.1 {
+    row(r, gbits && r.bw_avg < 0.1)
+}
+
+/// A bidirectional test's line: both sides' figures added, with our size
+/// and iterations; the precision follows our own average, as in perftest.
+pub fn bw_sum_line(mine: &BwReport, theirs: &BwReport, gbits: bool) -> String {
+    let sum = BwReport {
+        bw_peak: mine.bw_peak + theirs.bw_peak,
+        bw_avg: mine.bw_avg + theirs.bw_avg,
+        msg_rate: mine.msg_rate + theirs.msg_rate,
+        ..*mine
+    };
+    row(&sum, gbits && mine.bw_avg < 0.1)
+}
+
+fn row(r: &BwReport, six_decimals: bool) -> String {
+    if six_decimals {
         format!(" {:<7}    {}           {:<7.6}            {:<7.6}            {:<7.6}", r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate)
     } else {
         format!(
@@ -178,6 +194,11 @@ mod tests {
         assert_eq!(
             bw_line(&small, true),
             " 2          1000           0.010000            0.001000            0.062500"
+        );
+        let theirs = BwReport { size: 65536, iters: 4000, bw_peak: 1.0, bw_avg: 1.0, msg_rate: 0.0008 };
+        assert_eq!(
+            bw_sum_line(&r, &theirs, false),
+            " 65536      5000             1235.57            1201.00\t\t   0.020000"
         );
     }
 
