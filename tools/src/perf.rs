@@ -12,8 +12,9 @@
 //!   each QP against the buffer the server announced, one in `-Q` signaled;
 //!   the server's QPs only answer, in RTR, and the server waits for the
 //!   client's last handshake, receives the client's results and prints them.
-//! - With `-b` (WRITE, READ, atomics) both sides do the client's part at
-//!   once, trade their results and print the sums.
+//! - With `-b` both sides do the client's part at once (for SEND, each
+//!   also receives, the server sending once the first message arrived),
+//!   trade their results and print the sums.
 //! - SEND BW: the server pre-posts `-r` receives per QP and counts arrivals
 //!   (its clock starts at the first), the client sends as above; each side
 //!   prints its own figures. Handshakes separate the sizes of `-a`.
@@ -185,8 +186,8 @@ pub struct Args {
     /// Do not fail on CPU frequency changes (accepted; no effect here).
     #[arg(short = 'F', long = "CPU-freq")]
     cpu_freq: bool,
-    /// Bidirectional: both sides WRITE, READ or run atomics at once and
-    /// report the sum (not for SEND here).
+    /// Bidirectional: both sides send (WRITE, READ, run atomics) at once
+    /// and report the sum.
     #[arg(short = 'b', long = "bidirectional")]
     bidirectional: bool,
     /// Report average bandwidth only (no peak).
@@ -345,8 +346,8 @@ impl Params {
             Ok(p) if p >= 1 => p,
             _ => return fail(" IB port should be 1 or more"),
         };
-        if args.bidirectional && (args.lat || verb == Verb::Send) {
-            return fail("softroce perf runs -b (bidirectional) with WRITE, READ and atomic BW tests only");
+        if args.bidirectional && args.lat {
+            return fail("softroce perf runs -b (bidirectional) with BW tests only");
         }
         let duration = match args.duration {
             Some(_) if args.lat => return fail("softroce perf runs latency tests by iterations only: leave out -D"),
@@ -654,7 +655,7 @@ fn rdma_bw(comm: &mut Comm, res: &mut Res, p: &Params, mtu: Mtu, mine: &[KeyMsg]
             // Both sides start together, and with -a finish together.
             comm.hand_shake(&mine[0])?;
         }
-        let (times, total) = res.run_bw_client(p, &theirs, size)?;
+        let (times, total) = res.run_bw(p, &theirs, size, !client)?;
         last = times.report(size as u64, total, p.cq_mod.into(), p.gbits);
         if p.duplex {
             if p.all {
@@ -679,21 +680,26 @@ fn rdma_bw(comm: &mut Comm, res: &mut Res, p: &Params, mtu: Mtu, mine: &[KeyMsg]
 fn send_bw(comm: &mut Comm, res: &mut Res, p: &Params, mtu: Mtu, mine: &[KeyMsg], client: bool) -> Result<(), Fail> {
     let theirs = exchange_all(comm, mine)?;
     check_gids(&mine[0], &theirs[0])?;
-    res.connect(p, mtu, mine, &theirs, client)?;
+    res.connect(p, mtu, mine, &theirs, client || p.duplex)?;
     comm.hand_shake(&mine[0])?;
     let theirs = print_and_exchange(comm, mine, p.verb)?;
     print_bw_header(p);
     for size in p.sizes(mtu) {
-        if !client {
+        if !client || p.duplex {
             for q in 0..p.num_qps {
                 res.post_recvs(p, q, size, p.rx_depth)?;
             }
         }
         // The client may not send before the receives are up.
         comm.hand_shake(&mine[0])?;
-        let (times, total) = if client { res.run_bw_client(p, &theirs, size)? } else { res.run_bw_server(p, size)? };
+        let (times, total) = if client || p.duplex { res.run_bw(p, &theirs, size, !client)? } else { res.run_bw_server(p, size)? };
         let report = times.report(size as u64, total, p.cq_mod.into(), p.gbits);
-        println!("{}", bw_line(&report, p.gbits));
+        if p.duplex && p.duration.is_none() {
+            let peer = comm.exchange_bw_reports(&report)?;
+            println!("{}", bw_sum_line(&report, &peer, p.gbits));
+        } else {
+            println!("{}", bw_line(&report, p.gbits));
+        }
         std::io::stdout().flush().ok();
         if p.all {
             comm.hand_shake(&mine[0])?;

@@ -318,22 +318,29 @@ impl Res {
 
     /// `run_iter_bw`: every QP keeps up to `tx_depth` requests in flight,
     /// one in `cq_mod` signaled (and the last), until `iters` completed on
-    /// each, or with `-D` until the time is up. Returns the timestamps and
-    /// the number of messages they cover.
-    pub fn run_bw_client(&self, p: &Params, theirs: &[KeyMsg], size: usize) -> Result<(BwTimes, u64), Fail> {
+    /// each, or with `-D` until the time is up. For SEND with `-b`
+    /// (`run_iter_bi`) it also counts and re-posts receives until `iters`
+    /// arrived on each QP, and the server sends only once the first has.
+    /// Returns the timestamps and the number of messages they cover.
+    pub fn run_bw(&self, p: &Params, theirs: &[KeyMsg], size: usize, server: bool) -> Result<(BwTimes, u64), Fail> {
         let n = self.qps.len();
         let iters = if p.duration.is_some() { u64::MAX } else { u64::from(p.iters) };
         let total = iters.saturating_mul(n as u64);
         let cq_mod = u64::from(p.cq_mod);
+        let receiving = p.duplex && p.verb == Verb::Send;
         let mut clock = Clock::new(p.duration);
         let mut times = BwTimes::new(if clock.timed() { 1 } else { total as usize }, p.no_peak);
         let (mut scnt, mut ccnt) = (vec![0u64; n], vec![0u64; n]);
         let (mut totscnt, mut totccnt) = (0u64, 0u64);
+        let (mut rcnt, mut posted) = (0u64, vec![u64::from(p.rx_depth); n]);
+        // "Give some priority to RX": the server's first message waits for
+        // the client's.
+        let mut may_send = !(receiving && server);
         let mut batch = Vec::with_capacity(POLL_BATCH);
         let mut last = Instant::now();
-        while (totscnt < total || totccnt < total) && !clock.ended() {
+        while (totscnt < total || totccnt < total || (receiving && rcnt < total)) && !clock.ended() {
             for q in 0..n {
-                while scnt[q] < iters && scnt[q] - ccnt[q].min(scnt[q]) < u64::from(p.tx_depth) {
+                while may_send && scnt[q] < iters && scnt[q] - ccnt[q].min(scnt[q]) < u64::from(p.tx_depth) {
                     let signaled = (scnt[q] + 1) % cq_mod == 0 || scnt[q] + 1 == iters;
                     let wr = self.request(p, q, &theirs[q], size, scnt[q], signaled);
                     if !clock.timed() {
@@ -344,7 +351,31 @@ impl Res {
                     totscnt += 1;
                 }
             }
-            Self::poll(&self.send_cq, &mut batch, Duration::from_millis(if clock.timed() { 1 } else { 100 }));
+            let mut progress = false;
+            if receiving {
+                Self::poll(&self.recv_cq, &mut batch, Duration::ZERO);
+                for wc in &batch {
+                    if wc.status != WcStatus::Success {
+                        return Err(Fail(format!(
+                            " Completion with error at {}\n Failed status {}: wr_id {} syndrom 0x0\n rcnt={rcnt} ({})",
+                            if server { "server" } else { "client" },
+                            wc.status as u32,
+                            wc.wr_id as i32,
+                            wc.status.as_str()
+                        )));
+                    }
+                    rcnt += 1;
+                    may_send = true;
+                    let q = (wc.wr_id as usize).min(n - 1);
+                    if posted[q] < iters {
+                        self.post_recvs(p, q, size, 1)?;
+                        posted[q] += 1;
+                    }
+                }
+                progress = !batch.is_empty();
+            }
+            let wait = if receiving || clock.timed() { 1 } else { 100 };
+            Self::poll(&self.send_cq, &mut batch, Duration::from_millis(wait));
             for wc in &batch {
                 if wc.status != WcStatus::Success {
                     return Err(Fail(format!(
@@ -363,10 +394,10 @@ impl Res {
                     times.complete(totccnt as usize, self.now());
                 }
             }
-            if batch.is_empty() {
-                self.check_progress(last, || format!("waiting for completions ({totccnt} of {total})"))?;
-            } else {
+            if progress || !batch.is_empty() {
                 last = Instant::now();
+            } else {
+                self.check_progress(last, || format!("waiting for completions ({totccnt} of {total})"))?;
             }
         }
         Ok(clock.finish(self, times, total))
