@@ -250,6 +250,18 @@ impl Engine {
         self.release(p);
     }
 
+    /// One full round from this thread if nobody else is driving, else a
+    /// doorbell: for a thread that just changed what the QPs owe (a destroy
+    /// whose QP still has an ACK to send) and is not going to wait.
+    pub fn progress_now(&self) {
+        let Some(mut p) = try_lock(&self.progress) else {
+            self.shared.ring();
+            return;
+        };
+        p.iterate(&self.shared, None);
+        self.release(p);
+    }
+
     /// Lets go of driving progress: notes when, and rings the engine if it
     /// sleeps past a timer this thread armed.
     fn release(&self, p: MutexGuard<'_, Progress>) {

@@ -686,7 +686,9 @@ impl Drop for QueuePair {
         lock(&shared.closing).push(Arc::clone(&self.cell));
         drop(qps);
         shared.qps_version.fetch_add(1, Ordering::Release);
-        shared.ring();
+        // Sent from here if this thread can: a thread that just took the
+        // last completion may have left the ACK of its message unsent.
+        self.ctx.engine.progress_now();
     }
 }
 
