@@ -29,10 +29,11 @@
 //! are abandoned.
 //!
 //! Where we differ: timing uses the monotonic clock (perftest counts CPU
-//! cycles); the CPU-frequency warning `-F` silences does not exist, so
-//! `-F` is accepted and does nothing; latency tests use one QP; the client
-//! reads the server's final `"done"`. `--roce-port`, `--local-addr` and
-//! `--timeout` are ours.
+//! cycles) and completions are waited for, not busy-polled; the
+//! CPU-frequency warning `-F` silences does not exist, so `-F` is accepted
+//! and does nothing; latency tests use one QP; each side reads the other's
+//! final `"done"`; the RoCE socket binds only the address of the GID we
+//! announce. `--roce-port`, `--local-addr` and `--timeout` are ours.
 
 mod proto;
 mod report;
