@@ -677,7 +677,13 @@ mod tests {
         assert!(quick.contains(&Case::softroce(Test::RcWrite, 1 << 20, Mtu::Mtu4096, 1)));
         assert!(quick.contains(&Case::softroce(Test::SendLat, 8, Mtu::Mtu4096, 1)));
         let full = plan(false);
-        assert_eq!(full.iter().filter(|c| RC_STREAMS.contains(&c.test)).count(), 3 * 2 * 2 * SIZES.len());
+        let streams = |engines| {
+            full.iter().filter(|c| RC_STREAMS.contains(&c.test) && c.conn.is_some_and(|c| c.engines == engines)).count()
+        };
+        assert_eq!(streams(1), 3 * 2 * 2 * SIZES.len());
+        // Two sizes, 2 and 4 QPs, over two engines per side.
+        assert_eq!(streams(rdma::MAX_ENGINES), 3 * 2 * 2);
+        assert!(quick.iter().any(|c| c.conn.is_some_and(|c| c.engines == rdma::MAX_ENGINES)));
         // Baselines run before anything is compared with them.
         for cases in [&quick, &full] {
             let first_softroce = cases.iter().position(|c| c.test.is_softroce()).unwrap();
