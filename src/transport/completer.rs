@@ -87,6 +87,7 @@ impl Qp {
         self.comp.retry_left = self.attr.retry_cnt;
         self.comp.rnr_left = self.attr.rnr_retry;
         self.comp.retry_started_at = None;
+        self.comp.probing = false;
         self.comp.timer = if self.comp.psn == self.req.psn {
             None
         } else {
@@ -184,6 +185,7 @@ impl Qp {
         if self.take_retry() {
             let psn = self.comp.psn;
             self.go_back_to(psn);
+            self.comp.probing = true;
             self.comp.timer = self.ack_timeout().map(|t| now + t);
         }
     }

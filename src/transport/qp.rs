@@ -220,6 +220,10 @@ pub(crate) struct CompState {
     /// A retry was already started for this `psn`: further gaps seen before
     /// progress must not start another.
     pub retry_started_at: Option<Psn>,
+    /// An ACK timeout went back: only the oldest unacknowledged packet goes
+    /// out until the peer shows progress, so a peer that is slow rather than
+    /// lossy is not buried under a window of duplicates per timeout.
+    pub probing: bool,
 }
 
 /// A queue pair.

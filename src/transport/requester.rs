@@ -56,7 +56,8 @@ impl Qp {
         // but lets one more PSN out).
         let wqe = &self.sq[index];
         let psn = wqe.psn.expect("assigned above").first.wrapping_add(wqe.next_pkt);
-        if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= MAX_UNACKED_PSNS as i32 {
+        let window = if self.comp.probing { 1 } else { MAX_UNACKED_PSNS as i32 };
+        if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= window {
             return None;
         }
         let plan = self.plan(index, packets, mtu);
@@ -161,8 +162,9 @@ impl Qp {
         };
         let opcode = Opcode::new(transport, operation).expect("operation valid for the QP type");
         let payload_len = if payload_len == usize::MAX { 0 } else { (len - offset).min(mtu) as usize };
+        // A probe after a timeout asks for its ACK: nothing follows it until one comes.
         let needs_ack = self.qp_type == QpType::Rc
-            && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= MAX_PKTS_PER_ACK);
+            && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= MAX_PKTS_PER_ACK || self.comp.probing);
         self.req.noack_pkts = if needs_ack { 0 } else { self.req.noack_pkts + 1 };
         let (dest_qpn, deth) = match &wqe.wr.ud {
             Some(ud) => {
