@@ -265,8 +265,14 @@ impl Engine {
     /// Lets go of driving progress: notes when, and rings the engine if it
     /// sleeps past a timer this thread armed.
     fn release(&self, p: MutexGuard<'_, Progress>) {
-        let next_timer = p.next_timer();
-        self.shared.driven_at.store(nanos(p.now()), Ordering::SeqCst);
+        let now = p.now();
+        self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
+        // An engine due back within HANDOVER (it is keeping off while
+        // applications drive) needs no look at every QP's timer: a spinning
+        // poller would pay that on every poll.
+        let wake = self.shared.engine_wake_at.load(Ordering::SeqCst);
+        let soon = wake != 0 && wake <= nanos(now + HANDOVER);
+        let next_timer = if soon { None } else { p.next_timer() };
         drop(p);
         if next_timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
             self.shared.ring();
