@@ -8,6 +8,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload, EnvFilter};
 
 mod bench;
+mod cli;
 mod demo;
 mod devinfo;
 mod dump;

@@ -48,6 +48,7 @@ use softroce::transport::Mtu;
 use softroce::verbs::{Device, Gid};
 use softroce::wire::ROCE_UDP_PORT;
 
+use crate::cli::{c_port, c_u32, fail, Fail};
 use proto::{BwReport, Comm, KeyMsg};
 use report::{bw_header, bw_line, bw_sum_line, lat_line, LAT_HEADER, RESULT_LINE};
 use res::Res;
@@ -140,7 +141,7 @@ pub struct Args {
     #[arg(long)]
     lat: bool,
     /// Listen on / connect to this TCP port.
-    #[arg(short = 'p', long = "port", default_value = "18515", value_parser = c_u16)]
+    #[arg(short = 'p', long = "port", default_value = "18515", value_parser = c_port)]
     port: u16,
     /// Use this RDMA device (default: the first one, or $SOFTROCE_DEVICE).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
@@ -202,7 +203,7 @@ pub struct Args {
     #[arg(long = "report_gbits")]
     report_gbits: bool,
     /// UDP port of RoCE (the RoCEv2 port; peers must use the same).
-    #[arg(long = "roce-port", default_value_t = ROCE_UDP_PORT, value_parser = c_u16)]
+    #[arg(long = "roce-port", default_value_t = ROCE_UDP_PORT, value_parser = c_port)]
     roce_port: u16,
     /// Instead of a device, use one on this local address alone (for tests
     /// with two peers on one host, e.g. 127.0.0.1 and 127.0.0.2; its GID
@@ -214,46 +215,6 @@ pub struct Args {
     /// messages for 120 seconds).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
-}
-
-/// `strtol(text, NULL, 0)`, refusing trailing garbage.
-fn c_number(text: &str) -> Result<i64, String> {
-    let t = text.trim();
-    let (negative, digits) = match t.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, t.strip_prefix('+').unwrap_or(t)),
-    };
-    let parsed = if let Some(hex) = digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
-        i64::from_str_radix(hex, 16)
-    } else if digits.len() > 1 && digits.starts_with('0') {
-        i64::from_str_radix(&digits[1..], 8)
-    } else {
-        digits.parse()
-    };
-    let value = parsed.map_err(|_| format!("{text:?} is not a number"))?;
-    Ok(if negative { -value } else { value })
-}
-
-fn c_u32(text: &str) -> Result<u32, String> {
-    u32::try_from(c_number(text)?).map_err(|_| format!("{text} is out of range"))
-}
-
-fn c_u16(text: &str) -> Result<u16, String> {
-    u16::try_from(c_number(text)?).map_err(|_| format!("{text} is not a port (0-65535)"))
-}
-
-/// A failure, with the message to print.
-#[derive(Debug)]
-pub struct Fail(String);
-
-impl<E: std::fmt::Display> From<E> for Fail {
-    fn from(e: E) -> Fail {
-        Fail(e.to_string())
-    }
-}
-
-fn fail<T>(message: impl Into<String>) -> Result<T, Fail> {
-    Err(Fail(message.into()))
 }
 
 /// The test's parameters once perftest's defaults and dependencies
@@ -784,13 +745,5 @@ mod tests {
         assert_eq!(alt_hex(0x80, 4), "0x80");
         assert_eq!(alt_hex(0x7f00_1234_5000, 16), "0x007f0012345000");
         assert_eq!(alt_hex(0x1234, 8), "0x001234");
-    }
-
-    #[test]
-    fn numbers_parse_as_strtol_base_0() {
-        assert_eq!(c_number("18515"), Ok(18515));
-        assert_eq!(c_number("0x10"), Ok(16));
-        assert_eq!(c_number("010"), Ok(8));
-        assert!(c_number("1k").is_err());
     }
 }

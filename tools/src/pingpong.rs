@@ -46,6 +46,8 @@ use softroce::verbs::{
 };
 use softroce::wire::{Psn, ROCE_UDP_PORT};
 
+use crate::cli::{c_i32, c_number, c_port, c_u32, fail, Fail};
+
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
 /// `sizeof "0000:000000:000000:00000000000000000000000000000000"`.
@@ -75,7 +77,7 @@ pub struct Args {
     #[arg(value_name = "SERVER")]
     server: Option<String>,
     /// Listen on / connect to this TCP port.
-    #[arg(short = 'p', long = "port", default_value = "18515", value_parser = port)]
+    #[arg(short = 'p', long = "port", default_value = "18515", value_parser = c_port)]
     port: u16,
     /// Use this RDMA device (default: the first one, or $SOFTROCE_DEVICE).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
@@ -126,7 +128,7 @@ pub struct Args {
     #[arg(long, group = "transport")]
     srq: bool,
     /// UDP port of RoCE (the RoCEv2 port; peers must use the same).
-    #[arg(long = "roce-port", default_value_t = ROCE_UDP_PORT, value_parser = port)]
+    #[arg(long = "roce-port", default_value_t = ROCE_UDP_PORT, value_parser = c_port)]
     roce_port: u16,
     /// Instead of a device, use one on this local address alone (for tests
     /// and demos with two peers on one host, e.g. 127.0.0.1 and 127.0.0.2;
@@ -142,35 +144,6 @@ pub struct Args {
     /// At the end, print the device's packet counters (sent, received, ICRC errors, retries…).
     #[arg(long)]
     stats: bool,
-}
-
-fn c_number(text: &str) -> Result<i64, String> {
-    let (negative, digits) = match text.trim().strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text.trim().strip_prefix('+').unwrap_or(text.trim())),
-    };
-    // strtol with base 0: 0x for hex, a leading 0 for octal.
-    let parsed = if let Some(hex) = digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
-        i64::from_str_radix(hex, 16)
-    } else if digits.len() > 1 && digits.starts_with('0') {
-        i64::from_str_radix(&digits[1..], 8)
-    } else {
-        digits.parse()
-    };
-    let value = parsed.map_err(|_| format!("{text:?} is not a number"))?;
-    Ok(if negative { -value } else { value })
-}
-
-fn c_u32(text: &str) -> Result<u32, String> {
-    u32::try_from(c_number(text)?).map_err(|_| format!("{text} is out of range"))
-}
-
-fn c_i32(text: &str) -> Result<i32, String> {
-    i32::try_from(c_number(text)?).map_err(|_| format!("{text} is out of range"))
-}
-
-fn port(text: &str) -> Result<u16, String> {
-    u16::try_from(c_number(text)?).map_err(|_| format!("{text} is not a port (0-65535)"))
 }
 
 fn mtu(text: &str) -> Result<Mtu, String> {
@@ -210,19 +183,6 @@ impl Kind {
             Kind::Ud => QpType::Ud,
         }
     }
-}
-
-/// A failure, with the message to print (the C programs' where they have one).
-struct Fail(String);
-
-impl<E: std::fmt::Display> From<E> for Fail {
-    fn from(e: E) -> Fail {
-        Fail(e.to_string())
-    }
-}
-
-fn fail<T>(message: impl Into<String>) -> Result<T, Fail> {
-    Err(Fail(message.into()))
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -965,16 +925,6 @@ mod tests {
         assert_eq!(text("1:0:0:2:0:0:3:4"), "1::2:0:0:3:4");
         assert_eq!(text("1:2:3:4:5:6:7:0"), "1:2:3:4:5:6:7:0");
         assert_eq!(text("1:2:3:4:5:6:0:0"), "1:2:3:4:5:6::");
-    }
-
-    #[test]
-    fn numbers_parse_as_strtol_base_0() {
-        assert_eq!(c_number("18515"), Ok(18515));
-        assert_eq!(c_number("0x10"), Ok(16));
-        assert_eq!(c_number("010"), Ok(8));
-        assert_eq!(c_number("0"), Ok(0));
-        assert_eq!(c_number("-1"), Ok(-1));
-        assert!(c_number("x").is_err());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use super::Fail;
+use crate::cli::Fail;
 
 /// The version we announce: that of Debian's perftest 4.5+0.17 (`ib_*_bw
 /// --version`), so the peer uses its current message formats.

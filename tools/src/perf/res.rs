@@ -22,7 +22,8 @@ use softroce::wire::Psn;
 
 use super::proto::KeyMsg;
 use super::report::BwTimes;
-use super::{Conn, Fail, Params, Verb};
+use super::{Conn, Params, Verb};
+use crate::cli::Fail;
 
 /// `DEF_QKEY`: the Q_Key of perftest's UD QPs.
 const QKEY: u32 = 0x1111_1111;
