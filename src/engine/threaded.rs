@@ -216,22 +216,21 @@ impl Engine {
         self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
         // The new requests first: the peer waits for them.
         let mut qp = lock(&cell.qp);
-        let Progress { link, locals, tx, .. } = &mut *p;
-        let sent = transmit(&mut qp, link.as_mut(), &self.shared, locals, now, tx, KICK_LIMIT, Order::RequestsFirst);
+        let sent = transmit(&mut qp, &mut p.out, &self.shared, now, KICK_LIMIT, Order::RequestsFirst);
         cell.drain(&mut qp, &self.shared.events);
         drop(qp);
         if std::mem::take(&mut p.owed) {
             // What the last waiter left unsent goes out in the same batch.
-            let Progress { link, locals, tx, qps, .. } = &mut *p;
+            let Progress { out, qps, .. } = &mut *p;
             for other in qps.iter() {
                 let mut qp = lock(&other.qp);
-                transmit(&mut qp, link.as_mut(), &self.shared, locals, now, tx, KICK_LIMIT, Order::ResponsesFirst);
+                transmit(&mut qp, out, &self.shared, now, KICK_LIMIT, Order::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
             }
         }
         let timer = lock(&cell.qp).poll_timeout();
-        p.link.flush();
-        *lock(&self.shared.link_stats) = p.link.stats();
+        p.out.link.flush();
+        *lock(&self.shared.link_stats) = p.out.link.stats();
         drop(p);
         // More to send, or a timer the sleeping engine does not know about.
         if sent == KICK_LIMIT || timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
@@ -379,24 +378,30 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 /// QP table. One thread at a time drives progress with it — the engine
 /// thread, or an application thread that would otherwise wait for it.
 pub(crate) struct Progress {
-    link: Box<dyn Link + Send>,
+    out: Outbox,
     /// The transport's clock starts here.
     start: Instant,
     rx: Vec<u8>,
-    tx: Vec<u8>,
     qps: Vec<Arc<QpCell>>,
     by_qpn: BTreeMap<u32, Arc<QpCell>>,
     version: u64,
-    locals: Vec<IpAddr>,
     /// The link's descriptors and the doorbell: readable when there is work.
     fds: Vec<RawFd>,
     /// A round ended early: QPs may have packets to send.
     owed: bool,
 }
 
+/// Where QPs' packets go: the link, the local addresses they leave from,
+/// and a buffer to build them in where the link has none to lend.
+struct Outbox {
+    link: Box<dyn Link + Send>,
+    locals: Vec<IpAddr>,
+    buf: Vec<u8>,
+}
+
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Progress").field("locals", &self.locals).field("qps", &self.qps.len()).finish()
+        f.debug_struct("Progress").field("locals", &self.out.locals).field("qps", &self.qps.len()).finish()
     }
 }
 
@@ -417,14 +422,12 @@ impl Progress {
             fds.push(d.as_raw_fd());
         }
         Progress {
-            link,
+            out: Outbox { link, locals, buf: vec![0u8; 4096 + TRANSMIT_HEADROOM + 64] },
             start: Instant::now(),
             rx: vec![0u8; 64 * 1024],
-            tx: vec![0u8; 4096 + TRANSMIT_HEADROOM + 64],
             qps: Vec::new(),
             by_qpn: BTreeMap::new(),
             version: u64::MAX,
-            locals,
             fds,
             owed: false,
         }
@@ -458,7 +461,7 @@ impl Progress {
         // socket must not lose the race to the timeout it would cancel.
         let mut drained = false;
         for _ in 0..64 {
-            let Some((r, roce)) = self.link.receive_in_place(now, &mut self.rx) else {
+            let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
                 drained = true;
                 break;
             };
@@ -485,7 +488,7 @@ impl Progress {
             drop(qp);
             if until.is_some_and(|ready| ready()) {
                 self.owed = true;
-                *lock(&shared.link_stats) = self.link.stats();
+                *lock(&shared.link_stats) = self.out.link.stats();
                 return Step { busy: true, next_timer: None };
             }
         }
@@ -498,7 +501,7 @@ impl Progress {
                 qp.handle_timeout(now);
                 busy = true;
             }
-            let sent = transmit(&mut qp, self.link.as_mut(), shared, &self.locals, now, &mut self.tx, 64, Order::ResponsesFirst);
+            let sent = transmit(&mut qp, &mut self.out, shared, now, 64, Order::ResponsesFirst);
             busy |= sent > 0;
             cell.drain(&mut qp, &shared.events);
             next_timer = match (next_timer, qp.poll_timeout()) {
@@ -511,11 +514,11 @@ impl Progress {
         for cell in std::mem::take(&mut *lock(&shared.closing)) {
             let mut qp = lock(&cell.qp);
             let sent =
-                transmit(&mut qp, self.link.as_mut(), shared, &self.locals, now, &mut self.tx, usize::MAX, Order::ResponsesFirst);
+                transmit(&mut qp, &mut self.out, shared, now, usize::MAX, Order::ResponsesFirst);
             busy |= sent > 0;
         }
-        self.link.flush();
-        *lock(&shared.link_stats) = self.link.stats();
+        self.out.link.flush();
+        *lock(&shared.link_stats) = self.out.link.stats();
         Step { busy, next_timer }
     }
 }
@@ -572,16 +575,8 @@ enum Order {
 }
 
 /// Hands up to `limit` of the QP's packets to the link; returns how many.
-fn transmit(
-    qp: &mut Qp,
-    link: &mut (dyn Link + Send),
-    shared: &EngineShared,
-    locals: &[IpAddr],
-    now: Duration,
-    buf: &mut [u8],
-    limit: usize,
-    order: Order,
-) -> usize {
+fn transmit(qp: &mut Qp, out: &mut Outbox, shared: &EngineShared, now: Duration, limit: usize, order: Order) -> usize {
+    let Outbox { link, locals, buf } = out;
     let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
     let mem = RegistryAccess(&registry);
     let mut sent = 0;
