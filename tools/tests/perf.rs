@@ -3,7 +3,7 @@
 //! against stand-in peers that break perftest's TCP exchange.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::process::{Child, Command, Stdio};
 
 const SERVER_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
@@ -13,13 +13,7 @@ const LISTENING: &str = "* Waiting for client to connect... *";
 
 /// A UDP port free on both addresses.
 fn free_udp_port() -> u16 {
-    loop {
-        let a = UdpSocket::bind((SERVER_IP, 0)).unwrap();
-        let port = a.local_addr().unwrap().port();
-        if UdpSocket::bind((CLIENT_IP, port)).is_ok() {
-            return port;
-        }
-    }
+    softroce::net::udp::free_port(&[SERVER_IP, CLIENT_IP]).unwrap()
 }
 
 fn free_tcp_port() -> u16 {

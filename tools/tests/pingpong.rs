@@ -3,7 +3,7 @@
 //! TCP exchange against a stand-in that speaks the C programs' bytes.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -12,13 +12,7 @@ const CLIENT_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 
 /// A UDP port free on both addresses.
 fn free_udp_port() -> u16 {
-    loop {
-        let a = UdpSocket::bind((SERVER_IP, 0)).unwrap();
-        let port = a.local_addr().unwrap().port();
-        if UdpSocket::bind((CLIENT_IP, port)).is_ok() {
-            return port;
-        }
-    }
+    softroce::net::udp::free_port(&[SERVER_IP, CLIENT_IP]).unwrap()
 }
 
 fn free_tcp_port() -> u16 {
