@@ -90,12 +90,13 @@ fn bench(args: &Args) -> Result<bool, String> {
     let host = Host::now();
     if !args.json {
         say!(
-            "softroce bench: {} cores, Linux {}, load average {} at the start; {} s per row after {} s warm-up{}",
+            "softroce bench: {} cores, Linux {}, load average {} at the start; {} s per row after {} s warm-up; tcp with {}{}",
             host.cores,
             host.kernel,
             host.load,
             timing.seconds.as_secs_f64(),
             timing.warmup.as_secs_f64(),
+            baselines::tcp_congestion(),
             if args.busy_poll { "; softroce devices busy-poll" } else { "" }
         );
         say!("{}", table_header());
@@ -552,6 +553,9 @@ impl Row {
         let fields = row.as_object_mut().expect("an object");
         fields.extend(figures.as_object().expect("an object").clone());
         fields.insert("ratio_of".to_owned(), json!(ratio_of));
+        if c.test == Test::Tcp {
+            fields.insert("congestion".to_owned(), json!(baselines::tcp_congestion()));
+        }
         row
     }
 }
