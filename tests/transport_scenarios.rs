@@ -860,7 +860,7 @@ fn requester_asks_for_acks_every_64_packets_and_stops_at_the_window() {
     node.post_send(write(1, packets * MTU as u32));
 
     let sent = node.transmit();
-    assert_eq!(sent.len(), MAX_UNACKED_PSNS as usize, "the window is {MAX_UNACKED_PSNS} PSNs");
+    assert_eq!(sent.len(), MAX_UNACKED_PSNS as usize, "the first window is {MAX_UNACKED_PSNS} PSNs, as rxe's");
     assert_eq!(sent[0].op(), Operation::WriteFirst);
     assert_eq!(sent[0].reth(), RethRepr { va: REMOTE_VA, rkey: RKEY, dma_len: packets * MTU as u32 });
     assert!(sent[1..].iter().all(|s| s.op() == Operation::WriteMiddle && s.header.reth.is_none()));
@@ -869,18 +869,14 @@ fn requester_asks_for_acks_every_64_packets_and_stops_at_the_window() {
     let ack_reqs: Vec<usize> = sent.iter().enumerate().filter(|(_, s)| s.ack_req()).map(|(i, _)| i).collect();
     assert_eq!(ack_reqs, vec![MAX_PKTS_PER_ACK as usize - 1, 2 * MAX_PKTS_PER_ACK as usize - 1]);
 
-    // Acknowledging the first 64 opens the window by 64.
+    // Acknowledging the first 64 opens the window by 64 and grows it by 64:
+    // 128 more go out, the rest of the message.
     node.feed(ack(SQ_PSN + 63), &[]);
-    let more = node.transmit();
-    assert_eq!(more.len(), 64);
-    assert_eq!(more[0].psn(), SQ_PSN + 128);
-    assert!(more[..63].iter().all(|s| !s.ack_req()) && more[63].ack_req());
-
-    node.feed(ack(SQ_PSN + 191), &[]);
     let rest = node.transmit();
+    assert_eq!(rest.len(), 72);
+    assert_eq!(rest[0].psn(), SQ_PSN + 128);
     assert_eq!(shape(&rest).last(), Some(&(Operation::WriteLast, SQ_PSN + packets - 1, true)));
-    assert_eq!(rest.len(), 8);
-    let payload: Vec<u8> = sent.iter().chain(&more).chain(&rest).flat_map(|s| s.payload.clone()).collect();
+    let payload: Vec<u8> = sent.iter().chain(&rest).flat_map(|s| s.payload.clone()).collect();
     assert_eq!(payload, data);
     assert!(node.completions().is_empty());
 
@@ -888,6 +884,83 @@ fn requester_asks_for_acks_every_64_packets_and_stops_at_the_window() {
     let wcs = node.completions();
     assert_eq!(summary(&wcs), vec![success(1, WcOpcode::RdmaWrite)]);
     assert_eq!(wcs[0].1.byte_len, packets * MTU as u32);
+}
+
+/// A requester streaming one long WRITE, and the PSNs it has sent and had
+/// acknowledged.
+struct Stream {
+    node: Node,
+    next: u32,
+    acked: u32,
+}
+
+impl Stream {
+    fn new(packets: u32) -> Stream {
+        let mut node = Node::rc();
+        let len = packets as usize * MTU;
+        let access = Access::LOCAL_WRITE;
+        node.mem.register(KEY + 1, Region { pd: PD, addr: VA, access, data: vec![0; len] });
+        let local = Sge { addr: VA, length: len as u32, lkey: KEY + 1 };
+        node.post_send(SendWr::new(1, SendOp::RdmaWrite { remote_addr: REMOTE_VA, rkey: RKEY }).with_sge(local));
+        Stream { node, next: SQ_PSN, acked: SQ_PSN }
+    }
+
+    /// Sends what the window allows; returns the packets.
+    fn send(&mut self) -> Vec<Sent> {
+        let sent = self.node.transmit();
+        if let Some(last) = sent.last() {
+            self.next = last.psn() + 1;
+        }
+        sent
+    }
+
+    /// PSNs in flight after each of `rounds` of "send what the window
+    /// allows, then acknowledge the oldest `count`".
+    fn rounds(&mut self, rounds: usize, count: u32) -> Vec<u32> {
+        let mut in_flight = Vec::new();
+        for _ in 0..rounds {
+            self.send();
+            in_flight.push(self.next - self.acked);
+            self.acked += count;
+            self.node.feed(ack(self.acked - 1), &[]);
+        }
+        in_flight
+    }
+}
+
+#[test]
+fn the_window_grows_while_acks_come_and_falls_back_to_rxes_on_a_go_back() {
+    let mut stream = Stream::new(2000);
+    // Every PSN acknowledged adds one to the window, up to MAX_WINDOW_PSNS.
+    assert_eq!(stream.rounds(6, 64), vec![128, 192, 256, 320, 384, 448]);
+    assert_eq!(stream.rounds(3, 128), vec![512, MAX_WINDOW_PSNS, MAX_WINDOW_PSNS]);
+    // A big window asks for an ACK every quarter window.
+    let sent = stream.send();
+    assert_eq!(sent.len(), 128);
+    assert_eq!(sent.iter().filter(|s| s.ack_req()).count(), 1, "one in {}", MAX_WINDOW_PSNS / 4);
+
+    // A sequence NAK: the requester goes back, and the window is rxe's again.
+    stream.node.feed(nak(stream.acked, NakCode::PsnSequenceError), &[]);
+    let resent = stream.node.transmit();
+    assert_eq!(resent.len(), MAX_UNACKED_PSNS as usize);
+    assert_eq!(resent[0].psn(), stream.acked);
+    assert_eq!(resent.iter().filter(|s| s.ack_req()).count(), 2, "every 64th again");
+}
+
+#[test]
+fn a_slow_peer_keeps_rxes_window() {
+    let mut stream = Stream::new(2000);
+    // Each ACK comes after a third of the ACK timeout: more than a quarter.
+    let ack_timeout = Duration::from_nanos(4096 << attr().timeout);
+    let mut in_flight = Vec::new();
+    for _ in 0..6 {
+        stream.send();
+        in_flight.push(stream.next - stream.acked);
+        stream.node.now += ack_timeout / 3;
+        stream.acked += 64;
+        stream.node.feed(ack(stream.acked - 1), &[]);
+    }
+    assert_eq!(in_flight, vec![128; 6]);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use tracing::debug;
 
 use super::attr::QpState;
 use super::memory::Memory;
-use super::qp::{Incoming, Qp};
+use super::qp::{Incoming, Qp, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS};
 use super::requester::for_each_piece;
 use super::types::{Access, AsyncEvent, QpType, SendOp, WcStatus};
 use crate::wire::{NakCode, Operation, Psn, Syndrome};
@@ -83,6 +83,7 @@ impl Qp {
     /// The oldest unacknowledged PSN moved to `psn`: retries are earned back
     /// and the timer restarts (or stops when nothing is in flight).
     fn progress(&mut self, now: Duration, psn: Psn) {
+        self.adapt_window(now, psn);
         self.comp.psn = psn;
         self.comp.retry_left = self.attr.retry_cnt;
         self.comp.rnr_left = self.attr.rnr_retry;
@@ -93,6 +94,26 @@ impl Qp {
         } else {
             self.ack_timeout().map(|t| now + t)
         };
+    }
+
+    /// PSNs up to `psn` (exclusive) are acknowledged: the window grows by
+    /// them while round trips are short against the ACK timeout, and halves
+    /// on a long one.
+    fn adapt_window(&mut self, now: Duration, psn: Psn) {
+        if let Some((timed, sent_at)) = self.comp.timed {
+            if timed.is_before(psn) {
+                self.comp.timed = None;
+                let round_trip = now.saturating_sub(sent_at);
+                self.comp.fast_peer = self.ack_timeout().is_none_or(|t| round_trip * 4 <= t);
+                if !self.comp.fast_peer {
+                    self.comp.grown /= 2;
+                }
+            }
+        }
+        if self.comp.fast_peer {
+            let acked = psn.diff(self.comp.psn).max(0) as u32;
+            self.comp.grown = (self.comp.grown + acked).min(MAX_WINDOW_PSNS - MAX_UNACKED_PSNS);
+        }
     }
 
     /// A response revealed that responses before it were lost (an implied

@@ -22,11 +22,16 @@ use super::types::{
 };
 use crate::wire::{Psn, RoceRepr};
 
-/// Unacknowledged PSNs a requester may have in flight (rxe's
-/// `RXE_MAX_UNACKED_PSNS`).
+/// Unacknowledged PSNs a requester may have in flight when it starts, and
+/// again after every go-back (rxe's `RXE_MAX_UNACKED_PSNS`, its fixed window).
 pub const MAX_UNACKED_PSNS: u32 = 128;
+/// The most unacknowledged PSNs a requester's window grows to while the peer
+/// acknowledges without loss: 2 MiB at MTU 4096, which a kernel socket
+/// buffer of 8 MiB holds for four QPs. Larger windows only cost retries.
+pub const MAX_WINDOW_PSNS: u32 = 512;
 /// Packets a requester sends before asking for an ACK within a long message
-/// (rxe's `RXE_MAX_PKT_PER_ACK`).
+/// (rxe's `RXE_MAX_PKT_PER_ACK`), while its window is at most four times
+/// this; a larger window asks every quarter window.
 pub const MAX_PKTS_PER_ACK: u32 = 64;
 
 /// Bytes beyond the path MTU a transmit buffer needs: the largest header
@@ -224,6 +229,33 @@ pub(crate) struct CompState {
     /// out until the peer shows progress, so a peer that is slow rather than
     /// lossy is not buried under a window of duplicates per timeout.
     pub probing: bool,
+    /// PSNs the window has grown beyond [`MAX_UNACKED_PSNS`]: by every PSN
+    /// acknowledged while the peer answers fast (doubling per round trip, as
+    /// TCP's slow start), up to [`MAX_WINDOW_PSNS`]; halved by a slow round
+    /// trip, none after a go-back.
+    pub grown: u32,
+    /// The packet whose round trip is being timed, and when it left.
+    pub timed: Option<(Psn, Duration)>,
+    /// Whether the last timed round trip took at most a quarter of the ACK
+    /// timeout: a peer that slow (an emulated VM) would time out on a
+    /// larger window, so it keeps rxe's.
+    pub fast_peer: bool,
+}
+
+impl CompState {
+    /// Unacknowledged PSNs the requester may have in flight now.
+    pub fn window(&self) -> u32 {
+        if self.probing {
+            1
+        } else {
+            MAX_UNACKED_PSNS + self.grown
+        }
+    }
+
+    /// Packets sent between two that ask for an ACK.
+    pub fn ack_every(&self) -> u32 {
+        MAX_PKTS_PER_ACK.max(self.window() / 4)
+    }
 }
 
 /// A queue pair.
@@ -659,6 +691,9 @@ impl Qp {
         }
         self.req.next = index;
         self.comp.retry_started_at = Some(self.comp.psn);
+        // The peer or the path did not keep up: back to rxe's window.
+        self.comp.grown = 0;
+        self.comp.timed = None;
     }
 
     /// SQD: once nothing is in flight, say so (if asked to) once.

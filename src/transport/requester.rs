@@ -2,8 +2,9 @@
 //!
 //! Segmentation at the path MTU, PSN assignment (a READ takes one PSN per
 //! response packet), AckReq on the last packet of each message and every
-//! [`MAX_PKTS_PER_ACK`] packets within long ones, the window of
-//! [`MAX_UNACKED_PSNS`], fences and the max_rd_atomic limit.
+//! [`MAX_PKTS_PER_ACK`] packets (or quarter window) within long ones, the
+//! window of [`MAX_UNACKED_PSNS`] growing to [`MAX_WINDOW_PSNS`], fences and
+//! the max_rd_atomic limit.
 
 use std::time::Duration;
 
@@ -11,7 +12,9 @@ use tracing::trace;
 
 use super::attr::QpState;
 use super::memory::Memory;
-use super::qp::{Qp, Transmit, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS};
+use super::qp::{Qp, Transmit};
+#[cfg(doc)]
+use super::qp::{MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS};
 use super::types::{Access, PsnRange, QpType, SendOp, Sge, WcStatus};
 use crate::wire::{
     AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, RethRepr, RoceRepr, Transport,
@@ -56,8 +59,7 @@ impl Qp {
         // but lets one more PSN out).
         let wqe = &self.sq[index];
         let psn = wqe.psn.expect("assigned above").first.wrapping_add(wqe.next_pkt);
-        let window = if self.comp.probing { 1 } else { MAX_UNACKED_PSNS as i32 };
-        if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= window {
+        if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= self.comp.window() as i32 {
             return None;
         }
         let plan = self.plan(index, packets, mtu);
@@ -88,6 +90,10 @@ impl Qp {
             if self.comp.timer.is_none() {
                 self.comp.timer = self.ack_timeout().map(|t| now + t);
             }
+            // Time the round trip of one packet at a time, never of a resent one.
+            if plan.repr.bth.ack_req && self.comp.timed.is_none() && self.comp.retry_started_at.is_none() {
+                self.comp.timed = Some((psn, now));
+            }
         } else if plan.last {
             // UC and UD complete once the last packet is on the wire.
             let wqe = self.sq.remove(index).expect("index checked above");
@@ -115,7 +121,7 @@ impl Qp {
             return false;
         }
         let in_flight = self.req.psn.diff(self.comp.psn);
-        in_flight < MAX_UNACKED_PSNS as i32
+        in_flight < self.comp.window() as i32
     }
 
     fn destination(&self, index: usize) -> Option<std::net::IpAddr> {
@@ -164,7 +170,7 @@ impl Qp {
         let payload_len = if payload_len == usize::MAX { 0 } else { (len - offset).min(mtu) as usize };
         // A probe after a timeout asks for its ACK: nothing follows it until one comes.
         let needs_ack = self.qp_type == QpType::Rc
-            && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= MAX_PKTS_PER_ACK || self.comp.probing);
+            && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= self.comp.ack_every() || self.comp.probing);
         self.req.noack_pkts = if needs_ack { 0 } else { self.req.noack_pkts + 1 };
         let (dest_qpn, deth) = match &wqe.wr.ud {
             Some(ud) => {
