@@ -964,6 +964,23 @@ fn a_slow_peer_keeps_rxes_window() {
 }
 
 #[test]
+fn the_window_fits_the_peers_buffer_and_still_asks_for_acks_in_time() {
+    let mut stream = Stream::new(2000);
+    // 50 KiB hold 23 packets of MTU 1024 at twice their size each.
+    stream.node.qp.set_peer_buffer(Some(50 * 1024));
+    let fits = 50 * 1024 / (2 * (MTU as u32 + TRANSMIT_HEADROOM as u32));
+    assert_eq!(fits, 23);
+    let sent = stream.send();
+    assert_eq!(sent.len(), fits as usize);
+    // An ACK is asked for within the window (every 11th), or it would only
+    // move on by timeout.
+    let asks: Vec<u32> = sent.iter().filter(|s| s.ack_req()).map(|s| s.psn() - SQ_PSN).collect();
+    assert_eq!(asks, vec![10, 21]);
+    // However fast the ACKs come, the window does not grow past the buffer.
+    assert_eq!(stream.rounds(8, 11), vec![fits; 8]);
+}
+
+#[test]
 fn coalesced_ack_completes_every_message_it_covers_in_order() {
     let (mut node, _) = requester(attr(), 8192);
     node.post_send(send(1, 0, 3000));

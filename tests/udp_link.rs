@@ -266,3 +266,15 @@ fn packets_built_in_the_send_buffer_join_the_trains() {
     link.attach(B).unwrap();
     assert!(link.send_buffer(4096).is_none());
 }
+
+#[test]
+fn the_link_reports_its_sockets_receive_buffer() {
+    let mut link = UdpLink::new(free_port());
+    assert_eq!(link.receive_buffer(), None, "no socket yet");
+    link.bind(A).unwrap();
+    let granted = link.receive_buffer().expect("a bound link has a receive buffer");
+    // 8 MiB asked for: granted with CAP_NET_ADMIN, else capped at
+    // net.core.rmem_max; the kernel reports twice that, its bookkeeping.
+    let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max").unwrap().trim().parse().unwrap();
+    assert!(granted == 2 * (8 << 20) || granted == 2 * rmem_max.min(8 << 20), "{granted}, rmem_max {rmem_max}");
+}

@@ -150,6 +150,9 @@ pub(crate) struct EngineShared {
     /// When an application thread last drove progress (ns on the
     /// transport's clock).
     pub driven_at: AtomicU64,
+    /// The link's receive buffer, which RC windows keep within
+    /// ([`Qp::set_peer_buffer`]).
+    pub receive_buffer: Option<usize>,
 }
 
 impl EngineShared {
@@ -191,7 +194,11 @@ impl Engine {
     /// sleeping (lowest latency, a core spent per waiting thread); the
     /// engine thread always sleeps when idle, so idle devices cost nothing.
     pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
-        let shared = Arc::new(EngineShared { doorbell: Some(EventFd::new()?), ..EngineShared::default() });
+        let shared = Arc::new(EngineShared {
+            doorbell: Some(EventFd::new()?),
+            receive_buffer: link.receive_buffer(),
+            ..EngineShared::default()
+        });
         let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared)));
         let (thread_shared, thread_progress) = (Arc::clone(&shared), Arc::clone(&progress));
         let span_name = name.to_string();

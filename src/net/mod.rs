@@ -155,4 +155,10 @@ pub trait Link {
 
     /// What the link has counted so far.
     fn stats(&self) -> LinkStats;
+
+    /// Bytes of received packets the link holds before it drops more (a
+    /// socket's receive buffer), if it has such a limit.
+    fn receive_buffer(&self) -> Option<usize> {
+        None
+    }
 }

@@ -343,6 +343,23 @@ impl Link for UdpLink {
     fn stats(&self) -> LinkStats {
         self.stats
     }
+
+    /// The smallest receive buffer of the link's sockets, as the kernel
+    /// accounts it (twice what was granted, for its bookkeeping).
+    fn receive_buffer(&self) -> Option<usize> {
+        self.sockets.values().filter_map(|(socket, _)| receive_buffer_of(socket)).min()
+    }
+}
+
+/// `SO_RCVBUF` of `socket`.
+fn receive_buffer_of(socket: &UdpSocket) -> Option<usize> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid socket fd, and a c_int with its length for the kernel to fill.
+    let rc = unsafe {
+        libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, (&mut value as *mut libc::c_int).cast(), &mut len)
+    };
+    (rc == 0).then(|| usize::try_from(value).ok()).flatten()
 }
 
 /// A UDP port every address in `addrs` can bind right now: devices that

@@ -29,6 +29,9 @@ pub const MAX_UNACKED_PSNS: u32 = 128;
 /// acknowledges without loss: 2 MiB at MTU 4096, which a kernel socket
 /// buffer of 8 MiB holds for four QPs. Larger windows only cost retries.
 pub const MAX_WINDOW_PSNS: u32 = 512;
+/// The smallest window a small peer buffer shrinks it to: a handful of
+/// packets keeps a stream moving where a buffer is smaller still.
+pub const MIN_WINDOW_PSNS: u32 = 8;
 /// Packets a requester sends before asking for an ACK within a long message
 /// (rxe's `RXE_MAX_PKT_PER_ACK`), while its window is at most four times
 /// this; a larger window asks every quarter window.
@@ -242,21 +245,6 @@ pub(crate) struct CompState {
     pub fast_peer: bool,
 }
 
-impl CompState {
-    /// Unacknowledged PSNs the requester may have in flight now.
-    pub fn window(&self) -> u32 {
-        if self.probing {
-            1
-        } else {
-            MAX_UNACKED_PSNS + self.grown
-        }
-    }
-
-    /// Packets sent between two that ask for an ACK.
-    pub fn ack_every(&self) -> u32 {
-        MAX_PKTS_PER_ACK.max(self.window() / 4)
-    }
-}
 
 /// A queue pair.
 #[derive(Debug)]
@@ -276,6 +264,9 @@ pub struct Qp {
     pub(crate) events: VecDeque<AsyncEvent>,
     pub(crate) counters: Counters,
     pub(crate) sqd_notified: bool,
+    /// Bytes the peer can hold unread, if known: the window never puts more
+    /// in flight (see [`Qp::set_peer_buffer`]).
+    pub(crate) peer_buffer: Option<usize>,
 }
 
 impl Qp {
@@ -298,6 +289,7 @@ impl Qp {
             events: VecDeque::new(),
             counters: Counters::default(),
             sqd_notified: false,
+            peer_buffer: None,
         }
     }
 
@@ -631,6 +623,43 @@ impl Qp {
             }
         }
         Some(tx)
+    }
+
+    /// Sets the bytes the peer can hold unread: the RC window then never puts
+    /// more packets in flight than fit, whatever it has grown to. A peer on a
+    /// UDP socket drops what overflows its receive buffer, which a non-root
+    /// process cannot raise above `net.core.rmem_max` (208 KiB on many
+    /// distributions, against rxe's 128 PSNs of 4 KiB), and each drop costs a
+    /// go-back. softroce's engine passes its own socket's buffer, the
+    /// peer's where both ends run on one host; rxe's receive path has no
+    /// such limit, so the estimate is only cautious there.
+    pub fn set_peer_buffer(&mut self, bytes: Option<usize>) {
+        self.peer_buffer = bytes;
+    }
+
+    /// Unacknowledged PSNs the requester may have in flight now: rxe's 128
+    /// plus what the window has grown, within the peer's buffer; 1 while
+    /// probing after a timeout.
+    pub(crate) fn window(&self) -> u32 {
+        if self.comp.probing {
+            return 1;
+        }
+        let grown = MAX_UNACKED_PSNS + self.comp.grown;
+        // A packet takes about twice its bytes of receive buffer (the kernel
+        // charges each skb's whole allocation).
+        let fits = self.peer_buffer.map_or(u32::MAX, |bytes| {
+            let charge = 2 * (self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM);
+            u32::try_from(bytes / charge).unwrap_or(u32::MAX)
+        });
+        grown.min(fits).max(MIN_WINDOW_PSNS)
+    }
+
+    /// Packets sent between two that ask for an ACK: half of rxe's window
+    /// (64), a quarter of a larger one, half of a smaller one, so that an
+    /// ACK always comes back before the window closes.
+    pub(crate) fn ack_every(&self) -> u32 {
+        let window = self.window();
+        (window / 4).max(MAX_PKTS_PER_ACK.min(window / 2)).max(1)
     }
 
     /// The earliest time [`Qp::handle_timeout`] has work to do.

@@ -59,7 +59,7 @@ impl Qp {
         // but lets one more PSN out).
         let wqe = &self.sq[index];
         let psn = wqe.psn.expect("assigned above").first.wrapping_add(wqe.next_pkt);
-        if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= self.comp.window() as i32 {
+        if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= self.window() as i32 {
             return None;
         }
         let plan = self.plan(index, packets, mtu);
@@ -121,7 +121,7 @@ impl Qp {
             return false;
         }
         let in_flight = self.req.psn.diff(self.comp.psn);
-        in_flight < self.comp.window() as i32
+        in_flight < self.window() as i32
     }
 
     fn destination(&self, index: usize) -> Option<std::net::IpAddr> {
@@ -170,7 +170,7 @@ impl Qp {
         let payload_len = if payload_len == usize::MAX { 0 } else { (len - offset).min(mtu) as usize };
         // A probe after a timeout asks for its ACK: nothing follows it until one comes.
         let needs_ack = self.qp_type == QpType::Rc
-            && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= self.comp.ack_every() || self.comp.probing);
+            && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= self.ack_every() || self.comp.probing);
         self.req.noack_pkts = if needs_ack { 0 } else { self.req.noack_pkts + 1 };
         let (dest_qpn, deth) = match &wqe.wr.ud {
             Some(ud) => {

@@ -261,6 +261,7 @@ impl ProtectionDomain {
         }
         let qpn = self.ctx.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
         let mut qp = Qp::new(qpn, init.qp_type, self.pd, init.cap, init.srq.map(|s| s.id));
+        qp.set_peer_buffer(self.ctx.engine.shared.receive_buffer);
         if init.qp_type == QpType::Ud {
             // UD has no path MTU attribute: it uses the port's, as rxe does.
             qp.set_ud_mtu(self.ctx.device.active_mtu());
