@@ -7,10 +7,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use softroce::transport::{
-    AsyncEvent, Mtu, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AsyncEvent, Mtu, PostSendError, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
     GRH_LEN,
 };
-use softroce::verbs::{AddressHandle, CompletionQueue, ConnectOptions, ContextOptions, MemoryRegion, QpInit, QueuePair};
+use softroce::verbs::{
+    AddressHandle, CompletionQueue, ConnectOptions, ContextOptions, Error, MemoryRegion, QpInit, QueuePair,
+};
 use verbs_common::*;
 
 /// About 1 MiB, a multiple of no MTU.
@@ -551,4 +553,25 @@ fn a_qp_destroyed_right_after_its_last_receive_still_acknowledges_it() {
         assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success), "round {round}: {wc:?} {:?} {:?}", a.ctx.counters(), b.ctx.counters());
         drop((a, qp_a, mr_a, mr_b));
     }
+}
+
+#[test]
+fn a_posted_list_runs_in_order_up_to_the_request_the_qp_refuses() {
+    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let data = stage(&pair.mr_a, &pair.mr_b, 3000);
+    let rkey = pair.mr_b.rkey();
+    let write = |wr_id: u64, at: usize, len: usize| {
+        let op = SendOp::RdmaWrite { remote_addr: pair.mr_b.addr() + (DST + at) as u64, rkey };
+        SendWr::new(wr_id, op).with_sge(pair.mr_a.sge(SRC + at, len))
+    };
+    let too_many_sges = SendWr { sg_list: vec![pair.mr_a.sge(SRC, 1); 17], ..write(3, 0, 0) };
+    let list = [write(1, 0, 1000), write(2, 1000, 2000), too_many_sges, write(4, 0, 1)];
+
+    let (bad, error) = pair.qp_a.post_send_list(list).unwrap_err();
+    assert_eq!(bad, 2, "libibverbs' bad_wr: the third");
+    assert!(matches!(error, Error::PostSend(PostSendError::TooManySge { given: 17, max: 16 })), "{error}");
+    assert_eq!(next_wc(&pair.a.cq), success(1, &pair.qp_a, WcOpcode::RdmaWrite, 1000));
+    assert_eq!(next_wc(&pair.a.cq), success(2, &pair.qp_a, WcOpcode::RdmaWrite, 2000));
+    assert_holds_only(&pair.mr_b, DST, &data);
+    assert_eq!(pair.a.cq.wait_one(Duration::from_millis(100)), None, "nothing after the refused one");
 }

@@ -179,6 +179,10 @@ pub struct Args {
     /// Signal one send in this many [default: 100; 1 above 8 KiB].
     #[arg(short = 'Q', long = "cq-mod", value_parser = c_u32)]
     cq_mod: Option<u32>,
+    /// Post requests in lists of this many, one post each (BW tests;
+    /// signals the last of each list unless -Q says otherwise).
+    #[arg(short = 'l', long = "post_list", default_value = "1", value_parser = c_u32)]
+    post_list: u32,
     /// Outstanding READs/atomics [default: the device's maximum].
     #[arg(short = 'o', long = "outs", value_parser = c_u32)]
     outs: Option<u32>,
@@ -232,6 +236,8 @@ pub struct Params {
     tx_depth: u32,
     rx_depth: u32,
     cq_mod: u32,
+    /// `-l`: requests per post.
+    post_list: u32,
     out_reads: u16,
     cmp_and_swap: bool,
     ib_port: u8,
@@ -293,6 +299,27 @@ impl Params {
         if size > 8192 && args.conn != Conn::Ud && !args.all && requested_cq_mod.is_none() {
             cq_mod = 1;
         }
+        let post_list = check("Post list size", args.post_list, 1, 15000)?;
+        if post_list > 1 {
+            if args.lat {
+                return fail("Post list is supported in BW tests only");
+            }
+            if args.duration.is_none() && iters % post_list != 0 {
+                return fail("Number of iterations must be a multiple of post list size");
+            }
+            if tx_depth < post_list {
+                return fail(" Tx depth must be at least the post list size");
+            }
+            match requested_cq_mod {
+                None => {
+                    cq_mod = post_list;
+                    println!("{RESULT_LINE}");
+                    println!("Post List requested - CQ moderation will be the size of the post list");
+                }
+                Some(m) if post_list % m != 0 => return fail(" Post list size must be a multiple of CQ moderation"),
+                Some(_) => {}
+            }
+        }
         cq_mod = cq_mod.min(tx_depth);
         let max_reads = 128; // kernel rxe's and softroce's max_qp_rd_atom
         let out_reads = match (verb, args.outs) {
@@ -334,6 +361,7 @@ impl Params {
             tx_depth,
             rx_depth,
             cq_mod,
+            post_list,
             out_reads,
             cmp_and_swap: args.atomic_type == Some(AtomicType::CmpAndSwap),
             ib_port,
@@ -474,6 +502,9 @@ fn print_test_info(p: &Params, device: &str, client: bool, mtu: Mtu, gid_index: 
     println!(" ibv_wr* API     : OFF");
     if client || p.duplex {
         println!(" TX depth        : {}", p.tx_depth);
+    }
+    if p.post_list > 1 {
+        println!(" Post List       : {}", p.post_list);
     }
     if p.verb == Verb::Send && !client {
         println!(" RX depth        : {}", p.rx_depth);

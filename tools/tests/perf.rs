@@ -114,6 +114,21 @@ fn write_bw_reports_the_clients_figures_on_both_sides() {
 }
 
 #[test]
+fn write_bw_with_post_lists() {
+    let args = ["write", "-s", "64", "-n", "1600", "-l", "16", "-q", "2"];
+    let (server, client) = bw(&args, &["64"], "3200");
+    assert_eq!(server, client);
+    let (_, run) = pair(&args);
+    assert!(run.stdout.contains("Post List requested - CQ moderation will be the size of the post list"), "{}", run.stdout);
+    assert!(run.stdout.contains(" Post List       : 16\n CQ Moderation   : 16\n"), "{}", run.stdout);
+    // Not a multiple, and not for latency tests: perftest's refusals.
+    let refused = perf(CLIENT_IP, 1, 1, &["write", "-n", "100", "-l", "16"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("multiple of post list size"), "{refused:?}");
+    let refused = perf(CLIENT_IP, 1, 1, &["write", "--lat", "-l", "4"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("BW tests only"), "{refused:?}");
+}
+
+#[test]
 fn read_bw() {
     let (server, client) = bw(&["read", "-s", "4096", "-n", "300", "-q", "3", "-m", "1024"], &["4096"], "900");
     assert_eq!(server, client);

@@ -268,7 +268,14 @@ impl Res {
     }
 
     fn post(&self, q: usize, wr: SendWr, count: u64) -> Result<(), Fail> {
-        self.qps[q].post_send(wr).map_err(|e| Fail(format!("Couldn't post send: qp {q} scnt={count}: {e}")))
+        self.post_list(q, [wr], count)
+    }
+
+    /// Posts `wrs` on QP `q` in one post; `count` is the first one's number.
+    fn post_list(&self, q: usize, wrs: impl IntoIterator<Item = SendWr>, count: u64) -> Result<(), Fail> {
+        self.qps[q]
+            .post_send_list(wrs)
+            .map_err(|(bad, e)| Fail(format!("Couldn't post send: qp {q} scnt={}: {e}", count + bad as u64)))
     }
 
     /// Where QP `q`'s receives land (`ctx_set_recv_wqes`).
@@ -341,15 +348,18 @@ impl Res {
         let mut last = Instant::now();
         while (totscnt < total || totccnt < total || (receiving && rcnt < total)) && !clock.ended() {
             for q in 0..n {
-                while may_send && scnt[q] < iters && scnt[q] - ccnt[q].min(scnt[q]) < u64::from(p.tx_depth) {
-                    let signaled = (scnt[q] + 1) % cq_mod == 0 || scnt[q] + 1 == iters;
-                    let wr = self.request(p, q, &theirs[q], size, scnt[q], signaled);
+                let list = u64::from(p.post_list);
+                while may_send && scnt[q] < iters && scnt[q] - ccnt[q].min(scnt[q]) + list <= u64::from(p.tx_depth) {
+                    let first = scnt[q];
+                    let wrs = (first..first + list)
+                        .map(|c| self.request(p, q, &theirs[q], size, c, (c + 1) % cq_mod == 0 || c + 1 == iters));
                     if !clock.timed() {
-                        times.post(totscnt as usize, self.now());
+                        let now = self.now();
+                        (0..list).for_each(|j| times.post((totscnt + j) as usize, now));
                     }
-                    self.post(q, wr, scnt[q])?;
-                    scnt[q] += 1;
-                    totscnt += 1;
+                    self.post_list(q, wrs, first)?;
+                    scnt[q] += list;
+                    totscnt += list;
                 }
             }
             let mut progress = false;
