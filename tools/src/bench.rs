@@ -34,9 +34,10 @@ macro_rules! say {
 #[command(after_help = "Rows: udp (4 KiB datagrams, sendmmsg/recvmmsg), udp-gso (UDP_SEGMENT and UDP_GRO), \
     tcp (64 KiB writes), udp-lat (UDP ping-pong), then softroce between two devices on 127.0.0.1 and \
     127.0.0.2: rc-write, rc-send and rc-read streams (64 B to 4 MiB, path MTU 1024 and 4096, 1 and 4 QPs), \
-    send-lat (SEND ping-pong) and write-rate (64 B WRITEs). Ping-pongs count the messages and bytes of \
+    send-lat (SEND ping-pong), write-rate (64 B WRITEs, one post each) and write-rate-list (the same \
+    posted 16 at a time, as ibv_post_send with a chain). Ping-pongs count the messages and bytes of \
     both directions. Ratios are softroce's figure over the \
-    baseline's: GB/s for streams, messages/s for write-rate, median latency for send-lat.")]
+    baseline's: GB/s for streams, messages/s for the write rates, median latency for send-lat.")]
 pub struct Args {
     /// How long each row is measured, after a warm-up of a fifth of that.
     #[arg(long, value_name = "SECONDS", default_value = "0.5", value_parser = parse_seconds)]
@@ -126,7 +127,7 @@ fn bench(args: &Args) -> Result<bool, String> {
     }
     if !args.json {
         say!("load average {} at the end", Host::now().load);
-        say!("ratios: softroce / baseline (GB/s for streams, msg/s for write-rate, median latency for send-lat; latency above 1 is slower)");
+        say!("ratios: softroce / baseline (GB/s for streams, msg/s for the write rates, median latency for send-lat; latency above 1 is slower)");
     }
     if let Some(path) = &args.plot {
         let svg =
@@ -151,6 +152,7 @@ pub enum Test {
     RcRead,
     SendLat,
     WriteRate,
+    WriteRateList,
 }
 
 impl Test {
@@ -165,6 +167,7 @@ impl Test {
             Test::RcRead => "rc-read",
             Test::SendLat => "send-lat",
             Test::WriteRate => "write-rate",
+            Test::WriteRateList => "write-rate-list",
         }
     }
 
@@ -175,7 +178,7 @@ impl Test {
     /// The figure a softroce row is compared to the baselines by.
     fn compared_by(self) -> &'static str {
         match self {
-            Test::WriteRate => "msgs_per_s",
+            Test::WriteRate | Test::WriteRateList => "msgs_per_s",
             Test::SendLat => "lat_p50_us",
             _ => "gbytes_per_s",
         }
@@ -267,6 +270,7 @@ fn plan(quick: bool) -> Vec<Case> {
         }
     }
     cases.push(Case::softroce(Test::WriteRate, 64, Mtu::Mtu4096, 1));
+    cases.push(Case::softroce(Test::WriteRateList, 64, Mtu::Mtu4096, 1));
     cases
 }
 
@@ -276,7 +280,9 @@ fn measure(case: &Case, devices: &rdma::Devices, timing: &Timing) -> Result<Meas
         Test::UdpGso => baselines::udp_stream(case.size, GSO_SEGMENTS, timing),
         Test::Tcp => baselines::tcp_stream(case.size, timing),
         Test::UdpLat => baselines::udp_ping_pong(case.size, timing),
-        Test::RcWrite | Test::RcSend | Test::RcRead | Test::WriteRate => devices.stream(case, timing),
+        Test::RcWrite | Test::RcSend | Test::RcRead | Test::WriteRate | Test::WriteRateList => {
+            devices.stream(case, timing)
+        }
         Test::SendLat => devices.ping_pong(case, timing),
     }
 }
@@ -458,7 +464,7 @@ impl Baselines {
         let gbytes = |b: &Option<Figures>| b.as_ref().map(|f| f.gbytes_per_s);
         let msgs = |b: &Option<Figures>| b.as_ref().map(|f| f.msgs_per_s);
         match case.test {
-            Test::WriteRate => Ratios {
+            Test::WriteRate | Test::WriteRateList => Ratios {
                 udp: ratio(figures.msgs_per_s, msgs(&self.udp)),
                 udp_gso: ratio(figures.msgs_per_s, msgs(&self.udp_gso)),
                 tcp: None,
@@ -485,7 +491,7 @@ struct Row {
 
 fn table_header() -> String {
     format!(
-        "{:<10} {:>7} {:>4} {:>3} {:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
+        "{:<15} {:>7} {:>4} {:>3} {:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
         "test", "size", "MTU", "QPs", "eng", "GB/s", "msg/s", "CPU s/GB", "p50 µs", "p99 µs", "×udp", "×gso", "×tcp", "retries"
     )
 }
@@ -496,7 +502,7 @@ impl Row {
         let (mtu, qps, engines) = c.conn.map_or(("-".to_owned(), "-".to_owned(), "-".to_owned()), |c| {
             (c.mtu.bytes().to_string(), c.qps.to_string(), c.engines.to_string())
         });
-        let head = format!("{:<10} {:>7} {:>4} {:>3} {:>3}", c.test.name(), size_label(c.size), mtu, qps, engines);
+        let head = format!("{:<15} {:>7} {:>4} {:>3} {:>3}", c.test.name(), size_label(c.size), mtu, qps, engines);
         let f = match &self.result {
             Ok(f) => f,
             Err(why) if c.test.is_softroce() => return format!("{head} FAILED: {why}"),

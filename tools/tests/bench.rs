@@ -99,6 +99,7 @@ fn every_json_row_is_complete_and_sane() {
     }
     find(rows, "send-lat", 8, Some(4096), Some(1));
     find(rows, "write-rate", 64, Some(4096), Some(1));
+    find(rows, "write-rate-list", 64, Some(4096), Some(1));
     // The same 4 QPs over one engine per side and over two.
     let engines = |n| rows.iter().any(|r| text(r, "test") == "rc-write" && r["qps"] == 4 && r["engines"] == n);
     assert!(engines(1) && engines(2), "{rows:?}");
@@ -138,7 +139,7 @@ fn every_json_row_is_complete_and_sane() {
             "send-lat" => {
                 [("ratio_udp", available(rows, "udp-lat", size).is_some()), ("ratio_udp_gso", false), ("ratio_tcp", false)]
             }
-            "write-rate" => {
+            "write-rate" | "write-rate-list" => {
                 [("ratio_udp", true), ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()), ("ratio_tcp", false)]
             }
             _ => [("ratio_udp", true), ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()), ("ratio_tcp", true)],

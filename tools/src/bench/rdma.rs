@@ -167,7 +167,7 @@ impl Pair {
     fn stream(&self, case: &Case, link: &Link, in_flight: InFlight, meter: &Meter) -> Result<(), String> {
         let (size, remote) = (case.size, self.b.mr.remote());
         let (op, local) = match case.test {
-            Test::RcWrite | Test::WriteRate => {
+            Test::RcWrite | Test::WriteRate | Test::WriteRateList => {
                 let op = SendOp::RdmaWrite { remote_addr: remote.addr + SINK_AT as u64, rkey: remote.rkey };
                 (op, self.a.mr.sge(SOURCE_AT, size))
             }
@@ -189,7 +189,8 @@ impl Pair {
         let sender_done = AtomicBool::new(false);
         let (sent, received) = std::thread::scope(|s| {
             let receiver = sends.then(|| s.spawn(|| link.repost_receives(self.b.mr.sge(SINK_AT, size), &sender_done)));
-            let sent = link.post_stream(op, local, in_flight, meter);
+            let lists = case.test == Test::WriteRateList;
+            let sent = link.post_stream(op, local, in_flight, lists, meter);
             sender_done.store(true, Ordering::Relaxed);
             (sent, receiver.map(joined))
         });
@@ -336,19 +337,27 @@ impl Link {
     }
 
     /// Keeps `window` requests in flight on every QP until the meter stops,
-    /// then waits for the last of them.
-    fn post_stream(&self, op: SendOp, local: Sge, window: InFlight, meter: &Meter) -> Result<(), String> {
+    /// then waits for the last of them; with `lists`, each group of them
+    /// goes in one post.
+    fn post_stream(&self, op: SendOp, local: Sge, window: InFlight, lists: bool, meter: &Meter) -> Result<(), String> {
         let size = u64::from(local.length);
         let mut posted = vec![0u64; self.qps.len()];
         let mut done = vec![0u64; self.qps.len()];
+        // A group ends with its one signaled request; `lists` posts it whole.
         let post_group = |qp: usize, posted: &mut u64| -> Result<(), String> {
-            for _ in 0..window.group {
-                let mut wr = SendWr::new((qp as u64) << SEQ_BITS | *posted, op).with_sge(local);
-                *posted += 1;
-                wr.flags.signaled = *posted % window.group == 0;
-                self.qps[qp].0.post_send(wr).map_err(|e| e.to_string())?;
+            let first = *posted;
+            let wrs = (first..first + window.group).map(|n| {
+                let mut wr = SendWr::new((qp as u64) << SEQ_BITS | n, op).with_sge(local);
+                wr.flags.signaled = (n + 1) % window.group == 0;
+                wr
+            });
+            *posted += window.group;
+            let qp = &self.qps[qp].0;
+            if lists {
+                qp.post_send_list(wrs).map_err(|(_, e)| e.to_string())
+            } else {
+                wrs.map(|wr| qp.post_send(wr)).collect::<Result<(), _>>().map_err(|e| e.to_string())
             }
-            Ok(())
         };
         for (qp, posted) in posted.iter_mut().enumerate() {
             for _ in 0..window.depth / window.group {
