@@ -1440,3 +1440,29 @@ fn a_destroyed_qp_completes_nothing_after_destroy_returns() {
     }
     assert!(late.is_empty(), "completions after destroy (round, QPN, wr_id, opcode, status): {late:?}");
 }
+
+#[test]
+fn a_destroyed_qp_answers_a_resend_of_its_last_message_for_a_while_and_nothing_else() {
+    let victim = Victim::new("lingering");
+    victim.assert_works(FAKE_PSN);
+    let (qpn, peer_qpn) = (victim.qp.qpn(), victim.peer_qpn());
+    let Victim { node, peer, qp, .. } = victim;
+    drop(qp);
+    let resend = |psn: u32| peer.send(IP_A, &rc(Op::SendOnly, psn).ack_req().qpn(qpn), &[7; 16]);
+    let answers = || peer.receive_until_quiet(QUIET);
+
+    // The ACK of the last SEND was lost, say: the peer resends it, and hears it again.
+    resend(FAKE_PSN);
+    let acks: Vec<_> = answers().iter().map(|a| (a.op(), a.psn(), a.syndrome(), a.header.bth.dest_qpn)).collect();
+    assert_eq!(acks, vec![(Op::Acknowledge, FAKE_PSN, ACK, peer_qpn)]);
+    // A new message is not taken: the QP is gone.
+    resend(FAKE_PSN + 1);
+    assert!(answers().is_empty(), "an answer to a request after destroy");
+    assert!(node.cq.poll_one().is_none(), "a completion after destroy");
+    // After a while nothing answers at all.
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = node.ctx.counters().unknown_qp;
+    resend(FAKE_PSN);
+    assert!(answers().is_empty(), "an answer long after destroy");
+    wait_for("the resend to count as for an unknown QP", || node.ctx.counters().unknown_qp > before);
+}

@@ -446,6 +446,32 @@ fn responder_reacks_duplicate_send_and_write_without_executing_them() {
     assert_eq!(node.bytes(0x9000, 16), other);
 }
 
+#[test]
+fn a_lingering_qp_reacks_resent_sends_and_writes_and_answers_nothing_else() {
+    let mut node = Node::rc();
+    node.post_recv(1, 0x8000, 256);
+    node.post_recv(2, 0x9000, 256);
+    let original = pattern(16, 1);
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &original);
+    node.feed(rc(Operation::ReadRequest, RQ_PSN + 1).ack_req().reth(VA, KEY, 16), &[]);
+    node.transmit();
+    node.completions();
+    node.qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+    node.completions();
+    node.qp.linger();
+
+    // The ACK of the last SEND or WRITE executed, as for any duplicate.
+    node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &pattern(16, 2));
+    assert_one_ack(&node.transmit(), RQ_PSN, ACK, 2);
+    // Not a READ replay (its memory may be gone), not a new SEND.
+    node.feed(rc(Operation::ReadRequest, RQ_PSN + 1).ack_req().reth(VA, KEY, 16), &[]);
+    node.feed(rc(Operation::SendOnly, RQ_PSN + 2).ack_req(), &pattern(16, 3));
+    assert!(node.transmit().is_empty());
+    assert!(node.completions().is_empty());
+    assert_eq!(node.bytes(0x8000, 16), original);
+    assert_eq!(node.bytes(0x9000, 16), vec![0; 16]);
+}
+
 /// A responder that has answered a 3000-byte READ at `RQ_PSN` of the bytes at `VA`.
 fn responder_after_read() -> (Node, Vec<u8>) {
     let mut node = Node::rc();

@@ -33,7 +33,7 @@ use super::eventfd::EventFd;
 use super::registry::{Registry, RegistryAccess};
 use crate::net::{wait_readable, Link, LinkStats, Outgoing};
 use crate::transport::{
-    AsyncEvent, Counters, CqKind, Incoming, Qp, Srq, WorkCompletion, TRANSMIT_HEADROOM,
+    AsyncEvent, Counters, CqKind, Incoming, Qp, QpType, Srq, WorkCompletion, TRANSMIT_HEADROOM,
 };
 use crate::wire::packet::{rxe_source_port, rxe_ud_source_port};
 use crate::wire::{Bth, RoceRepr};
@@ -371,6 +371,11 @@ const KICK_LIMIT: usize = 64;
 const HANDOVER: Duration = Duration::from_millis(1);
 /// The longest the engine sleeps: it re-reads the QP table at least this often.
 const IDLE: Duration = Duration::from_millis(100);
+/// How long a destroyed RC QP answers resends of its last messages: many
+/// ACK timeouts of the usual 67 ms (timeout 14), as a peer resends.
+const LINGER: Duration = Duration::from_secs(1);
+/// Destroyed QPs lingering at most, so churn cannot pile them up.
+const MAX_LINGERING: usize = 1024;
 
 /// Locks `m` if no one holds it (a poisoned lock is taken over, as in [`lock`]).
 fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
@@ -396,6 +401,12 @@ pub(crate) struct Progress {
     fds: Vec<RawFd>,
     /// A round ended early: QPs may have packets to send.
     owed: bool,
+    /// Destroyed RC QPs that still re-acknowledge their peers' resends
+    /// ([`Qp::linger`]), by QPN, and when each goes, oldest first.
+    lingering: BTreeMap<u32, Arc<QpCell>>,
+    linger_until: VecDeque<(Duration, u32)>,
+    /// Lingering QPs that got a packet this round, so may owe an answer.
+    answering: Vec<Arc<QpCell>>,
 }
 
 /// Where QPs' packets go: the link, the local addresses they leave from,
@@ -437,11 +448,27 @@ impl Progress {
             version: u64::MAX,
             fds,
             owed: false,
+            lingering: BTreeMap::new(),
+            linger_until: VecDeque::new(),
+            answering: Vec::new(),
         }
     }
 
     fn now(&self) -> Duration {
         self.start.elapsed()
+    }
+
+    /// Keeps a destroyed RC QP answering resends for [`LINGER`], within
+    /// [`MAX_LINGERING`] QPs (the oldest goes first).
+    fn linger(&mut self, now: Duration, cell: Arc<QpCell>) {
+        if self.linger_until.len() >= MAX_LINGERING {
+            if let Some((_, qpn)) = self.linger_until.pop_front() {
+                self.lingering.remove(&qpn);
+            }
+        }
+        let qpn = lock(&cell.qp).qpn();
+        self.lingering.insert(qpn, cell);
+        self.linger_until.push_back((now + LINGER, qpn));
     }
 
     /// The earliest timer of any QP.
@@ -477,10 +504,15 @@ impl Progress {
                 shared.malformed.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            let Some(cell) = self.by_qpn.get(&pkt.header.bth.dest_qpn) else {
-                trace!(qpn = pkt.header.bth.dest_qpn, "packet for an unknown QP");
-                shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
-                continue;
+            let qpn = pkt.header.bth.dest_qpn;
+            let (cell, lingering) = match (self.by_qpn.get(&qpn), self.lingering.get(&qpn)) {
+                (Some(cell), _) => (cell, false),
+                (None, Some(cell)) => (cell, true),
+                (None, None) => {
+                    trace!(qpn, "packet for an unknown QP");
+                    shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
             };
             let mut qp = lock(&cell.qp);
             let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
@@ -488,7 +520,17 @@ impl Progress {
             let mut srq = cell.srq.as_ref().map(|s| lock(s));
             let incoming =
                 Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
+            let answered = lingering.then(|| qp.counters().duplicate_requests);
             qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
+            if let Some(answered) = answered {
+                // A destroyed QP answers only a resend of its last messages;
+                // anything else was for a QP the device no longer has.
+                if qp.counters().duplicate_requests == answered {
+                    shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.answering.push(Arc::clone(cell));
+                }
+            }
             drop(srq);
             drop(registry);
             cell.drain(&mut qp, &shared.events);
@@ -517,12 +559,24 @@ impl Progress {
             };
         }
         // Destroyed QPs still owe their peers the answers they had queued
-        // (the ACK of the last message, say); then they are gone.
-        for cell in std::mem::take(&mut *lock(&shared.closing)) {
+        // (the ACK of the last message, say); then RC ones linger a while,
+        // answering resends of what they executed, and are gone.
+        let closing = std::mem::take(&mut *lock(&shared.closing));
+        for cell in closing.into_iter().chain(std::mem::take(&mut self.answering)) {
             let mut qp = lock(&cell.qp);
             let sent =
                 transmit(&mut qp, &mut self.out, shared, now, usize::MAX, Order::ResponsesFirst);
             busy |= sent > 0;
+            if qp.qp_type() == QpType::Rc && !qp.is_lingering() {
+                qp.linger();
+                drop(qp);
+                self.linger(now, cell);
+            }
+        }
+        while self.linger_until.front().is_some_and(|&(until, _)| until <= now) {
+            if let Some((_, qpn)) = self.linger_until.pop_front() {
+                self.lingering.remove(&qpn);
+            }
         }
         self.out.link.flush();
         *lock(&shared.link_stats) = self.out.link.stats();
@@ -599,7 +653,7 @@ fn transmit(qp: &mut Qp, out: &mut Outbox, shared: &EngineShared, now: Duration,
         let Some(t) = next else { break };
         let remote_qpn = Bth::new_unchecked(&space[..t.len]).dest_qpn();
         let src_port = match qp.qp_type() {
-            crate::transport::QpType::Ud => rxe_ud_source_port(qp.qpn()),
+            QpType::Ud => rxe_ud_source_port(qp.qpn()),
             _ => rxe_source_port(qp.qpn(), remote_qpn),
         };
         let src = source_for(locals, t.dest);

@@ -267,6 +267,9 @@ pub struct Qp {
     /// Bytes the peer can hold unread, if known: the window never puts more
     /// in flight (see [`Qp::set_peer_buffer`]).
     pub(crate) peer_buffer: Option<usize>,
+    /// Destroyed, and only answering duplicates of what it executed (see
+    /// [`Qp::linger`]).
+    pub(crate) lingering: bool,
 }
 
 impl Qp {
@@ -290,6 +293,7 @@ impl Qp {
             counters: Counters::default(),
             sqd_notified: false,
             peer_buffer: None,
+            lingering: false,
         }
     }
 
@@ -623,6 +627,23 @@ impl Qp {
             }
         }
         Some(tx)
+    }
+
+    /// The application destroyed this QP: it completes and executes nothing
+    /// more, but an RC QP still answers a duplicate of a SEND or WRITE it
+    /// executed with the ACK it had sent, in case that ACK was lost (the way
+    /// TCP's TIME_WAIT answers a resent FIN). Without it a peer whose last
+    /// message's ACK was lost resends it to nobody until its retries run
+    /// out (rxe, which treats 7 as infinite, until forever). Nothing else is
+    /// answered: not a new request, not a READ or atomic, whose memory may
+    /// be gone with the QP.
+    pub fn linger(&mut self) {
+        self.lingering = true;
+    }
+
+    /// Whether [`Qp::linger`] was called.
+    pub fn is_lingering(&self) -> bool {
+        self.lingering
     }
 
     /// Sets the bytes the peer can hold unread: the RC window then never puts

@@ -94,6 +94,18 @@ enum Refusal {
 impl Qp {
     pub(crate) fn handle_request(&mut self, pkt: Incoming<'_>, mem: &mut dyn Memory, mut srq: Option<&mut Srq>) {
         let hdr = pkt.header;
+        if self.lingering {
+            let resent = self.qp_type == QpType::Rc
+                && self.is_from_peer(&pkt)
+                && hdr.bth.psn.is_before(self.resp.psn)
+                && !matches!(hdr.bth.opcode.operation(), Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd);
+            if resent {
+                self.duplicate(pkt, mem);
+            } else {
+                self.counters.dropped += 1;
+            }
+            return;
+        }
         let receiving = matches!(self.attr.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe);
         let transport = match self.qp_type {
             QpType::Rc => Transport::Rc,
