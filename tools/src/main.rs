@@ -42,6 +42,10 @@ enum Command {
 const LOG_ENV: &str = "SOFTROCE_LOG";
 
 fn main() -> ExitCode {
+    // Output piped into `head` and closed ends the program quietly, as for
+    // any command-line tool, instead of a panic in the next print.
+    // SAFETY: restoring the default action of a signal, before any thread.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // Reloadable, so `demo -v` can widen it to the packet trace for a while.
     let (filter, log_filter) = reload::Layer::new(EnvFilter::from_env(LOG_ENV));
     // Colours only on a terminal: traces saved to files stay plain text.

@@ -489,6 +489,9 @@ fn print_test_info(p: &Params, device: &str, client: bool, mtu: Mtu, gid_index: 
     if p.verb == Verb::Atomic {
         title.push_str(if p.cmp_and_swap { "CMP_AND_SWAP " } else { "FETCH_AND_ADD " });
     }
+    if p.post_list > 1 {
+        title.push_str("Post List ");
+    }
     title.push_str(match (p.lat, p.duplex) {
         (true, _) => "Latency Test",
         (false, true) => "Bidirectional BW Test",

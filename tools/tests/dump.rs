@@ -3,6 +3,7 @@
 
 mod synthetic;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -788,4 +789,24 @@ fn unwritable_ladder_fails() {
         run.last_line(),
         "packets: 8, icrc ok: 8, icrc bad: 0, malformed: 0"
     );
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_the_dump_quietly() {
+    // Five explained captures are more than a pipe holds, so the dump
+    // writes into a pipe whose reader has gone.
+    let capture = data("rc_send_mtu4096.pcap");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .arg("dump")
+        .arg("--explain")
+        .args([&capture, &capture, &capture, &capture, &capture])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{:?}", output.status);
 }

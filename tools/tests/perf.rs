@@ -121,6 +121,7 @@ fn write_bw_with_post_lists() {
     let (_, run) = pair(&args);
     assert!(run.stdout.contains("Post List requested - CQ moderation will be the size of the post list"), "{}", run.stdout);
     assert!(run.stdout.contains(" Post List       : 16\n CQ Moderation   : 16\n"), "{}", run.stdout);
+    assert!(run.stdout.contains("                    RDMA_Write Post List BW Test\n"), "{}", run.stdout);
     // Not a multiple, and not for latency tests: perftest's refusals.
     let refused = perf(CLIENT_IP, 1, 1, &["write", "-n", "100", "-l", "16"]).output().unwrap();
     assert!(String::from_utf8_lossy(&refused.stderr).contains("multiple of post list size"), "{refused:?}");
