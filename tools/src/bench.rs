@@ -102,6 +102,14 @@ fn bench(args: &Args) -> Result<bool, String> {
         );
         say!("{}", table_header());
     }
+    if let Some(small) = receive_buffer().filter(|&bytes| bytes < SMALL_RECEIVE_BUFFER) {
+        eprintln!(
+            "softroce bench: the devices' sockets get {} KiB of receive buffer (net.core.rmem_max without \
+             CAP_NET_ADMIN); RC windows shrink to fit it, and large messages move slower than they can. \
+             For full speed: sysctl -w net.core.rmem_max=16777216",
+            small / 1024
+        );
+    }
     let mut baselines = Baselines::default();
     let mut rows = Vec::new();
     let mut failed = 0;
@@ -564,6 +572,21 @@ impl Row {
         }
         row
     }
+}
+
+/// Below this much receive buffer a device's windows are smaller than a
+/// loopback round trip needs (the 8 MiB the UDP link asks for, doubled by
+/// the kernel's accounting, is 16 MiB).
+const SMALL_RECEIVE_BUFFER: usize = 4 << 20;
+
+/// The receive buffer a softroce UDP link gets on this machine, as its RC
+/// windows see it.
+fn receive_buffer() -> Option<usize> {
+    use softroce::net::{Link, UdpLink};
+    let addr = std::net::IpAddr::from([127, 0, 0, 1]);
+    let mut link = UdpLink::new(softroce::net::udp::free_port(&[addr]).ok()?);
+    link.bind(addr).ok()?;
+    link.receive_buffer()
 }
 
 /// The nearest-rank percentile `p` of sorted samples.
