@@ -245,7 +245,6 @@ pub(crate) struct CompState {
     pub fast_peer: bool,
 }
 
-
 /// A queue pair.
 #[derive(Debug)]
 pub struct Qp {
