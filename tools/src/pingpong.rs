@@ -576,6 +576,8 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
         data_offset,
         ud_dest: None,
     };
+    // Printed however the run ends: a failed run's counters say most.
+    let _stats = args.stats.then(|| StatsAtExit(pp.ctx.clone()));
 
     let mut routs = pp.post_recv(i64::from(rx_depth));
     if routs < i64::from(rx_depth) {
@@ -738,30 +740,61 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
         Some(checker) => checker.report(size, data_offset),
         None => true,
     };
-    if args.stats {
-        print_stats(&pp.ctx);
-    }
     io::stdout().flush().ok();
+    if matches!(pp.kind, Kind::Rc | Kind::Srq) {
+        pp.qps.clear();
+        linger(&pp.ctx);
+    }
     Ok(valid)
 }
 
-/// Our `--stats` line: what the device's link and QPs counted, so a test
-/// harness can see packets dropped for a bad ICRC and RC's retransmissions.
-fn print_stats(ctx: &Context) {
-    let c = ctx.counters();
-    println!(
-        "softroce: sent {} packets ({} with a broken ICRC), received {}, ICRC errors {}, malformed {}, \
-         retries {}, timeouts {}, sequence NAKs received {}, duplicates {}",
-        c.link.sent,
-        c.link.corrupted,
-        c.link.received,
-        c.link.icrc_errors,
-        c.link.malformed + c.malformed,
-        c.qp.retries,
-        c.qp.timeouts,
-        c.qp.seq_naks_received,
-        c.qp.duplicate_requests
-    );
+/// How long the device must hear nothing before a finished run leaves: more
+/// than the 67 ms ACK timeout (14) the C programs give the peer.
+const LINGER_QUIET: Duration = Duration::from_millis(150);
+/// The longest a finished run stays for the peer.
+const LINGER_MAX: Duration = Duration::from_secs(2);
+
+/// Keeps the device open, its destroyed RC QPs lingering (rxe-spec V-12),
+/// until it has heard nothing for [`LINGER_QUIET`]. The C programs exit at
+/// once: if the ACK of the peer's last SEND was lost, the peer resends it
+/// to nobody and (rxe, retrying forever) never ends. Staying a moment lets
+/// the lingering QP acknowledge it again.
+fn linger(ctx: &Context) {
+    let start = Instant::now();
+    let mut heard = ctx.counters().link.received;
+    while start.elapsed() < LINGER_MAX {
+        std::thread::sleep(LINGER_QUIET);
+        let now = ctx.counters().link.received;
+        if now == heard {
+            return;
+        }
+        heard = now;
+    }
+}
+
+/// Prints our `--stats` line when dropped: what the device's link and QPs
+/// counted, so a test harness can see packets dropped for a bad ICRC and
+/// RC's retransmissions.
+struct StatsAtExit(Context);
+
+impl Drop for StatsAtExit {
+    fn drop(&mut self) {
+        let c = self.0.counters();
+        println!(
+            "softroce: sent {} packets ({} with a broken ICRC), received {}, ICRC errors {}, malformed {}, \
+             retries {}, timeouts {}, sequence NAKs received {}, duplicates {}",
+            c.link.sent,
+            c.link.corrupted,
+            c.link.received,
+            c.link.icrc_errors,
+            c.link.malformed + c.malformed,
+            c.qp.retries,
+            c.qp.timeouts,
+            c.qp.seq_naks_received,
+            c.qp.duplicate_requests
+        );
+        io::stdout().flush().ok();
+    }
 }
 
 /// `pp_connect_ctx`: RTR then RTS with the C programs' attributes, and for
