@@ -346,9 +346,9 @@ impl Res {
         let mut may_send = !(receiving && server);
         let mut batch = Vec::with_capacity(POLL_BATCH);
         let mut last = Instant::now();
+        let list = u64::from(p.post_list);
         while (totscnt < total || totccnt < total || (receiving && rcnt < total)) && !clock.ended() {
             for q in 0..n {
-                let list = u64::from(p.post_list);
                 while may_send && scnt[q] < iters && scnt[q] - ccnt[q].min(scnt[q]) + list <= u64::from(p.tx_depth) {
                     let first = scnt[q];
                     let wrs = (first..first + list)
