@@ -58,6 +58,10 @@ pub struct Args {
     /// ratios to baselines left out are null.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "TEST,...")]
     test: Vec<Test>,
+    /// Run only the softroce rows of these message sizes (bytes, or with a K
+    /// or M suffix: 64K,1M), say to profile one; the baselines still run.
+    #[arg(long, value_delimiter = ',', value_name = "SIZE,...", value_parser = parse_size)]
+    size: Vec<usize>,
     /// Open the softroce devices with busy polling: threads that wait for
     /// completions poll instead of sleeping (a core each).
     #[arg(long)]
@@ -70,6 +74,18 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         Ok(d) if !d.is_zero() => Ok(d),
         _ => Err("seconds must be a finite number above 0".to_owned()),
     }
+}
+
+fn parse_size(text: &str) -> Result<usize, String> {
+    let (digits, unit) = match text.strip_suffix(['K', 'k']) {
+        Some(digits) => (digits, 1 << 10),
+        None => match text.strip_suffix(['M', 'm']) {
+            Some(digits) => (digits, 1 << 20),
+            None => (text, 1),
+        },
+    };
+    let count: usize = digits.parse().map_err(|e| format!("{e}"))?;
+    count.checked_mul(unit).filter(|&bytes| bytes > 0).ok_or_else(|| format!("{text} is not a size in bytes above 0"))
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -113,7 +129,11 @@ fn bench(args: &Args) -> Result<bool, String> {
     let mut baselines = Baselines::default();
     let mut rows = Vec::new();
     let mut failed = 0;
-    for case in plan(args.quick).into_iter().filter(|c| args.test.is_empty() || args.test.contains(&c.test)) {
+    let wanted = |c: &Case| {
+        (args.test.is_empty() || args.test.contains(&c.test))
+            && (args.size.is_empty() || !c.test.is_softroce() || args.size.contains(&c.size))
+    };
+    for case in plan(args.quick).into_iter().filter(wanted) {
         let result = measure(&case, &devices, &timing).and_then(|m| Figures::new(&m));
         let row = match result {
             Ok(mut figures) => {
@@ -736,6 +756,16 @@ mod tests {
         for test in Test::value_variants() {
             assert_eq!(Test::from_str(test.name(), false), Ok(*test));
         }
+    }
+
+    #[test]
+    fn sizes_take_k_and_m_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999999999999M").is_err());
     }
 
     #[test]
