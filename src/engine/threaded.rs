@@ -494,51 +494,63 @@ impl Progress {
         // Timers run only once the link is drained: an ACK waiting in the
         // socket must not lose the race to the timeout it would cancel.
         let mut drained = false;
-        for _ in 0..64 {
-            let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
-                drained = true;
-                break;
-            };
-            busy = true;
-            let Ok(pkt) = RoceRepr::parse(roce) else {
-                shared.malformed.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            let qpn = pkt.header.bth.dest_qpn;
-            let (cell, lingering) = match (self.by_qpn.get(&qpn), self.lingering.get(&qpn)) {
-                (Some(cell), _) => (cell, false),
-                (None, Some(cell)) => (cell, true),
-                (None, None) => {
-                    trace!(qpn, "packet for an unknown QP");
-                    shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-            };
-            let mut qp = lock(&cell.qp);
+        {
+            // One registry guard for the whole round, and a QP's lock kept
+            // across its consecutive packets: every lock and unlock is a
+            // locked instruction, which waits until the payload copied into
+            // registered memory has left the store buffer.
             let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
             let mut mem = RegistryAccess(&registry);
-            let mut srq = cell.srq.as_ref().map(|s| lock(s));
-            let incoming =
-                Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
-            let answered = lingering.then(|| qp.counters().duplicate_requests);
-            qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
-            if let Some(answered) = answered {
-                // A destroyed QP answers only a resend of its last messages;
-                // anything else was for a QP the device no longer has.
-                if qp.counters().duplicate_requests == answered {
-                    shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    self.answering.push(Arc::clone(cell));
+            let mut held: Option<(u32, MutexGuard<'_, Qp>)> = None;
+            for _ in 0..64 {
+                let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
+                    drained = true;
+                    break;
+                };
+                busy = true;
+                let Ok(pkt) = RoceRepr::parse(roce) else {
+                    shared.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                let qpn = pkt.header.bth.dest_qpn;
+                let (cell, lingering) = match (self.by_qpn.get(&qpn), self.lingering.get(&qpn)) {
+                    (Some(cell), _) => (cell, false),
+                    (None, Some(cell)) => (cell, true),
+                    (None, None) => {
+                        trace!(qpn, "packet for an unknown QP");
+                        shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                if held.as_ref().map_or(true, |(of, _)| *of != qpn) {
+                    // One QP lock at a time.
+                    drop(held.take());
+                    held = Some((qpn, lock(&cell.qp)));
                 }
-            }
-            drop(srq);
-            drop(registry);
-            cell.drain(&mut qp, &shared.events);
-            drop(qp);
-            if until.is_some_and(|ready| ready()) {
-                self.owed = true;
-                *lock(&shared.link_stats) = self.out.link.stats();
-                return Step { busy: true, next_timer: None };
+                let Some((_, qp)) = held.as_mut() else { continue };
+                let mut srq = cell.srq.as_ref().map(|s| lock(s));
+                let incoming =
+                    Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
+                let answered = lingering.then(|| qp.counters().duplicate_requests);
+                qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
+                if let Some(answered) = answered {
+                    // A destroyed QP answers only a resend of its last messages;
+                    // anything else was for a QP the device no longer has.
+                    if qp.counters().duplicate_requests == answered {
+                        shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.answering.push(Arc::clone(cell));
+                    }
+                }
+                drop(srq);
+                cell.drain(qp, &shared.events);
+                if until.is_some_and(|ready| ready()) {
+                    drop(held);
+                    drop(registry);
+                    self.owed = true;
+                    *lock(&shared.link_stats) = self.out.link.stats();
+                    return Step { busy: true, next_timer: None };
+                }
             }
         }
         self.owed = false;
