@@ -104,7 +104,7 @@ impl Qp {
             if timed.is_before(psn) {
                 self.comp.timed = None;
                 let round_trip = now.saturating_sub(sent_at);
-                self.comp.fast_peer = self.ack_timeout().is_none_or(|t| round_trip * 4 <= t);
+                self.comp.fast_peer = self.ack_timeout().map_or(true, |t| round_trip * 4 <= t);
                 if !self.comp.fast_peer {
                     self.comp.grown /= 2;
                 }

@@ -356,7 +356,7 @@ impl Link {
             if lists {
                 qp.post_send_list(wrs).map_err(|(_, e)| e.to_string())
             } else {
-                wrs.map(|wr| qp.post_send(wr)).collect::<Result<(), _>>().map_err(|e| e.to_string())
+                wrs.into_iter().try_for_each(|wr| qp.post_send(wr)).map_err(|e| e.to_string())
             }
         };
         for (qp, posted) in posted.iter_mut().enumerate() {
