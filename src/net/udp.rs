@@ -178,7 +178,7 @@ fn icrc_of(src: IpAddr, dst: IpAddr, port: u16, roce: &[u8], id: u16) -> io::Res
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             // What the kernel sends: DF, and the ID of the packet's place.
             let ip = icrc::ipv4_header(s, d, (20 + udp_len) as u16, id, 0x40);
-            icrc::compute(&ip, &udp, &roce[..covered])
+            icrc::compute_ipv4(&ip, &udp, &roce[..covered])
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             icrc::compute(&ipv6_header(s.octets(), d.octets(), udp_len), &udp, &roce[..covered])
@@ -237,7 +237,9 @@ fn no_socket(addr: IpAddr) -> io::Error {
 fn icrc_ok(src: SocketAddr, dst: IpAddr, port: u16, roce: &[u8]) -> bool {
     let Some(udp) = udp_header(src.port(), port, roce.len()) else { return false };
     match (src.ip(), dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => matches!(icrc::verify_ipv4_unknown_id(s, d, &udp, roce), Ok(Some(_))),
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            matches!(icrc::verify_ipv4_unknown_id_cached(s, d, &udp, roce), Ok(Some(_)))
+        }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             let ip = ipv6_header(s.octets(), d.octets(), UdpHeader::LEN + roce.len());
             icrc::verify(&ip, &udp, roce).unwrap_or(false)
