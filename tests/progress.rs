@@ -83,3 +83,58 @@ fn a_wait_that_finds_nothing_returns_at_its_deadline() {
     let waited = start.elapsed();
     assert!(waited >= Duration::from_millis(30) && waited < WAIT, "{waited:?}");
 }
+
+/// Four QPs stream WRITEs into a peer whose socket holds what a non-root
+/// process gets on many distributions (`net.core.rmem_max` 212992, which
+/// the kernel doubles): every window fits the peer's buffer (rxe-spec T-7),
+/// so the data arrives whole with few go-backs. Before windows knew the
+/// buffer, one QP alone needed hundreds per second.
+#[test]
+fn qps_streaming_into_a_small_peer_buffer_fit_their_windows_into_it() {
+    let port = free_port(&[IP_A, IP_B]);
+    let small = ContextOptions { port, socket_buffer: Some(212_992), ..ContextOptions::default() };
+    let (a, b) = (Node::open("small_a", IP_A, small), Node::open("small_b", IP_B, small));
+    const QPS: usize = 4;
+    const MESSAGE: usize = 256 << 10;
+    const MESSAGES: u64 = 128;
+    const DEPTH: u64 = 4;
+    let (mr_a, mr_b) = (a.mr(MESSAGE), b.mr(QPS * MESSAGE));
+    let data = pattern(MESSAGE, 7);
+    mr_a.write(0, &data).unwrap();
+    let qps: Vec<_> = (0..QPS)
+        .map(|_| {
+            let (qp, peer) = (a.qp(QpType::Rc), b.qp(QpType::Rc));
+            connect(&qp, &peer, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+            (qp, peer)
+        })
+        .collect();
+    let post = |index: usize, wr_id: u64| {
+        let op = SendOp::RdmaWrite { remote_addr: mr_b.addr() + (index * MESSAGE) as u64, rkey: mr_b.rkey() };
+        qps[index].0.post_send(SendWr::new(wr_id, op).with_sge(mr_a.sge(0, MESSAGE))).unwrap();
+    };
+    let mut posted = [0u64; QPS];
+    for (index, count) in posted.iter_mut().enumerate() {
+        for _ in 0..DEPTH {
+            post(index, *count);
+            *count += 1;
+        }
+    }
+    let mut done = [0u64; QPS];
+    while done.iter().any(|&d| d < MESSAGES) {
+        let wc = a.cq.wait_one(WAIT).expect("a WRITE completion");
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        let index = qps.iter().position(|(qp, _)| qp.qpn() == wc.qp_num).expect("one of the QPs");
+        assert_eq!(wc.wr_id, done[index]);
+        done[index] += 1;
+        if posted[index] < MESSAGES {
+            post(index, posted[index]);
+            posted[index] += 1;
+        }
+    }
+    let written = contents(&mr_b);
+    for index in 0..QPS {
+        assert!(written[index * MESSAGE..(index + 1) * MESSAGE] == data[..], "QP {index}'s region");
+    }
+    let sent = a.ctx.counters();
+    assert!(sent.qp.retries <= 64, "{} go-backs for {} MiB: {sent:?}", sent.qp.retries, QPS * 32);
+}

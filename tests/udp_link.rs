@@ -278,3 +278,15 @@ fn the_link_reports_its_sockets_receive_buffer() {
     let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max").unwrap().trim().parse().unwrap();
     assert!(granted == 2 * (8 << 20) || granted == 2 * rmem_max.min(8 << 20), "{granted}, rmem_max {rmem_max}");
 }
+
+#[test]
+fn a_link_asks_for_the_socket_buffer_it_is_given() {
+    let mut link = UdpLink::new(free_port());
+    link.socket_buffer(212_992);
+    link.bind(A).unwrap();
+    let granted = link.receive_buffer().expect("a bound link has a receive buffer");
+    // Twice what was asked (the kernel's bookkeeping), or of rmem_max
+    // where that is lower and the process may not exceed it.
+    let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max").unwrap().trim().parse().unwrap();
+    assert!(granted == 2 * 212_992 || granted == 2 * rmem_max.min(212_992), "{granted}, rmem_max {rmem_max}");
+}

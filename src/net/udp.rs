@@ -45,6 +45,8 @@ pub struct UdpLink {
     stats: LinkStats,
     /// Break the ICRC of every this many packets sent (0: never).
     corrupt_every: u32,
+    /// Bytes of socket buffer each way that sockets bound from now on ask for.
+    socket_buffer: usize,
 }
 
 impl UdpLink {
@@ -58,7 +60,17 @@ impl UdpLink {
             rx_local: None,
             stats: LinkStats::default(),
             corrupt_every: 0,
+            socket_buffer: SOCKET_BUFFER,
         }
+    }
+
+    /// The socket buffer, each way, that sockets bound from now on ask for
+    /// (8 MiB unless set). Without CAP_NET_ADMIN the kernel caps it at
+    /// `net.core.rmem_max`/`wmem_max`; a smaller one shows, even as root,
+    /// how softroce runs where those limits are low (RC windows fit the
+    /// peer's buffer, rxe-spec T-7).
+    pub fn socket_buffer(&mut self, bytes: usize) {
+        self.socket_buffer = bytes;
     }
 
     /// Sends every `n`th packet with a wrong ICRC (0 turns it off): a
@@ -87,8 +99,9 @@ impl UdpLink {
         // A full RC window (128 PSNs of 4 KiB, both directions of several
         // QPs) must fit in the socket buffers, or the kernel drops what RC
         // then has to retransmit.
-        set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, SOCKET_BUFFER);
-        set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SOCKET_BUFFER);
+        let bytes = libc::c_int::try_from(self.socket_buffer).unwrap_or(libc::c_int::MAX);
+        set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, bytes);
+        set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, bytes);
         // Kernels without UDP GSO (before 4.18) refuse the option, and would
         // ignore the per-message one, sending a train as one datagram; 0
         // leaves the socket's own setting off.
@@ -389,7 +402,7 @@ const MIN_PACKET: usize = 12 + ICRC_LEN;
 const LARGEST_PACKET: usize = 9216;
 
 /// Bytes of socket buffer to ask for in each direction.
-const SOCKET_BUFFER: libc::c_int = 8 << 20;
+const SOCKET_BUFFER: usize = 8 << 20;
 
 /// Sets a socket buffer size: the privileged option first (beyond
 /// `net.core.rmem_max`), else the ordinary one, which the kernel caps. A

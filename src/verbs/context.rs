@@ -35,11 +35,14 @@ pub struct ContextOptions {
     /// Send every this many packets with a broken ICRC (0: never), to test
     /// that peers drop them ([`UdpLink::corrupt_icrc_every`]).
     pub corrupt_icrc_every: u32,
+    /// Bytes of socket buffer each way to ask for, if not the UDP link's
+    /// 8 MiB ([`UdpLink::socket_buffer`]).
+    pub socket_buffer: Option<usize>,
 }
 
 impl Default for ContextOptions {
     fn default() -> ContextOptions {
-        ContextOptions { port: ROCE_UDP_PORT, busy_poll: false, corrupt_icrc_every: 0 }
+        ContextOptions { port: ROCE_UDP_PORT, busy_poll: false, corrupt_icrc_every: 0, socket_buffer: None }
     }
 }
 
@@ -85,6 +88,9 @@ impl Context {
     pub fn open(device: &Device, options: ContextOptions) -> Result<Context> {
         let mut link = UdpLink::new(options.port);
         link.corrupt_icrc_every(options.corrupt_icrc_every);
+        if let Some(bytes) = options.socket_buffer {
+            link.socket_buffer(bytes);
+        }
         for addr in device.addresses() {
             link.bind(addr).map_err(|e| {
                 Error::Io(std::io::Error::new(e.kind(), format!("bind {addr} port {}: {e}", options.port)))

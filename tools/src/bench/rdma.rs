@@ -81,8 +81,8 @@ struct Side {
 }
 
 impl Side {
-    fn open(device: &Device, port: u16, busy_poll: bool) -> softroce::verbs::Result<Side> {
-        let ctx = Context::open(device, ContextOptions { port, busy_poll, ..ContextOptions::default() })?;
+    fn open(device: &Device, options: ContextOptions) -> softroce::verbs::Result<Side> {
+        let ctx = Context::open(device, options)?;
         let pd = ctx.alloc_pd()?;
         let mr = pd.alloc_mr(REGION_LEN, ACCESS)?;
         // Touched, so that no run reads the kernel's shared zero page.
@@ -97,8 +97,9 @@ impl Side {
 }
 
 impl Devices {
-    /// Opens the devices on `port`, or else on a free port.
-    pub fn open(port: Option<u16>, busy_poll: bool) -> Result<Devices, String> {
+    /// Opens the devices on `port`, or else on a free port, with `options`
+    /// otherwise.
+    pub fn open(port: Option<u16>, options: ContextOptions) -> Result<Devices, String> {
         let device = |name: String, ip: Ipv4Addr| {
             let [.., c, d] = ip.octets();
             Device::custom(&name, vec![IpAddr::V4(ip)], [0x02, 0, 0, 0, c, d], LINK_MTU)
@@ -106,8 +107,9 @@ impl Devices {
         let open = |port| -> softroce::verbs::Result<Devices> {
             let mut pairs = Vec::new();
             for (i, &(a, b)) in ADDRESSES.iter().enumerate() {
-                let a = Side::open(&device(format!("bench_a{i}"), a), port, busy_poll)?;
-                let b = Side::open(&device(format!("bench_b{i}"), b), port, busy_poll)?;
+                let options = ContextOptions { port, ..options };
+                let a = Side::open(&device(format!("bench_a{i}"), a), options)?;
+                let b = Side::open(&device(format!("bench_b{i}"), b), options)?;
                 pairs.push(Pair { a, b });
             }
             Ok(Devices { pairs })
