@@ -86,9 +86,11 @@ fn a_wait_that_finds_nothing_returns_at_its_deadline() {
 
 /// Four QPs stream WRITEs into a peer whose socket holds what a non-root
 /// process gets on many distributions (`net.core.rmem_max` 212992, which
-/// the kernel doubles): every window fits the peer's buffer (rxe-spec T-7),
-/// so the data arrives whole with few go-backs. Before windows knew the
-/// buffer, one QP alone needed hundreds per second.
+/// the kernel doubles): the engine splits the peer's buffer among the QPs
+/// with packets in flight and each window fits its share (rxe-spec T-7), so
+/// the data arrives whole with a go-back or three at the start. Windows that
+/// ignore the buffer cost about a hundred here, and windows that each take
+/// the whole buffer several hundred a second.
 #[test]
 fn qps_streaming_into_a_small_peer_buffer_fit_their_windows_into_it() {
     let port = free_port(&[IP_A, IP_B]);
@@ -136,5 +138,5 @@ fn qps_streaming_into_a_small_peer_buffer_fit_their_windows_into_it() {
         assert!(written[index * MESSAGE..(index + 1) * MESSAGE] == data[..], "QP {index}'s region");
     }
     let sent = a.ctx.counters();
-    assert!(sent.qp.retries <= 64, "{} go-backs for {} MiB: {sent:?}", sent.qp.retries, QPS * 32);
+    assert!(sent.qp.retries <= 16, "{} go-backs for {} MiB: {sent:?}", sent.qp.retries, QPS * 32);
 }

@@ -992,18 +992,50 @@ fn a_slow_peer_keeps_rxes_window() {
 #[test]
 fn the_window_fits_the_peers_buffer_and_still_asks_for_acks_in_time() {
     let mut stream = Stream::new(2000);
-    // 50 KiB hold 23 packets of MTU 1024 at twice their size each.
+    // 50 KiB hold 37 packets of MTU 1024 at 1.25 times their size each
+    // (what the kernel charges for a packet of a GSO train).
     stream.node.qp.set_peer_buffer(Some(50 * 1024));
-    let fits = 50 * 1024 / (2 * (MTU as u32 + TRANSMIT_HEADROOM as u32));
-    assert_eq!(fits, 23);
+    let fits = 50 * 1024 / (5 * (MTU as u32 + TRANSMIT_HEADROOM as u32) / 4);
+    assert_eq!(fits, 37);
     let sent = stream.send();
     assert_eq!(sent.len(), fits as usize);
-    // An ACK is asked for within the window (every 11th), or it would only
+    // An ACK is asked for within the window (every 18th), or it would only
     // move on by timeout.
     let asks: Vec<u32> = sent.iter().filter(|s| s.ack_req()).map(|s| s.psn() - SQ_PSN).collect();
-    assert_eq!(asks, vec![10, 21]);
+    assert_eq!(asks, vec![17, 35]);
     // However fast the ACKs come, the window does not grow past the buffer.
     assert_eq!(stream.rounds(8, 11), vec![fits; 8]);
+}
+
+/// A READ's responses all come at once, so its request goes only when they
+/// fit in the window after what is in flight; one larger than the window
+/// goes alone. Before, a READ went when its first PSN fit, and a few 1 MiB
+/// READs overflowed a 416 KiB socket buffer at once, over and over.
+#[test]
+fn a_read_goes_when_its_responses_fit_the_window_or_alone() {
+    let (mut node, _) = requester(attr(), 32 * MTU);
+    // A window of 16 PSNs.
+    node.qp.set_peer_buffer(Some(16 * 5 * (MTU + TRANSMIT_HEADROOM) / 4));
+    node.post_send(write(1, 10 * MTU as u32));
+    node.post_send(read(2, 0, 8 * MTU as u32));
+    node.post_send(read(3, 0, 20 * MTU as u32));
+    let sent = node.transmit();
+    assert_eq!(sent.len(), 10, "10 WRITE PSNs, and 8 READ responses would make 18");
+    node.feed(ack(SQ_PSN + 9), &[]);
+    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 10, true)]);
+    // READ 3 (20 PSNs, more than the window) waits for READ 2's responses.
+    let response = vec![0x5a; MTU];
+    for (k, op) in [Operation::ReadResponseFirst, Operation::ReadResponseMiddle].into_iter().enumerate() {
+        node.feed(read_response(op, SQ_PSN + 10 + k as u32), &response);
+        assert!(node.transmit().is_empty(), "READ 2 still has responses to come");
+    }
+    for k in 2..7 {
+        node.feed(read_response(Operation::ReadResponseMiddle, SQ_PSN + 10 + k), &response);
+    }
+    node.feed(read_response(Operation::ReadResponseLast, SQ_PSN + 17), &response);
+    let op = |wr_id, opcode| success(wr_id, opcode);
+    assert_eq!(summary(&node.completions()), vec![op(1, WcOpcode::RdmaWrite), op(2, WcOpcode::RdmaRead)]);
+    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 18, true)]);
 }
 
 #[test]

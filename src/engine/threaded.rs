@@ -407,6 +407,9 @@ pub(crate) struct Progress {
     linger_until: VecDeque<(Duration, u32)>,
     /// Lingering QPs that got a packet this round, so may owe an answer.
     answering: Vec<Arc<QpCell>>,
+    /// QPs that waited on their peers (packets unacknowledged) last round:
+    /// they share the peer's receive buffer.
+    waiting_on_peer: usize,
 }
 
 /// Where QPs' packets go: the link, the local addresses they leave from,
@@ -451,6 +454,7 @@ impl Progress {
             lingering: BTreeMap::new(),
             linger_until: VecDeque::new(),
             answering: Vec::new(),
+            waiting_on_peer: 0,
         }
     }
 
@@ -556,8 +560,13 @@ impl Progress {
         self.owed = false;
 
         let mut next_timer: Option<Duration> = None;
+        // The device's QPs send into one socket buffer at a peer on this
+        // host, so each window gets a share of it (rxe-spec T-7).
+        let share = shared.receive_buffer.map(|bytes| bytes / self.waiting_on_peer.max(1));
+        self.waiting_on_peer = 0;
         for cell in &self.qps {
             let mut qp = lock(&cell.qp);
+            qp.set_peer_buffer(share);
             if drained && qp.poll_timeout().is_some_and(|t| t <= now) {
                 qp.handle_timeout(now);
                 busy = true;
@@ -565,6 +574,7 @@ impl Progress {
             let sent = transmit(&mut qp, &mut self.out, shared, now, 64, Order::ResponsesFirst);
             busy |= sent > 0;
             cell.drain(&mut qp, &shared.events);
+            self.waiting_on_peer += usize::from(qp.poll_timeout().is_some());
             next_timer = match (next_timer, qp.poll_timeout()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

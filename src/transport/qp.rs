@@ -650,9 +650,10 @@ impl Qp {
     /// UDP socket drops what overflows its receive buffer, which a non-root
     /// process cannot raise above `net.core.rmem_max` (208 KiB on many
     /// distributions, against rxe's 128 PSNs of 4 KiB), and each drop costs a
-    /// go-back. softroce's engine passes its own socket's buffer, the
-    /// peer's where both ends run on one host; rxe's receive path has no
-    /// such limit, so the estimate is only cautious there.
+    /// go-back. softroce's engine passes a share of its own socket's
+    /// buffer (the peer's where both ends run on one host) to each QP with
+    /// packets in flight; rxe's receive path has no such limit, so the
+    /// estimate is only cautious there.
     pub fn set_peer_buffer(&mut self, bytes: Option<usize>) {
         self.peer_buffer = bytes;
     }
@@ -665,13 +666,20 @@ impl Qp {
             return 1;
         }
         let grown = MAX_UNACKED_PSNS + self.comp.grown;
-        // A packet takes about twice its bytes of receive buffer (the kernel
-        // charges each skb's whole allocation).
-        let fits = self.peer_buffer.map_or(u32::MAX, |bytes| {
-            let charge = 2 * (self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM);
+        grown.min(self.peer_buffer_psns()).max(MIN_WINDOW_PSNS)
+    }
+
+    /// Packets the peer's buffer holds ([`Qp::set_peer_buffer`]); no limit
+    /// where it is not known.
+    pub(crate) fn peer_buffer_psns(&self) -> u32 {
+        // The kernel charges a receive buffer for whole allocations: a
+        // lone 4 KiB datagram takes twice its bytes, a packet of a GSO train
+        // (how bulk leaves the UDP link) 1.15-1.22 times; measured on
+        // Linux 6.18 by filling a 416 KiB buffer.
+        self.peer_buffer.map_or(u32::MAX, |bytes| {
+            let charge = 5 * (self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM) / 4;
             u32::try_from(bytes / charge).unwrap_or(u32::MAX)
-        });
-        grown.min(fits).max(MIN_WINDOW_PSNS)
+        })
     }
 
     /// Packets sent between two that ask for an ACK: half of rxe's window

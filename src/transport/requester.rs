@@ -62,6 +62,16 @@ impl Qp {
         if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= self.window() as i32 {
             return None;
         }
+        // A READ request brings all its responses at once: it goes only
+        // when they fit in the peer's buffer after what is in flight, or
+        // when nothing else is (a larger READ then goes alone).
+        if self.qp_type == QpType::Rc && matches!(wqe.wr.op, SendOp::RdmaRead { .. }) && psn != self.comp.psn {
+            let range = wqe.psn.expect("assigned above");
+            let last = range.first.wrapping_add(range.count - 1);
+            if i64::from(last.diff(self.comp.psn)) >= i64::from(self.peer_buffer_psns()) {
+                return None;
+            }
+        }
         let plan = self.plan(index, packets, mtu);
         let dest = self.destination(index)?;
         let header_len = plan.repr.header_len();
