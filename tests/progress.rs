@@ -140,3 +140,46 @@ fn qps_streaming_into_a_small_peer_buffer_fit_their_windows_into_it() {
     let sent = a.ctx.counters();
     assert!(sent.qp.retries <= 16, "{} go-backs for {} MiB: {sent:?}", sent.qp.retries, QPS * 32);
 }
+
+#[test]
+fn small_writes_posted_one_by_one_to_a_busy_qp_leave_in_batches() {
+    let p = Pair::connected(QpType::Rc, &options(Mtu::Mtu4096));
+    const SIZE: usize = 64;
+    const MESSAGES: u64 = 4096;
+    const DEPTH: u64 = 128;
+    const GROUP: u64 = 16;
+    let data = pattern(MESSAGES as usize * SIZE, 3);
+    p.mr_a.write(0, &data).unwrap();
+    // perftest's way: keep DEPTH requests posted, one post each, the last
+    // of every GROUP signaled, and refill a group per completion.
+    let post_group = |first: u64| {
+        for n in first..first + GROUP {
+            let op = SendOp::RdmaWrite { remote_addr: p.mr_b.addr() + n * SIZE as u64, rkey: p.mr_b.rkey() };
+            let mut wr = SendWr::new(n, op).with_sge(p.mr_a.sge(n as usize * SIZE, SIZE));
+            wr.flags.signaled = (n + 1) % GROUP == 0;
+            p.qp_a.post_send(wr).unwrap();
+        }
+    };
+    let before = p.a.ctx.counters().link;
+    let mut posted = 0;
+    while posted < DEPTH {
+        post_group(posted);
+        posted += GROUP;
+    }
+    let mut done = 0;
+    while done < MESSAGES {
+        let wc = next_wc(&p.a.cq);
+        assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, done + GROUP - 1), "{wc:?}");
+        done += GROUP;
+        if posted < MESSAGES {
+            post_group(posted);
+            posted += GROUP;
+        }
+    }
+    assert!(contents(&p.mr_b)[..data.len()] == data[..]);
+    let link = p.a.ctx.counters().link;
+    let (sent, batches) = (link.sent - before.sent, link.send_batches - before.send_batches);
+    // Each post sent at once would be a system call per packet (as it was):
+    // while ACKs are on their way, posts gather into batches.
+    assert!(sent >= MESSAGES && sent >= 4 * batches, "{sent} packets in {batches} batches");
+}

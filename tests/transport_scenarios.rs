@@ -1547,3 +1547,27 @@ fn ud_send_error_stops_only_the_send_queue() {
     node.post_send(SendWr::new(4, SendOp::Send).with_sge(sge(0, 64)).with_ud(dest));
     assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, false)]);
 }
+
+/// What a driver needs to batch posts to a busy QP (the threaded engine
+/// lets a few wait for an ACK on its way): whether one is coming, over how
+/// many unacknowledged PSNs, and how many packets are posted but unsent.
+#[test]
+fn a_requester_says_when_an_ack_is_on_its_way_and_what_waits_to_be_sent() {
+    let (mut node, _) = requester(attr(), 32 * MTU);
+    assert_eq!(node.qp.unacked_awaiting_ack(), None, "nothing sent");
+    node.post_send(write(1, 10 * MTU as u32));
+    node.post_send(write(2, 3 * MTU as u32));
+    assert_eq!(node.qp.unsent_packets(100), 13);
+    assert_eq!(node.qp.unsent_packets(5), 5, "counted only as far as asked");
+    let sent = node.transmit();
+    assert_eq!(sent.len(), 13);
+    assert_eq!(node.qp.unsent_packets(100), 0);
+    // Both WRITEs' last packets asked for an ACK.
+    assert_eq!(node.qp.unacked_awaiting_ack(), Some(13));
+    node.feed(ack(SQ_PSN + 9), &[]);
+    assert_eq!(node.qp.unacked_awaiting_ack(), Some(3), "WRITE 2's ACK is still coming");
+    node.post_send(read(3, 0, 4 * MTU as u32));
+    assert_eq!(node.qp.unsent_packets(100), 1, "a READ is one request packet");
+    node.feed(ack(SQ_PSN + 12), &[]);
+    assert_eq!(node.qp.unacked_awaiting_ack(), None, "everything asked for is acknowledged");
+}

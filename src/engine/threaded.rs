@@ -221,9 +221,15 @@ impl Engine {
         };
         let now = p.now();
         self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
-        // The new requests first: the peer waits for them.
+        // The new requests first: the peer waits for them. But while an ACK
+        // is on its way to a busy QP, a few wait for it and leave with the
+        // packets it lets out, as one batch: a stream of posts each sent
+        // alone costs a system call per packet on both sides.
         let mut qp = lock(&cell.qp);
-        let sent = transmit(&mut qp, &mut p.out, &self.shared, now, KICK_LIMIT, Order::RequestsFirst);
+        let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= BUSY_UNACKED);
+        let few = busy && qp.unsent_packets(SEND_BATCH) < SEND_BATCH;
+        let order = if few { Order::ResponsesOnly } else { Order::RequestsFirst };
+        let sent = transmit(&mut qp, &mut p.out, &self.shared, now, KICK_LIMIT, order);
         cell.drain(&mut qp, &self.shared.events);
         drop(qp);
         if std::mem::take(&mut p.owed) {
@@ -366,6 +372,13 @@ impl Drop for Engine {
 /// Packets a post sends from the posting thread before leaving the rest
 /// to the engine.
 const KICK_LIMIT: usize = 64;
+/// PSNs unacknowledged from which a post's requests may wait for the ACK
+/// on its way (see [`Engine::kick`]): a few messages' worth, so that a post
+/// or two after another still leaves at once.
+const BUSY_UNACKED: u32 = 32;
+/// Packets that a post sends at once even to a busy QP: a batch as large
+/// as waiting for the ACK would make.
+const SEND_BATCH: u32 = 16;
 /// How long a waiter whose engine is busy waits for a hand-off before
 /// trying to drive progress itself again.
 const HANDOVER: Duration = Duration::from_millis(1);
@@ -655,6 +668,8 @@ enum Order {
     ResponsesFirst,
     /// For a posting thread: its new requests, then what the QP owes.
     RequestsFirst,
+    /// For a posting thread whose requests wait for an ACK: what the QP owes.
+    ResponsesOnly,
 }
 
 /// Hands up to `limit` of the QP's packets to the link; returns how many.
@@ -671,6 +686,7 @@ fn transmit(qp: &mut Qp, out: &mut Outbox, shared: &EngineShared, now: Duration,
         let next = match order {
             Order::ResponsesFirst => qp.poll_transmit(now, &mem, space),
             Order::RequestsFirst => qp.poll_transmit_requests_first(now, &mem, space),
+            Order::ResponsesOnly => qp.poll_transmit_responses(now, &mem, space),
         };
         let Some(t) = next else { break };
         let remote_qpn = Bth::new_unchecked(&space[..t.len]).dest_qpn();

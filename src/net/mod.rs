@@ -86,6 +86,11 @@ pub struct Received {
 pub struct LinkStats {
     /// Packets sent.
     pub sent: u64,
+    /// Batches the sent packets left in, so `sent` over this is how well
+    /// sends are batched: on the UDP link, flushes of its send batch (one
+    /// `sendmmsg` each, for up to its 32 trains or datagrams). Links that
+    /// send packet by packet leave it 0.
+    pub send_batches: u64,
     /// Packets received, including those then dropped.
     pub received: u64,
     /// Received packets dropped for a bad ICRC.

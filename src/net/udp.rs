@@ -204,7 +204,8 @@ fn icrc_of(src: IpAddr, dst: IpAddr, port: u16, roce: &[u8], id: u16) -> io::Res
 /// Sends what `batch` holds on `socket`, bound to `local`. A train the
 /// kernel refuses leaves as single datagrams with ID 0, so the ICRCs of its
 /// later packets change by what the ID did.
-fn flush_batch(socket: &UdpSocket, batch: &mut SendBatch, local: IpAddr) -> io::Result<usize> {
+fn flush_batch(socket: &UdpSocket, batch: &mut SendBatch, local: IpAddr, stats: &mut LinkStats) -> io::Result<usize> {
+    stats.send_batches += 1;
     batch.flush(socket.as_raw_fd(), &mut |dest, roce, id| {
         if let (Ok(was), Ok(now)) =
             (icrc_of(local, dest.ip(), dest.port(), roce, id), icrc_of(local, dest.ip(), dest.port(), roce, 0))
@@ -289,7 +290,7 @@ impl Link for UdpLink {
         let (copy, id) = match batch.push(dest, out.roce)? {
             Some(queued) => queued,
             None => {
-                flushed = flush_batch(socket, batch, out.src);
+                flushed = flush_batch(socket, batch, out.src, &mut self.stats);
                 batch.push(dest, out.roce)?.ok_or_else(|| io::Error::other("an empty batch has no room"))?
             }
         };
@@ -310,7 +311,7 @@ impl Link for UdpLink {
         }
         if batch.room(len).is_none() {
             // Errors mean dropped packets, which RC retransmits.
-            let _ = flush_batch(socket, batch, local);
+            let _ = flush_batch(socket, batch, local, &mut self.stats);
         }
         batch.room(len)
     }
@@ -327,7 +328,7 @@ impl Link for UdpLink {
     fn flush(&mut self) {
         for (&local, (socket, batch)) in &mut self.sockets {
             if !batch.is_empty() {
-                let _ = flush_batch(socket, batch, local);
+                let _ = flush_batch(socket, batch, local, &mut self.stats);
             }
         }
     }

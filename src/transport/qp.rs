@@ -209,6 +209,9 @@ pub(crate) struct ReqState {
     pub psn: Psn,
     /// Packets sent since the last one with AckReq.
     pub noack_pkts: u32,
+    /// The last packet sent with AckReq: its ACK is on its way until
+    /// the completer passes it.
+    pub ack_asked: Option<Psn>,
     /// READ/atomic WQEs sent and not completed.
     pub rd_atomic: u32,
 }
@@ -243,6 +246,14 @@ pub(crate) struct CompState {
     /// timeout: a peer that slow (an emulated VM) would time out on a
     /// larger window, so it keeps rxe's.
     pub fast_peer: bool,
+}
+
+/// Which of a QP's packets [`Qp::transmit_next`] takes.
+#[derive(Debug, Clone, Copy)]
+enum Turn {
+    ResponsesFirst,
+    RequestsFirst,
+    ResponsesOnly,
 }
 
 /// A queue pair.
@@ -596,27 +607,34 @@ impl Qp {
     /// plus [`TRANSMIT_HEADROOM`] bytes; a smaller one yields nothing) and says where it goes. Responses go before requests so
     /// a busy requester cannot starve the peer of ACKs.
     pub fn poll_transmit(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit_next(now, mem, buf, false)
+        self.transmit_next(now, mem, buf, Turn::ResponsesFirst)
     }
 
     /// As [`Qp::poll_transmit`], but requests before responses: for the
     /// thread that just posted them, since the peer waits for the request
     /// and the answers this QP owes (ACKs) can trail it in the same batch.
     pub fn poll_transmit_requests_first(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit_next(now, mem, buf, true)
+        self.transmit_next(now, mem, buf, Turn::RequestsFirst)
     }
 
-    fn transmit_next(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8], requests_first: bool) -> Option<Transmit> {
+    /// As [`Qp::poll_transmit`], but only the QP's answers to its peer
+    /// (ACKs, READ responses): for a driver that leaves the requests for
+    /// later ([`Qp::unacked_awaiting_ack`]).
+    pub fn poll_transmit_responses(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+        self.transmit_next(now, mem, buf, Turn::ResponsesOnly)
+    }
+
+    fn transmit_next(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8], turn: Turn) -> Option<Transmit> {
         let needed = self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM;
         if buf.len() < needed {
             tracing::warn!(qpn = self.qpn, needed, got = buf.len(), "transmit buffer too small");
             return None;
         }
         let _span = tracing::trace_span!("qp", qpn = self.qpn).entered();
-        let tx = if requests_first {
-            self.next_request(now, mem, buf).or_else(|| self.next_response(mem, buf))?
-        } else {
-            self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?
+        let tx = match turn {
+            Turn::ResponsesFirst => self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?,
+            Turn::RequestsFirst => self.next_request(now, mem, buf).or_else(|| self.next_response(mem, buf))?,
+            Turn::ResponsesOnly => self.next_response(mem, buf)?,
         };
         self.counters.sent_packets += 1;
         if tracing::enabled!(tracing::Level::TRACE) {
@@ -688,6 +706,31 @@ impl Qp {
     pub(crate) fn ack_every(&self) -> u32 {
         let window = self.window();
         (window / 4).max(MAX_PKTS_PER_ACK.min(window / 2)).max(1)
+    }
+
+    /// PSNs handed out to requests and not yet acknowledged, when an ACK
+    /// is on its way for some of them (a packet that asked for one is
+    /// unacknowledged): the ACK's arrival will open the window again, so a
+    /// driver may leave new requests to go with the packets it lets out.
+    pub fn unacked_awaiting_ack(&self) -> Option<u32> {
+        let asked = self.req.ack_asked?;
+        let pending = self.qp_type == QpType::Rc && !self.comp.psn.is_after(asked) && self.comp.timer.is_some();
+        pending.then(|| self.req.psn.diff(self.comp.psn).max(0) as u32)
+    }
+
+    /// Packets of the posted requests not sent yet, counted up to `up_to`.
+    pub fn unsent_packets(&self, up_to: u32) -> u32 {
+        let mtu = self.attr.path_mtu.bytes() as u64;
+        let mut unsent = 0u32;
+        for wqe in self.sq.iter().skip(self.req.next) {
+            if unsent >= up_to {
+                break;
+            }
+            let packets = if wqe.wr.op.is_read_or_atomic() { 1 } else { wqe.wr.length().div_ceil(mtu).max(1) };
+            let packets = u32::try_from(packets).unwrap_or(u32::MAX);
+            unsent = unsent.saturating_add(packets.saturating_sub(wqe.next_pkt));
+        }
+        unsent.min(up_to)
     }
 
     /// The earliest time [`Qp::handle_timeout`] has work to do.

@@ -182,6 +182,9 @@ impl Qp {
         let needs_ack = self.qp_type == QpType::Rc
             && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= self.ack_every() || self.comp.probing);
         self.req.noack_pkts = if needs_ack { 0 } else { self.req.noack_pkts + 1 };
+        if needs_ack {
+            self.req.ack_asked = Some(psn);
+        }
         let (dest_qpn, deth) = match &wqe.wr.ud {
             Some(ud) => {
                 let qkey = if ud.remote_qkey & 0x8000_0000 != 0 { self.attr.qkey } else { ud.remote_qkey };
