@@ -2,12 +2,17 @@
 //! packets, and the engine thread takes over whatever they leave — timers
 //! they armed, answers they owe, the passive side of a transfer.
 
+mod roce_build;
 mod verbs_common;
 
 use std::time::{Duration, Instant};
 
+use roce_build::Build;
+use softroce::net::udp::UdpLink;
+use softroce::net::{Link, Outgoing};
 use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
-use softroce::verbs::{ConnectOptions, ContextOptions, QpInit};
+use softroce::verbs::{ConnectOptions, ContextOptions, Endpoint, Gid, QpInit};
+use softroce::wire::{BthRepr, Opcode, Operation, Psn, RoceRepr, Transport};
 use verbs_common::*;
 
 /// Node A breaks the ICRC of every other packet it sends.
@@ -182,4 +187,68 @@ fn small_writes_posted_one_by_one_to_a_busy_qp_leave_in_batches() {
     // Each post sent at once would be a system call per packet (as it was):
     // while ACKs are on their way, posts gather into batches.
     assert!(sent >= MESSAGES && sent >= 4 * batches, "{sent} packets in {batches} batches");
+}
+
+#[test]
+fn a_round_of_packets_asking_for_acks_gets_them_as_it_goes() {
+    // The peer is a bare UDP link: its 48 packets leave as one GSO train,
+    // which arrives whole, so the device handles them all in one round.
+    let port = free_port(&[IP_A, IP_B]);
+    let a = Node::open("early_ack", IP_A, ContextOptions { port, ..ContextOptions::default() });
+    let mut peer = UdpLink::new(port);
+    peer.bind(IP_B).unwrap();
+    const PEER_QPN: u32 = 0x4242;
+    const PSN: u32 = 0x1000;
+    const PACKETS: u32 = 48;
+    const MTU: usize = 1024;
+    let qp = a.qp(QpType::Rc);
+    qp.connect(&Endpoint { qpn: PEER_QPN, psn: Psn::new(PSN), gid: Gid::from_ip(IP_B) }, &options(Mtu::Mtu1024))
+        .unwrap();
+    let mr = a.mr(PACKETS as usize * MTU);
+    let data = pattern(PACKETS as usize * MTU, 5);
+    for k in 0..PACKETS {
+        let operation = match k {
+            0 => Operation::WriteFirst,
+            k if k == PACKETS - 1 => Operation::WriteLast,
+            _ => Operation::WriteMiddle,
+        };
+        let opcode = Opcode::new(Transport::Rc, operation).unwrap();
+        let mut header = RoceRepr::new(BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pkey: BthRepr::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: qp.qpn(),
+            ack_req: false,
+            psn: Psn::new(PSN + k),
+        });
+        if k == 0 {
+            header = header.reth(mr.addr(), mr.rkey(), data.len() as u32);
+        }
+        // An ACK asked for every 12 packets, as a requester does.
+        if k % 12 == 11 {
+            header = header.ack_req();
+        }
+        let payload = &data[k as usize * MTU..][..MTU];
+        let mut roce = vec![0u8; header.wire_len(MTU)];
+        header.emit(&mut roce, payload).unwrap();
+        peer.transmit(Duration::ZERO, Outgoing { src: IP_B, dst: IP_A, src_port: port, roce: &mut roce }).unwrap();
+    }
+    peer.flush();
+    assert_eq!(peer.stats().send_batches, 1, "one train");
+    let mut acked = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    let mut buf = vec![0u8; 4096];
+    while acked.last() != Some(&(PSN + PACKETS - 1)) && Instant::now() < deadline {
+        match peer.receive(Duration::ZERO, &mut buf) {
+            Some(r) => acked.push(RoceRepr::parse(&buf[..r.len]).unwrap().header.bth.psn.value()),
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    // Each ACK leaves once the packet asking for it is handled, not one for
+    // the whole round at its end (the requester's window waits on them).
+    assert_eq!(acked, [11, 23, 35, 47].map(|k| PSN + k));
+    assert!(contents(&mr) == data);
 }

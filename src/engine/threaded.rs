@@ -33,7 +33,7 @@ use super::eventfd::EventFd;
 use super::registry::{Registry, RegistryAccess};
 use crate::net::{wait_readable, Link, LinkStats, Outgoing};
 use crate::transport::{
-    AsyncEvent, Counters, CqKind, Incoming, Qp, QpType, Srq, WorkCompletion, TRANSMIT_HEADROOM,
+    AsyncEvent, Counters, CqKind, Incoming, Memory, Qp, QpType, Srq, WorkCompletion, TRANSMIT_HEADROOM,
 };
 use crate::wire::packet::{rxe_source_port, rxe_ud_source_port};
 use crate::wire::{Bth, RoceRepr};
@@ -376,6 +376,9 @@ const KICK_LIMIT: usize = 64;
 /// on its way (see [`Engine::kick`]): a few messages' worth, so that a post
 /// or two after another still leaves at once.
 const BUSY_UNACKED: u32 = 32;
+/// Packets handled in a round after which one that asks for an ACK gets it
+/// at once rather than at the end of the round (up to 64 packets).
+const EARLY_ACK_AFTER: u32 = 8;
 /// Packets that a post sends at once even to a busy QP: a batch as large
 /// as waiting for the ACK would make.
 const SEND_BATCH: u32 = 16;
@@ -519,6 +522,7 @@ impl Progress {
             let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
             let mut mem = RegistryAccess(&registry);
             let mut held: Option<(u32, MutexGuard<'_, Qp>)> = None;
+            let (mut handled, mut acked_at) = (0, 0);
             for _ in 0..64 {
                 let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
                     drained = true;
@@ -549,7 +553,17 @@ impl Progress {
                 let incoming =
                     Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
                 let answered = lingering.then(|| qp.counters().duplicate_requests);
+                let asks_ack = pkt.header.bth.ack_req;
                 qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
+                handled += 1;
+                if asks_ack && handled - acked_at >= EARLY_ACK_AFTER {
+                    // The ACK leaves now, not after the rest of the round:
+                    // a requester whose window is the peer's small socket
+                    // buffer would otherwise stop and wait for every round.
+                    acked_at = handled;
+                    transmit_with(qp, &mut self.out, &mem, now, usize::MAX, Order::ResponsesOnly);
+                    self.out.link.flush();
+                }
                 if let Some(answered) = answered {
                     // A destroyed QP answers only a resend of its last messages;
                     // anything else was for a QP the device no longer has.
@@ -674,9 +688,13 @@ enum Order {
 
 /// Hands up to `limit` of the QP's packets to the link; returns how many.
 fn transmit(qp: &mut Qp, out: &mut Outbox, shared: &EngineShared, now: Duration, limit: usize, order: Order) -> usize {
-    let Outbox { link, locals, buf } = out;
     let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-    let mem = RegistryAccess(&registry);
+    transmit_with(qp, out, &RegistryAccess(&registry), now, limit, order)
+}
+
+/// [`transmit`] under a registry guard the caller holds.
+fn transmit_with(qp: &mut Qp, out: &mut Outbox, mem: &dyn Memory, now: Duration, limit: usize, order: Order) -> usize {
+    let Outbox { link, locals, buf } = out;
     let mut sent = 0;
     while sent < limit {
         // Build in the link's send buffer where it has one: no copy there.
@@ -684,9 +702,9 @@ fn transmit(qp: &mut Qp, out: &mut Outbox, shared: &EngineShared, now: Duration,
         let in_link = room.is_some();
         let space = room.unwrap_or(&mut *buf);
         let next = match order {
-            Order::ResponsesFirst => qp.poll_transmit(now, &mem, space),
-            Order::RequestsFirst => qp.poll_transmit_requests_first(now, &mem, space),
-            Order::ResponsesOnly => qp.poll_transmit_responses(now, &mem, space),
+            Order::ResponsesFirst => qp.poll_transmit(now, mem, space),
+            Order::RequestsFirst => qp.poll_transmit_requests_first(now, mem, space),
+            Order::ResponsesOnly => qp.poll_transmit_responses(now, mem, space),
         };
         let Some(t) = next else { break };
         let remote_qpn = Bth::new_unchecked(&space[..t.len]).dest_qpn();
