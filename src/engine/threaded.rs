@@ -169,12 +169,17 @@ impl EngineShared {
         wake == 0 || nanos(timer) < wake
     }
 
-    /// Whether an application thread drives progress, or did within
-    /// [`HANDOVER`] of `now`: then the engine keeps off the sockets, where
-    /// it would only race that thread for each packet.
-    fn app_driving(&self, now: Duration) -> bool {
-        self.drivers.load(Ordering::SeqCst) > 0
-            || nanos(now).saturating_sub(self.driven_at.load(Ordering::SeqCst)) < nanos(HANDOVER)
+    /// How long the engine keeps off the sockets, where it would only race
+    /// an application thread for each packet: [`HANDOVER`] while one drives
+    /// progress, else what is left of it since one last did; `None` once
+    /// the engine is on its own.
+    fn handover_left(&self, now: Duration) -> Option<Duration> {
+        if self.drivers.load(Ordering::SeqCst) > 0 {
+            return Some(HANDOVER);
+        }
+        let since = nanos(now).saturating_sub(self.driven_at.load(Ordering::SeqCst));
+        let left = nanos(HANDOVER).saturating_sub(since);
+        (left > 0).then(|| Duration::from_nanos(left))
     }
 }
 
@@ -220,7 +225,11 @@ impl Engine {
             return;
         };
         let now = p.now();
-        self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
+        // A posting thread may not be back for the ACKs: the engine keeps
+        // off only KICK_HANDOVER for it (a poller or waiter holds it off
+        // longer).
+        let mark = nanos(now).saturating_sub(nanos(HANDOVER - KICK_HANDOVER));
+        self.shared.driven_at.fetch_max(mark, Ordering::SeqCst);
         // The new requests first: the peer waits for them. But while an ACK
         // is on its way to a busy QP, a few wait for it and leave with the
         // packets it lets out, as one batch: a stream of posts each sent
@@ -241,12 +250,16 @@ impl Engine {
                 other.drain(&mut qp, &self.shared.events);
             }
         }
-        let timer = lock(&cell.qp).poll_timeout();
+        let (timer, ack_coming) = {
+            let qp = lock(&cell.qp);
+            (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some())
+        };
         p.out.link.flush();
         *lock(&self.shared.link_stats) = p.out.link.stats();
         drop(p);
-        // More to send, or a timer the sleeping engine does not know about.
-        if sent == KICK_LIMIT || timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
+        // More to send (unless the ACK on its way will send it), or a timer
+        // the sleeping engine does not know about.
+        if (sent == KICK_LIMIT && !ack_coming) || timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
             self.shared.ring();
         }
     }
@@ -385,6 +398,10 @@ const SEND_BATCH: u32 = 16;
 /// How long a waiter whose engine is busy waits for a hand-off before
 /// trying to drive progress itself again.
 const HANDOVER: Duration = Duration::from_millis(1);
+/// How long the engine keeps off after a post alone: about a round trip
+/// on loopback, after which the ACKs that move a transfer on would wait
+/// for a thread that may have gone.
+const KICK_HANDOVER: Duration = Duration::from_micros(100);
 /// The longest the engine sleeps: it re-reads the QP table at least this often.
 const IDLE: Duration = Duration::from_millis(100);
 /// How long a destroyed RC QP answers resends of its last messages: many
@@ -643,11 +660,12 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared) {
     };
     let doorbell: Vec<RawFd> = shared.doorbell.iter().map(|d| d.as_raw_fd()).collect();
     while !shared.stop.load(Ordering::SeqCst) {
-        if shared.app_driving(start.elapsed()) {
+        let now = start.elapsed();
+        if let Some(left) = shared.handover_left(now) {
             // Only a doorbell (work an application thread could not hand
             // over) calls the engine in while the application drives.
-            shared.engine_wake_at.store(nanos(start.elapsed() + HANDOVER), Ordering::SeqCst);
-            let rung = wait_readable(&doorbell, HANDOVER);
+            shared.engine_wake_at.store(nanos(now + left), Ordering::SeqCst);
+            let rung = wait_readable(&doorbell, left);
             shared.engine_wake_at.store(0, Ordering::SeqCst);
             if !rung {
                 continue;
