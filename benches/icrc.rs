@@ -20,7 +20,7 @@ fn bench(c: &mut Criterion) {
         0,
         0x40,
     );
-    let udp = [0xc0, 0x00, 0x12, 0xb7, 0x10, 0x0c, 0x00, 0x00];
+    let udp = [0xc0, 0x00, 0x12, 0xb7, 0x10, 0x18, 0x00, 0x00];
     let all: Vec<u8> = [&[0xffu8; 8][..], &ip, &udp, &roce].concat();
     let mut group = c.benchmark_group("icrc_4k");
     group.throughput(Throughput::Bytes(all.len() as u64));
@@ -28,12 +28,14 @@ fn bench(c: &mut Criterion) {
     group.bench_function("icrc_compute", |b| {
         b.iter(|| icrc::compute(black_box(&ip), black_box(&udp), black_box(&roce)).unwrap())
     });
+    let (src, dst) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+    let h = icrc::Ipv4Udp { src, dst, src_port: 0xc000, dst_port: 4791 };
     group.bench_function("icrc_compute_ipv4", |b| {
-        b.iter(|| icrc::compute_ipv4(black_box(&ip), black_box(&udp), black_box(&roce)).unwrap())
+        let cache = &mut icrc::PrefixCache::default();
+        b.iter(|| icrc::compute_ipv4(cache, black_box(h), black_box(0), 0x40, black_box(&roce)).unwrap())
     });
     group.finish();
 
-    let (src, dst) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
     let mut group = c.benchmark_group("icrc_unknown_id_4k");
     group.throughput(Throughput::Bytes(all.len() as u64));
     for id in [0u16, 7, 0xbeef] {
@@ -46,9 +48,11 @@ fn bench(c: &mut Criterion) {
                 assert_eq!(got, Ok(Some(id)));
             })
         });
+        let h = icrc::Ipv4Udp { src, dst, src_port: 0xc000, dst_port: 4791 };
+        let cache = &mut icrc::PrefixCache::default();
         group.bench_function(format!("verify_ipv4_unknown_id_cached_{id:#x}"), |b| {
             b.iter(|| {
-                let got = icrc::verify_ipv4_unknown_id_cached(src, dst, black_box(&udp), black_box(&packet));
+                let got = icrc::verify_ipv4_unknown_id_cached(cache, black_box(h), black_box(&packet));
                 assert_eq!(got, Ok(Some(id)));
             })
         });

@@ -43,6 +43,9 @@ pub struct UdpLink {
     rx: RecvBatch,
     rx_local: Option<IpAddr>,
     stats: LinkStats,
+    /// Header CRC states of recent packets sent and received.
+    tx_icrc: icrc::PrefixCache,
+    rx_icrc: icrc::PrefixCache,
     /// Break the ICRC of every this many packets sent (0: never).
     corrupt_every: u32,
     /// Bytes of socket buffer each way that sockets bound from now on ask for.
@@ -59,6 +62,8 @@ impl UdpLink {
             rx: RecvBatch::default(),
             rx_local: None,
             stats: LinkStats::default(),
+            tx_icrc: icrc::PrefixCache::default(),
+            rx_icrc: icrc::PrefixCache::default(),
             corrupt_every: 0,
             socket_buffer: SOCKET_BUFFER,
         }
@@ -130,7 +135,7 @@ impl UdpLink {
                     self.stats.malformed += 1;
                     continue;
                 };
-                if !icrc_ok(src, local, self.port, self.rx.bytes(at.clone())) {
+                if !icrc_ok(&mut self.rx_icrc, src, local, self.port, self.rx.bytes(at.clone())) {
                     self.stats.icrc_errors += 1;
                     continue;
                 }
@@ -182,7 +187,14 @@ fn check(src: IpAddr, dst: IpAddr, len: usize) -> io::Result<()> {
 
 /// The ICRC of a packet from `src` to `dst`, both on `port`, sent with IPv4
 /// Identification `id` (ignored for IPv6); `roce` includes the ICRC's place.
-fn icrc_of(src: IpAddr, dst: IpAddr, port: u16, roce: &[u8], id: u16) -> io::Result<u32> {
+fn icrc_of(
+    cache: &mut icrc::PrefixCache,
+    src: IpAddr,
+    dst: IpAddr,
+    port: u16,
+    roce: &[u8],
+    id: u16,
+) -> io::Result<u32> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
     let udp = udp_header(port, port, roce.len()).ok_or_else(|| invalid("packet too large"))?;
     let covered = roce.len().checked_sub(ICRC_LEN).ok_or_else(|| invalid("packet too short"))?;
@@ -190,8 +202,8 @@ fn icrc_of(src: IpAddr, dst: IpAddr, port: u16, roce: &[u8], id: u16) -> io::Res
     let icrc = match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             // What the kernel sends: DF, and the ID of the packet's place.
-            let ip = icrc::ipv4_header(s, d, (20 + udp_len) as u16, id, 0x40);
-            icrc::compute_ipv4(&ip, &udp, &roce[..covered])
+            let h = icrc::Ipv4Udp { src: s, dst: d, src_port: port, dst_port: port };
+            icrc::compute_ipv4(cache, h, id, 0x40, &roce[..covered])
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             icrc::compute(&ipv6_header(s.octets(), d.octets(), udp_len), &udp, &roce[..covered])
@@ -204,12 +216,18 @@ fn icrc_of(src: IpAddr, dst: IpAddr, port: u16, roce: &[u8], id: u16) -> io::Res
 /// Sends what `batch` holds on `socket`, bound to `local`. A train the
 /// kernel refuses leaves as single datagrams with ID 0, so the ICRCs of its
 /// later packets change by what the ID did.
-fn flush_batch(socket: &UdpSocket, batch: &mut SendBatch, local: IpAddr, stats: &mut LinkStats) -> io::Result<usize> {
+fn flush_batch(
+    socket: &UdpSocket,
+    batch: &mut SendBatch,
+    local: IpAddr,
+    stats: &mut LinkStats,
+    cache: &mut icrc::PrefixCache,
+) -> io::Result<usize> {
     stats.send_batches += 1;
     batch.flush(socket.as_raw_fd(), &mut |dest, roce, id| {
-        if let (Ok(was), Ok(now)) =
-            (icrc_of(local, dest.ip(), dest.port(), roce, id), icrc_of(local, dest.ip(), dest.port(), roce, 0))
-        {
+        let (ip, port) = (dest.ip(), dest.port());
+        let (was, now) = (icrc_of(cache, local, ip, port, roce, id), icrc_of(cache, local, ip, port, roce, 0));
+        if let (Ok(was), Ok(now)) = (was, now) {
             // XOR keeps a deliberately broken ICRC broken.
             let at = roce.len() - ICRC_LEN;
             let old = u32::from_le_bytes([roce[at], roce[at + 1], roce[at + 2], roce[at + 3]]);
@@ -223,13 +241,14 @@ fn flush_batch(socket: &UdpSocket, batch: &mut SendBatch, local: IpAddr, stats: 
 /// the ICRC.
 fn seal(
     stats: &mut LinkStats,
+    cache: &mut icrc::PrefixCache,
     corrupt_every: u32,
     src: IpAddr,
     dest: SocketAddr,
     queued: &mut [u8],
     id: u16,
 ) -> io::Result<u32> {
-    let mut crc = icrc_of(src, dest.ip(), dest.port(), queued, id)?;
+    let mut crc = icrc_of(cache, src, dest.ip(), dest.port(), queued, id)?;
     stats.sent += 1;
     if corrupt_every != 0 && stats.sent % u64::from(corrupt_every) == 0 {
         crc ^= 1 << 24;
@@ -248,13 +267,14 @@ fn no_socket(addr: IpAddr) -> io::Error {
 
 /// Checks the ICRC of a datagram that arrived at `dst` on `port`, as well as
 /// a UDP receiver can.
-fn icrc_ok(src: SocketAddr, dst: IpAddr, port: u16, roce: &[u8]) -> bool {
-    let Some(udp) = udp_header(src.port(), port, roce.len()) else { return false };
+fn icrc_ok(cache: &mut icrc::PrefixCache, src: SocketAddr, dst: IpAddr, port: u16, roce: &[u8]) -> bool {
     match (src.ip(), dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            matches!(icrc::verify_ipv4_unknown_id_cached(s, d, &udp, roce), Ok(Some(_)))
+            let h = icrc::Ipv4Udp { src: s, dst: d, src_port: src.port(), dst_port: port };
+            matches!(icrc::verify_ipv4_unknown_id_cached(cache, h, roce), Ok(Some(_)))
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let Some(udp) = udp_header(src.port(), port, roce.len()) else { return false };
             let ip = ipv6_header(s.octets(), d.octets(), UdpHeader::LEN + roce.len());
             icrc::verify(&ip, &udp, roce).unwrap_or(false)
         }
@@ -290,11 +310,11 @@ impl Link for UdpLink {
         let (copy, id) = match batch.push(dest, out.roce)? {
             Some(queued) => queued,
             None => {
-                flushed = flush_batch(socket, batch, out.src, &mut self.stats);
+                flushed = flush_batch(socket, batch, out.src, &mut self.stats, &mut self.tx_icrc);
                 batch.push(dest, out.roce)?.ok_or_else(|| io::Error::other("an empty batch has no room"))?
             }
         };
-        let crc = seal(&mut self.stats, self.corrupt_every, out.src, dest, copy, id)?;
+        let crc = seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, out.src, dest, copy, id)?;
         // The caller's bytes get the same ICRC.
         let at = out.roce.len() - ICRC_LEN;
         out.roce[at..].copy_from_slice(&crc.to_le_bytes());
@@ -311,7 +331,7 @@ impl Link for UdpLink {
         }
         if batch.room(len).is_none() {
             // Errors mean dropped packets, which RC retransmits.
-            let _ = flush_batch(socket, batch, local, &mut self.stats);
+            let _ = flush_batch(socket, batch, local, &mut self.stats, &mut self.tx_icrc);
         }
         batch.room(len)
     }
@@ -322,13 +342,13 @@ impl Link for UdpLink {
         let dest = SocketAddr::new(dst, self.port);
         let built = batch.commit(dest, len)?;
         let (queued, id) = built.ok_or_else(|| io::Error::other("no room was taken for the packet"))?;
-        seal(&mut self.stats, self.corrupt_every, src, dest, queued, id).map(drop)
+        seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, src, dest, queued, id).map(drop)
     }
 
     fn flush(&mut self) {
         for (&local, (socket, batch)) in &mut self.sockets {
             if !batch.is_empty() {
-                let _ = flush_batch(socket, batch, local, &mut self.stats);
+                let _ = flush_batch(socket, batch, local, &mut self.stats, &mut self.tx_icrc);
             }
         }
     }
