@@ -360,8 +360,11 @@ impl Engine {
             }
             if !step.busy && !self.busy_poll {
                 let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
-                wait_readable(&p.fds, left.min(timer));
-                if let Some(d) = &self.shared.doorbell {
+                // The doorbell is the last descriptor; draining it only when
+                // rung saves a system call per wake-up.
+                let ready = wait_readable(&p.fds, left.min(timer));
+                let doorbell_bit = 1 << p.fds.len().saturating_sub(1).min(63);
+                if let Some(d) = self.shared.doorbell.as_ref().filter(|_| ready & doorbell_bit != 0) {
                     d.drain();
                 }
             }
@@ -665,7 +668,7 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared) {
             // Only a doorbell (work an application thread could not hand
             // over) calls the engine in while the application drives.
             shared.engine_wake_at.store(nanos(now + left), Ordering::SeqCst);
-            let rung = wait_readable(&doorbell, left);
+            let rung = wait_readable(&doorbell, left) != 0;
             shared.engine_wake_at.store(0, Ordering::SeqCst);
             if !rung {
                 continue;
@@ -681,9 +684,11 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared) {
         let now = start.elapsed();
         let wait = step.next_timer.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
         shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
-        wait_readable(&fds, wait);
+        let ready = wait_readable(&fds, wait);
         shared.engine_wake_at.store(0, Ordering::SeqCst);
-        if let Some(d) = &shared.doorbell {
+        // The doorbell is the last descriptor.
+        let doorbell_bit = 1 << fds.len().saturating_sub(1).min(63);
+        if let Some(d) = shared.doorbell.as_ref().filter(|_| ready & doorbell_bit != 0) {
             d.drain();
         }
     }

@@ -24,8 +24,9 @@ pub use sim::{Delivery, Faults, SimNet, Stats};
 pub use udp::UdpLink;
 
 /// Blocks until one of `fds` is readable or `timeout` passes; returns
-/// whether one is.
-pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> bool {
+/// which are: bit `i` for `fds[i]` (bit 63 for any from the 64th on), so 0
+/// if none.
+pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> u64 {
     // On the stack for the usual few descriptors: engines wait on every
     // idle turn and must not allocate.
     const ON_STACK: usize = 16;
@@ -48,7 +49,10 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> bool {
     // SAFETY: `polls` is a valid array of `polls.len()` pollfd structs and
     // `spec` a valid timespec; no signal mask is given.
     let n = unsafe { libc::ppoll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, &spec, std::ptr::null()) };
-    n > 0
+    if n <= 0 {
+        return 0;
+    }
+    polls.iter().enumerate().filter(|(_, p)| p.revents != 0).fold(0, |mask, (i, _)| mask | 1 << i.min(63))
 }
 
 /// A packet a QP hands to a link: RoCE bytes (BTH up to a placeholder ICRC),
