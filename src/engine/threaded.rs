@@ -190,6 +190,9 @@ pub(crate) struct Engine {
     progress: Arc<Mutex<Progress>>,
     /// Threads that drive progress poll instead of sleeping.
     busy_poll: bool,
+    /// How long a thread that waits polls before it sleeps
+    /// ([`WAIT_SPIN`], none with a single CPU).
+    wait_spin: Duration,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -213,7 +216,10 @@ impl Engine {
                 let _span = debug_span!("engine", device = %span_name).entered();
                 run(&thread_progress, &thread_shared)
             })?;
-        Ok(Engine { shared, progress, busy_poll, thread: Some(thread) })
+        // Spinning where the peer needs this thread's only CPU would only delay it.
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let wait_spin = if cpus > 1 { WAIT_SPIN } else { Duration::ZERO };
+        Ok(Engine { shared, progress, busy_poll, wait_spin, thread: Some(thread) })
     }
 
     /// After a post to `cell`'s QP: sends its new packets from this thread
@@ -349,6 +355,7 @@ impl Engine {
     fn drive_until(&self, ready: &dyn Fn() -> bool, deadline: Instant) -> bool {
         let Some(mut p) = try_lock(&self.progress) else { return false };
         self.shared.drivers.fetch_add(1, Ordering::SeqCst);
+        let spin_until = Instant::now() + self.wait_spin;
         loop {
             let step = p.iterate(&self.shared, Some(ready));
             if ready() {
@@ -358,7 +365,7 @@ impl Engine {
             if left.is_zero() {
                 break;
             }
-            if !step.busy && !self.busy_poll {
+            if !step.busy && !self.busy_poll && Instant::now() >= spin_until {
                 let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
                 // The doorbell is the last descriptor; draining it only when
                 // rung saves a system call per wake-up.
@@ -401,6 +408,13 @@ const SEND_BATCH: u32 = 16;
 /// How long a waiter whose engine is busy waits for a hand-off before
 /// trying to drive progress itself again.
 const HANDOVER: Duration = Duration::from_millis(1);
+/// How long a waiting thread keeps polling before it sleeps: a loopback
+/// round trip. A sleeping thread's wake-up costs little on one CPU, but the
+/// scheduler puts a thread woken while its waker runs on on an idle CPU,
+/// and waking an idle CPU takes 30-70 µs on a VM (a UDP ping-pong whose two
+/// threads share a CPU answers in 4 µs there; a SEND ping-pong, which works
+/// between sending and sleeping, took 70-90 µs).
+const WAIT_SPIN: Duration = Duration::from_micros(20);
 /// How long the engine keeps off after a post alone: about a round trip
 /// on loopback, after which the ACKs that move a transfer on would wait
 /// for a thread that may have gone.
