@@ -7,12 +7,12 @@ mod verbs_common;
 
 use std::time::{Duration, Instant};
 
-use roce_build::Build;
+use roce_build::{bth, Build};
 use softroce::net::udp::UdpLink;
 use softroce::net::{Link, Outgoing};
 use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use softroce::verbs::{ConnectOptions, ContextOptions, Endpoint, Gid, QpInit};
-use softroce::wire::{BthRepr, Opcode, Operation, Psn, RoceRepr, Transport};
+use softroce::wire::{Opcode, Operation, Psn, RoceRepr, Transport};
 use verbs_common::*;
 
 /// Node A breaks the ICRC of every other packet it sends.
@@ -213,17 +213,7 @@ fn a_round_of_packets_asking_for_acks_gets_them_as_it_goes() {
             _ => Operation::WriteMiddle,
         };
         let opcode = Opcode::new(Transport::Rc, operation).unwrap();
-        let mut header = RoceRepr::new(BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qpn: qp.qpn(),
-            ack_req: false,
-            psn: Psn::new(PSN + k),
-        });
+        let mut header = RoceRepr::new(bth(opcode, qp.qpn(), PSN + k));
         if k == 0 {
             header = header.reth(mr.addr(), mr.rkey(), data.len() as u32);
         }

@@ -222,20 +222,6 @@ pub fn rc(operation: Operation, psn: u32) -> RoceRepr {
     packet(Transport::Rc, operation, psn)
 }
 
-pub fn bth(opcode: Opcode, dest_qpn: u32, psn: u32) -> BthRepr {
-    BthRepr {
-        opcode,
-        solicited: false,
-        mig_req: false,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qpn,
-        ack_req: false,
-        psn: Psn::new(psn),
-    }
-}
-
 /// The packet of `opcode` to `dest_qpn` at `psn` with every extended header
 /// it calls for, aimed at the target's region: RETH and AtomicETH at [`VA`]
 /// with [`KEY`] (RETH length `len`), a positive AETH, DETH with [`QKEY`].
@@ -254,7 +240,7 @@ pub fn complete(opcode: Opcode, dest_qpn: u32, psn: u32, len: u32) -> RoceRepr {
     repr
 }
 
-pub use crate::roce_build::Build;
+pub use crate::roce_build::{bth, Build};
 
 // ---------------------------------------------------------------------------
 // A fake peer on a UDP socket, for real contexts.

@@ -4,7 +4,23 @@
 // Each test crate that includes this module uses only some of the builders.
 #![allow(dead_code)]
 
-use softroce::wire::{AethRepr, AtomicEthRepr, DethRepr, RethRepr, RoceRepr, Syndrome};
+use softroce::wire::{AethRepr, AtomicEthRepr, BthRepr, DethRepr, Opcode, Psn, RethRepr, RoceRepr, Syndrome};
+
+/// A BTH of `opcode` to `dest_qpn` at `psn`, with no flags and the default
+/// P_Key; add the other headers with [`Build`].
+pub fn bth(opcode: Opcode, dest_qpn: u32, psn: u32) -> BthRepr {
+    BthRepr {
+        opcode,
+        solicited: false,
+        mig_req: false,
+        pkey: BthRepr::DEFAULT_PKEY,
+        fecn: false,
+        becn: false,
+        dest_qpn,
+        ack_req: false,
+        psn: Psn::new(psn),
+    }
+}
 
 /// `RoceRepr::new(bth).reth(..).ack_req()` and so on.
 pub trait Build {
