@@ -169,6 +169,16 @@ impl EngineShared {
         wake == 0 || nanos(timer) < wake
     }
 
+    /// Reads the doorbell, the last of `fds`, if `ready` (from
+    /// [`wait_readable`] on them) says it rang: reading it every wake-up
+    /// would cost a system call each.
+    fn drain_doorbell(&self, fds: &[RawFd], ready: u64) {
+        let doorbell_bit = 1 << fds.len().saturating_sub(1).min(63);
+        if let Some(d) = self.doorbell.as_ref().filter(|_| ready & doorbell_bit != 0) {
+            d.drain();
+        }
+    }
+
     /// How long the engine keeps off the sockets, where it would only race
     /// an application thread for each packet: [`HANDOVER`] while one drives
     /// progress, else what is left of it since one last did; `None` once
@@ -367,13 +377,8 @@ impl Engine {
             }
             if !step.busy && !self.busy_poll && Instant::now() >= spin_until {
                 let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
-                // The doorbell is the last descriptor; draining it only when
-                // rung saves a system call per wake-up.
                 let ready = wait_readable(&p.fds, left.min(timer));
-                let doorbell_bit = 1 << p.fds.len().saturating_sub(1).min(63);
-                if let Some(d) = self.shared.doorbell.as_ref().filter(|_| ready & doorbell_bit != 0) {
-                    d.drain();
-                }
+                self.shared.drain_doorbell(&p.fds, ready);
             }
         }
         self.shared.drivers.fetch_sub(1, Ordering::SeqCst);
@@ -410,8 +415,8 @@ const SEND_BATCH: u32 = 16;
 const HANDOVER: Duration = Duration::from_millis(1);
 /// How long a waiting thread keeps polling before it sleeps: a loopback
 /// round trip. A sleeping thread's wake-up costs little on one CPU, but the
-/// scheduler puts a thread woken while its waker runs on on an idle CPU,
-/// and waking an idle CPU takes 30-70 µs on a VM (a UDP ping-pong whose two
+/// scheduler puts a thread that is woken while its waker keeps running onto
+/// an idle CPU, and waking an idle CPU takes 30-70 µs on a VM (a UDP ping-pong whose two
 /// threads share a CPU answers in 4 µs there; a SEND ping-pong, which works
 /// between sending and sleeping, took 70-90 µs).
 const WAIT_SPIN: Duration = Duration::from_micros(20);
@@ -700,11 +705,7 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared) {
         shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
         let ready = wait_readable(&fds, wait);
         shared.engine_wake_at.store(0, Ordering::SeqCst);
-        // The doorbell is the last descriptor.
-        let doorbell_bit = 1 << fds.len().saturating_sub(1).min(63);
-        if let Some(d) = shared.doorbell.as_ref().filter(|_| ready & doorbell_bit != 0) {
-            d.drain();
-        }
+        shared.drain_doorbell(&fds, ready);
     }
 }
 
