@@ -196,17 +196,18 @@ fn icrc_of(
     id: u16,
 ) -> io::Result<u32> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
-    let udp = udp_header(port, port, roce.len()).ok_or_else(|| invalid("packet too large"))?;
     let covered = roce.len().checked_sub(ICRC_LEN).ok_or_else(|| invalid("packet too short"))?;
-    let udp_len = UdpHeader::LEN + roce.len();
     let icrc = match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             // What the kernel sends: DF, and the ID of the packet's place.
+            // The lengths follow from `roce` (too large: an error).
             let h = icrc::Ipv4Udp { src: s, dst: d, src_port: port, dst_port: port };
             icrc::compute_ipv4(cache, h, id, 0x40, &roce[..covered])
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
-            icrc::compute(&ipv6_header(s.octets(), d.octets(), udp_len), &udp, &roce[..covered])
+            let udp = udp_header(port, port, roce.len()).ok_or_else(|| invalid("packet too large"))?;
+            let ip = ipv6_header(s.octets(), d.octets(), UdpHeader::LEN + roce.len());
+            icrc::compute(&ip, &udp, &roce[..covered])
         }
         _ => return Err(invalid("source and destination are of different IP versions")),
     };
