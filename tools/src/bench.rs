@@ -33,12 +33,14 @@ macro_rules! say {
 
 #[derive(clap::Args)]
 #[command(after_help = "Rows: udp (4 KiB datagrams, sendmmsg/recvmmsg), udp-gso (UDP_SEGMENT and UDP_GRO), \
-    tcp (64 KiB writes), udp-lat (UDP ping-pong), then softroce between two devices on 127.0.0.1 and \
+    tcp (64 KiB writes), udp-lat (UDP ping-pong), udp-gso-lat (the same with RoCE's packet sizes and a \
+    20-byte ACK behind each datagram in one GSO send: the wire's part of send-lat), then softroce between two devices on 127.0.0.1 and \
     127.0.0.2: rc-write, rc-send and rc-read streams (64 B to 4 MiB, path MTU 1024 and 4096, 1 and 4 QPs), \
     send-lat (SEND ping-pong), write-rate (64 B WRITEs, one post each) and write-rate-list (the same \
     posted 16 at a time, as ibv_post_send with a chain). Ping-pongs count the messages and bytes of \
     both directions. Ratios are softroce's figure over the \
-    baseline's: GB/s for streams, messages/s for the write rates, median latency for send-lat.")]
+    baseline's: GB/s for streams, messages/s for the write rates, median latency for send-lat (whose \
+    ×gso is to udp-gso-lat).")]
 pub struct Args {
     /// How long each row is measured, after a warm-up of a fifth of that.
     #[arg(long, value_name = "SECONDS", default_value = "0.5", value_parser = parse_seconds)]
@@ -185,6 +187,7 @@ pub enum Test {
     UdpGso,
     Tcp,
     UdpLat,
+    UdpGsoLat,
     RcWrite,
     RcSend,
     RcRead,
@@ -200,6 +203,7 @@ impl Test {
             Test::UdpGso => "udp-gso",
             Test::Tcp => "tcp",
             Test::UdpLat => "udp-lat",
+            Test::UdpGsoLat => "udp-gso-lat",
             Test::RcWrite => "rc-write",
             Test::RcSend => "rc-send",
             Test::RcRead => "rc-read",
@@ -210,7 +214,7 @@ impl Test {
     }
 
     fn is_softroce(self) -> bool {
-        !matches!(self, Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat)
+        !matches!(self, Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat | Test::UdpGsoLat)
     }
 
     /// The figure a softroce row is compared to the baselines by.
@@ -276,6 +280,7 @@ fn plan(quick: bool) -> Vec<Case> {
         Case::baseline(Test::UdpGso, DATAGRAM),
         Case::baseline(Test::Tcp, TCP_WRITE),
         Case::baseline(Test::UdpLat, PING_SMALL),
+        Case::baseline(Test::UdpGsoLat, PING_SMALL),
     ];
     let mib = 1 << 20;
     if quick {
@@ -290,6 +295,7 @@ fn plan(quick: bool) -> Vec<Case> {
         cases.push(Case::softroce(Test::SendLat, PING_SMALL, Mtu::Mtu4096, 1));
     } else {
         cases.push(Case::baseline(Test::UdpLat, PING_PAGE));
+        cases.push(Case::baseline(Test::UdpGsoLat, PING_PAGE));
         for test in RC_STREAMS {
             for mtu in [Mtu::Mtu4096, Mtu::Mtu1024] {
                 for qps in [1, 4] {
@@ -317,7 +323,8 @@ fn measure(case: &Case, devices: &rdma::Devices, timing: &Timing) -> Result<Meas
         Test::Udp => baselines::udp_stream(case.size, 1, timing),
         Test::UdpGso => baselines::udp_stream(case.size, GSO_SEGMENTS, timing),
         Test::Tcp => baselines::tcp_stream(case.size, timing),
-        Test::UdpLat => baselines::udp_ping_pong(case.size, timing),
+        Test::UdpLat => baselines::udp_ping_pong(case.size, false, timing),
+        Test::UdpGsoLat => baselines::udp_ping_pong(case.size, true, timing),
         Test::RcWrite | Test::RcSend | Test::RcRead | Test::WriteRate | Test::WriteRateList => {
             devices.stream(case, timing)
         }
@@ -480,8 +487,9 @@ struct Baselines {
     udp: Option<Figures>,
     udp_gso: Option<Figures>,
     tcp: Option<Figures>,
-    /// UDP ping-pong median round trips by message size.
+    /// UDP ping-pong median round trips by message size, plain and with ACKs.
     udp_lat: Vec<(usize, f64)>,
+    udp_gso_lat: Vec<(usize, f64)>,
 }
 
 impl Baselines {
@@ -491,13 +499,14 @@ impl Baselines {
             Test::UdpGso => self.udp_gso = Some(figures.clone()),
             Test::Tcp => self.tcp = Some(figures.clone()),
             Test::UdpLat => self.udp_lat.extend(figures.p50().map(|p50| (case.size, p50))),
+            Test::UdpGsoLat => self.udp_gso_lat.extend(figures.p50().map(|p50| (case.size, p50))),
             _ => {}
         }
     }
 
     /// Streams compare GB/s; the message-rate row compares messages with
     /// datagrams (a byte stream has no packet rate); ping-pongs compare the
-    /// median with UDP's at the same size.
+    /// median with UDP's at the same size, plain and with the ACKs.
     fn ratios(&self, case: &Case, figures: &Figures) -> Ratios {
         let gbytes = |b: &Option<Figures>| b.as_ref().map(|f| f.gbytes_per_s);
         let msgs = |b: &Option<Figures>| b.as_ref().map(|f| f.msgs_per_s);
@@ -508,8 +517,9 @@ impl Baselines {
                 tcp: None,
             },
             Test::SendLat => {
-                let udp = self.udp_lat.iter().find(|(size, _)| *size == case.size).map(|(_, p50)| *p50);
-                Ratios { udp: figures.p50().and_then(|p50| ratio(p50, udp)), ..Ratios::default() }
+                let at_size = |lat: &[(usize, f64)]| lat.iter().find(|(size, _)| *size == case.size).map(|(_, p50)| *p50);
+                let p50 = |baseline| figures.p50().and_then(|p50| ratio(p50, baseline));
+                Ratios { udp: p50(at_size(&self.udp_lat)), udp_gso: p50(at_size(&self.udp_gso_lat)), tcp: None }
             }
             _ => Ratios {
                 udp: ratio(figures.gbytes_per_s, gbytes(&self.udp)),
@@ -713,6 +723,7 @@ mod tests {
         baselines.learn(&Case::baseline(Test::Udp, DATAGRAM), &figures(2.0, 500_000.0, None));
         baselines.learn(&Case::baseline(Test::Tcp, TCP_WRITE), &figures(4.0, 60_000.0, None));
         baselines.learn(&Case::baseline(Test::UdpLat, PING_SMALL), &figures(0.001, 50_000.0, Some((10.0, 30.0))));
+        baselines.learn(&Case::baseline(Test::UdpGsoLat, PING_SMALL), &figures(0.001, 40_000.0, Some((14.0, 30.0))));
         // udp-gso never arrived: unavailable.
 
         let write = Case::softroce(Test::RcWrite, 1 << 20, Mtu::Mtu4096, 1);
@@ -727,7 +738,7 @@ mod tests {
         let lat = Case::softroce(Test::SendLat, PING_SMALL, Mtu::Mtu4096, 1);
         assert_eq!(
             baselines.ratios(&lat, &figures(0.0, 1.0, Some((35.0, 80.0)))),
-            Ratios { udp: Some(3.5), ..Ratios::default() }
+            Ratios { udp: Some(3.5), udp_gso: Some(2.5), tcp: None }
         );
         // No UDP ping-pong of 4 KiB to compare with.
         let page = Case::softroce(Test::SendLat, PING_PAGE, Mtu::Mtu4096, 1);

@@ -86,10 +86,10 @@ fn available<'a>(rows: &'a [Map<String, Value>], test: &str, size: u64) -> Optio
 #[test]
 fn every_json_row_is_complete_and_sane() {
     let rows = &quick_run().0;
-    for (test, size) in [("udp", 4096), ("udp-gso", 4096), ("tcp", 65536), ("udp-lat", 8)] {
+    for (test, size) in [("udp", 4096), ("udp-gso", 4096), ("tcp", 65536), ("udp-lat", 8), ("udp-gso-lat", 8)] {
         find(rows, test, size, None, None);
     }
-    // Only udp-gso may be unavailable: the kernel may refuse GSO.
+    // Only the GSO rows may be unavailable: the kernel may refuse GSO.
     for test in ["udp", "tcp", "udp-lat"] {
         let row = rows.iter().find(|r| text(r, "test") == test).unwrap();
         assert!(!row.contains_key("unavailable"), "{row:?}");
@@ -107,7 +107,7 @@ fn every_json_row_is_complete_and_sane() {
     for row in rows {
         assert!(!row.contains_key("error"), "{row:?}");
         if let Some(why) = row.get("unavailable") {
-            assert_eq!(text(row, "test"), "udp-gso", "{row:?}");
+            assert!(["udp-gso", "udp-gso-lat"].contains(&text(row, "test")), "{row:?}");
             assert!(!why.as_str().unwrap().is_empty());
             continue;
         }
@@ -123,7 +123,7 @@ fn every_json_row_is_complete_and_sane() {
         } else {
             assert!(row["lat_p50_us"].is_null() && row["lat_p99_us"].is_null(), "{row:?}");
         }
-        let softroce = !["udp", "udp-gso", "tcp", "udp-lat"].contains(&test);
+        let softroce = !["udp", "udp-gso", "tcp", "udp-lat", "udp-gso-lat"].contains(&test);
         if !softroce {
             for key in ["mtu", "qps", "engines", "ratio_udp", "ratio_udp_gso", "ratio_tcp"] {
                 assert!(row[key].is_null(), "{key} of {row:?}");
@@ -136,9 +136,11 @@ fn every_json_row_is_complete_and_sane() {
         // Each ratio is there exactly when its baseline ran and compares.
         let size = row["size"].as_u64().unwrap();
         let baselines = match test {
-            "send-lat" => {
-                [("ratio_udp", available(rows, "udp-lat", size).is_some()), ("ratio_udp_gso", false), ("ratio_tcp", false)]
-            }
+            "send-lat" => [
+                ("ratio_udp", available(rows, "udp-lat", size).is_some()),
+                ("ratio_udp_gso", available(rows, "udp-gso-lat", size).is_some()),
+                ("ratio_tcp", false),
+            ],
             "write-rate" | "write-rate-list" => {
                 [("ratio_udp", true), ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()), ("ratio_tcp", false)]
             }
@@ -162,6 +164,10 @@ fn every_json_row_is_complete_and_sane() {
     let udp_lat = available(rows, "udp-lat", 8).unwrap();
     let expected = number(lat, "lat_p50_us") / number(udp_lat, "lat_p50_us");
     assert!((number(lat, "ratio_udp") / expected - 1.0).abs() < 1e-9, "{lat:?}");
+    if let Some(floor) = available(rows, "udp-gso-lat", 8) {
+        let expected = number(lat, "lat_p50_us") / number(floor, "lat_p50_us");
+        assert!((number(lat, "ratio_udp_gso") / expected - 1.0).abs() < 1e-9, "{lat:?}");
+    }
 }
 
 #[test]

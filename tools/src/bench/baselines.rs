@@ -3,7 +3,8 @@
 //! link moved them before it sent GSO trains (unconnected sockets,
 //! `sendmmsg`/`recvmmsg` batches of 32, one datagram per packet), the same
 //! with GSO and GRO (as the link now does, at its best: every datagram a
-//! full train), one TCP stream, and a UDP ping-pong.
+//! full train), one TCP stream, and UDP ping-pongs: plain, and with an ACK
+//! behind every datagram as RoCE has.
 
 use std::io::{self, Read, Write};
 use std::mem::{size_of, zeroed};
@@ -156,23 +157,52 @@ pub fn tcp_stream(write: usize, timing: &Timing) -> Result<Measured, String> {
 
 /// UDP ping-pong of `size`-byte datagrams, one thread pinging and waiting
 /// for each answer, the other answering until the pinger is done (so that
-/// the last ping is answered too).
-pub fn udp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
+/// the last ping is answered too). Both wait as softroce's waiting threads
+/// do: polling for [`SPIN`], then asleep, as a blocking receive alone
+/// would be. On a VM a thread woken on an idle CPU takes tens of µs to run,
+/// so a ping-pong that only sleeps measures that: 4 µs or 70 µs from one
+/// run to the next, as the scheduler places the threads.
+///
+/// With `acked`, each datagram is a RoCE packet's size (`size` plus BTH and
+/// ICRC) and leaves in one GSO send (`UDP_SEGMENT`) with a 20-byte datagram
+/// behind it, and arrives with it (`UDP_GRO`): the packets a RoCE SEND
+/// ping-pong puts on the wire, as softroce's link sends them — each SEND
+/// with the ACK of the one before, the wire's part of `send-lat` with
+/// nothing computed.
+pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measured, String> {
     let bind = |ip| UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"));
     let (pinger, answerer) = (bind(ADDRESS_A)?, bind(ADDRESS_B)?);
     let there = answerer.local_addr().map_err(|e| e.to_string())?;
+    let back = pinger.local_addr().map_err(|e| e.to_string())?;
     pinger.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
     answerer.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
+    let packet = if acked { size + ROCE_OVERHEAD } else { size };
+    if acked {
+        for socket in [&pinger, &answerer] {
+            set_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1).map_err(|e| format!("the kernel refuses UDP_GRO: {e}"))?;
+        }
+    }
+    let send = |socket: &UdpSocket, to: SocketAddr, data: &mut [u8]| {
+        if acked {
+            send_train(socket, to, data, packet)
+        } else {
+            socket.send_to(data, to).map(drop)
+        }
+    };
+    // A ping and its ACK, or the ping alone.
+    let train = if acked { packet + ACK_PACKET } else { packet };
+    let spin = if std::thread::available_parallelism().map_or(1, usize::from) > 1 { SPIN } else { Duration::ZERO };
     let meter = Meter::default();
     let pinger_done = AtomicBool::new(false);
     let (window, pinged, answered) = std::thread::scope(|s| {
         let pinging = s.spawn(|| {
-            let (data, mut buf, mut rtts) = (vec![0xa5u8; size], vec![0u8; size], Vec::new());
+            let (mut data, mut buf, mut rtts) = (vec![0xa5u8; train], vec![0u8; train], Vec::new());
             let pinged = (|| {
                 while !meter.stopped() {
                     let start = Instant::now();
-                    pinger.send_to(&data, there)?;
-                    pinger.recv(&mut buf)?;
+                    send(&pinger, there, &mut data)?;
+                    // The ping's own size: an ACK that arrived apart is not the answer.
+                    while receive(&pinger, &mut buf, spin)? < packet {}
                     let rtt = start.elapsed();
                     if meter.measuring() {
                         rtts.push(rtt);
@@ -185,12 +215,11 @@ pub fn udp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
             pinged.map(|()| rtts)
         });
         let answering = s.spawn(|| {
-            let mut buf = vec![0u8; size];
+            let mut buf = vec![0u8; train];
             while !pinger_done.load(Ordering::Relaxed) {
-                match answerer.recv_from(&mut buf) {
-                    Ok((n, from)) => {
-                        answerer.send_to(&buf[..n], from)?;
-                    }
+                match receive(&answerer, &mut buf, spin) {
+                    Ok(n) if n >= packet => send(&answerer, back, &mut buf[..train])?,
+                    Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                 }
@@ -204,6 +233,67 @@ pub fn udp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
     joined(answered, "UDP answerer")?;
     rtts.sort_unstable();
     Ok(Measured { window, rtts, retries: None })
+}
+
+/// How long a ping-pong thread polls before it sleeps: softroce's waiting
+/// threads poll for 20 µs (none in a process with one CPU).
+const SPIN: Duration = Duration::from_micros(20);
+/// Bytes a RoCE packet adds to its payload: a BTH (12) and the ICRC (4).
+const ROCE_OVERHEAD: usize = 16;
+/// A RoCE ACK: BTH, AETH and ICRC.
+const ACK_PACKET: usize = 20;
+
+/// Receives a datagram (a whole GRO train) into `buf`, polling for `spin`
+/// before a blocking receive with the socket's timeout; returns its length.
+fn receive(socket: &UdpSocket, buf: &mut [u8], spin: Duration) -> io::Result<usize> {
+    let until = Instant::now() + spin;
+    loop {
+        // SAFETY: a valid socket and a buffer of the length given.
+        let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
+        if Instant::now() >= until {
+            return socket.recv(buf);
+        }
+    }
+}
+
+/// Sends `data` to `to` as one GSO train of `segment`-byte datagrams (the
+/// last may be shorter).
+fn send_train(socket: &UdpSocket, to: SocketAddr, data: &mut [u8], segment: usize) -> io::Result<()> {
+    let SocketAddr::V4(to) = to else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the baselines run over IPv4"));
+    };
+    let mut name = sockaddr(&to);
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    let mut control = [0u64; CONTROL_WORDS];
+    // SAFETY: zero is a valid msghdr; it then points at the live address,
+    // iovec and control buffer, which is aligned for cmsghdr and large
+    // enough for CMSG_SPACE of a u16, so the CMSG writes stay inside it.
+    let sent = unsafe {
+        let mut hdr: libc::msghdr = zeroed();
+        hdr.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
+        hdr.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&hdr);
+        (*cmsg).cmsg_level = libc::SOL_UDP;
+        (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+        libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(segment as u16);
+        libc::sendmsg(socket.as_raw_fd(), &hdr, 0)
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A thread's outcome as the row's.
@@ -348,6 +438,28 @@ mod tests {
         let timing = Timing { warmup: Duration::ZERO, seconds: Duration::from_millis(1) };
         let e = udp_stream(70_000, 2, &timing).unwrap_err();
         assert!(e.contains("the kernel refuses UDP_SEGMENT"), "{e}");
+    }
+
+    #[test]
+    fn both_ping_pongs_time_round_trips() {
+        let timing = Timing { warmup: Duration::from_millis(10), seconds: Duration::from_millis(50) };
+        for acked in [false, true] {
+            let m = udp_ping_pong(8, acked, &timing).unwrap();
+            assert!(!m.rtts.is_empty(), "acked {acked}: no round trip timed");
+            assert!(m.rtts[m.rtts.len() / 2] < ANSWER_TIMEOUT, "acked {acked}: {:?}", m.rtts[m.rtts.len() / 2]);
+        }
+    }
+
+    #[test]
+    fn a_ping_and_its_ack_arrive_as_one_train() {
+        let (tx, rx) = (UdpSocket::bind("127.0.0.1:0").unwrap(), UdpSocket::bind("127.0.0.1:0").unwrap());
+        set_option(&rx, libc::SOL_UDP, libc::UDP_GRO, 1).unwrap();
+        rx.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        let mut train = vec![7u8; 24 + ACK_PACKET];
+        send_train(&tx, rx.local_addr().unwrap(), &mut train, 24).unwrap();
+        // One GSO send, one GRO receive, as a SEND and its ACK travel.
+        let mut buf = [0u8; 128];
+        assert_eq!(receive(&rx, &mut buf, SPIN).unwrap(), 24 + ACK_PACKET);
     }
 
     #[test]

@@ -178,7 +178,9 @@ impl Pair {
                 let op = SendOp::RdmaRead { remote_addr: remote.addr + SOURCE_AT as u64, rkey: remote.rkey };
                 (op, self.a.mr.sge(SINK_AT, size))
             }
-            Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat | Test::SendLat => unreachable!("not a stream"),
+            Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat | Test::UdpGsoLat | Test::SendLat => {
+                unreachable!("not a stream")
+            }
         };
         let sends = case.test == Test::RcSend;
         if sends {
