@@ -220,15 +220,15 @@ impl Engine {
         let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared)));
         let (thread_shared, thread_progress) = (Arc::clone(&shared), Arc::clone(&progress));
         let span_name = name.to_string();
+        // Polling where the peer needs this thread's only CPU would only delay it.
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let (wait_spin, engine_spin) = if cpus > 1 { (WAIT_SPIN, ENGINE_SPIN) } else { (Duration::ZERO, Duration::ZERO) };
         let thread = std::thread::Builder::new()
             .name(format!("softroce-{name}"))
             .spawn(move || {
                 let _span = debug_span!("engine", device = %span_name).entered();
-                run(&thread_progress, &thread_shared)
+                run(&thread_progress, &thread_shared, engine_spin)
             })?;
-        // Spinning where the peer needs this thread's only CPU would only delay it.
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let wait_spin = if cpus > 1 { WAIT_SPIN } else { Duration::ZERO };
         Ok(Engine { shared, progress, busy_poll, wait_spin, thread: Some(thread) })
     }
 
@@ -365,21 +365,32 @@ impl Engine {
     fn drive_until(&self, ready: &dyn Fn() -> bool, deadline: Instant) -> bool {
         let Some(mut p) = try_lock(&self.progress) else { return false };
         self.shared.drivers.fetch_add(1, Ordering::SeqCst);
-        let spin_until = Instant::now() + self.wait_spin;
+        let mut last_busy = Instant::now();
         loop {
             let step = p.iterate(&self.shared, Some(ready));
             if ready() {
                 break;
             }
+            if step.busy {
+                last_busy = Instant::now();
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            if !step.busy && !self.busy_poll && Instant::now() >= spin_until {
-                let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
-                let ready = wait_readable(&p.fds, left.min(timer));
-                self.shared.drain_doorbell(&p.fds, ready);
+            if step.busy {
+                continue;
             }
+            let idle = last_busy.elapsed();
+            if self.busy_poll || idle < self.wait_spin {
+                if idle >= YIELD_AFTER {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
+            let ready = wait_readable(&p.fds, left.min(timer));
+            self.shared.drain_doorbell(&p.fds, ready);
         }
         self.shared.drivers.fetch_sub(1, Ordering::SeqCst);
         self.release(p);
@@ -413,8 +424,8 @@ const SEND_BATCH: u32 = 16;
 /// How long a waiter whose engine is busy waits for a hand-off before
 /// trying to drive progress itself again.
 const HANDOVER: Duration = Duration::from_millis(1);
-/// How long a waiting thread keeps polling before it sleeps: a loopback
-/// round trip. A sleeping thread's wake-up costs little on one CPU, but the
+/// How long a waiting thread keeps polling after its last packet before
+/// it sleeps: a loopback round trip. A sleeping thread's wake-up costs little on one CPU, but the
 /// scheduler puts a thread that is woken while its waker keeps running onto
 /// an idle CPU, and waking an idle CPU takes 30-70 µs on a VM (a UDP ping-pong whose two
 /// threads share a CPU answers in 4 µs there; a SEND ping-pong, which works
@@ -424,6 +435,18 @@ const WAIT_SPIN: Duration = Duration::from_micros(20);
 /// on loopback, after which the ACKs that move a transfer on would wait
 /// for a thread that may have gone.
 const KICK_HANDOVER: Duration = Duration::from_micros(100);
+/// How long a polling thread has seen nothing before it lets other threads
+/// have its CPU between polls (`sched_yield`): longer than a ping-pong's
+/// round trip, which so never yields, while threads that poll on fewer
+/// CPUs than they are (the engines of several devices) take turns.
+const YIELD_AFTER: Duration = Duration::from_micros(10);
+/// How long the engine thread keeps polling after its last busy round
+/// before it sleeps, yielding its CPU between polls. A stream's packets
+/// and ACKs come back within that, so a busy engine does not sleep and
+/// wake for each window: under a small socket buffer (a non-root user's
+/// 208 KiB) that is every few tens of µs, and a wake-up on an idle vCPU
+/// takes 30-70 µs. An idle device does not poll.
+const ENGINE_SPIN: Duration = Duration::from_micros(50);
 /// The longest the engine sleeps: it re-reads the QP table at least this often.
 const IDLE: Duration = Duration::from_millis(100);
 /// How long a destroyed RC QP answers resends of its last messages: many
@@ -672,15 +695,17 @@ impl Progress {
     }
 }
 
-/// The engine loop: drive progress, then sleep until the link or the
-/// doorbell has something (or the next timer is due). While an application
-/// thread drives progress, the engine waits for the lock.
-fn run(progress: &Mutex<Progress>, shared: &EngineShared) {
+/// The engine loop: drive progress, polling for `spin` after the last busy
+/// round, then sleep until the link or the doorbell has something (or the
+/// next timer is due). While an application thread drives progress, the
+/// engine keeps off.
+fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
     let (fds, start) = {
         let p = lock(progress);
         (p.fds.clone(), p.start)
     };
     let doorbell: Vec<RawFd> = shared.doorbell.iter().map(|d| d.as_raw_fd()).collect();
+    let mut last_busy = Duration::ZERO;
     while !shared.stop.load(Ordering::SeqCst) {
         let now = start.elapsed();
         if let Some(left) = shared.handover_left(now) {
@@ -697,10 +722,15 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared) {
             }
         }
         let step = lock(progress).iterate(shared, None);
+        let now = start.elapsed();
         if step.busy {
+            last_busy = now;
             continue;
         }
-        let now = start.elapsed();
+        if now.saturating_sub(last_busy) < spin {
+            std::thread::yield_now();
+            continue;
+        }
         let wait = step.next_timer.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
         shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
         let ready = wait_readable(&fds, wait);
