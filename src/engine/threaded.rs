@@ -142,6 +142,8 @@ pub(crate) struct EngineShared {
     pub malformed: AtomicU64,
     /// Packets for a QP number the device does not have (never created, or destroyed).
     pub unknown_qp: AtomicU64,
+    /// Sleeps of the threads driving progress for want of packets.
+    pub sleeps: AtomicU64,
     /// When the sleeping engine thread wakes (ns on the transport's clock);
     /// 0 while it is awake.
     pub engine_wake_at: AtomicU64,
@@ -200,8 +202,8 @@ pub(crate) struct Engine {
     progress: Arc<Mutex<Progress>>,
     /// Threads that drive progress poll instead of sleeping.
     busy_poll: bool,
-    /// How long a thread that waits polls before it sleeps
-    /// ([`WAIT_SPIN`], none with a single CPU).
+    /// How long a thread that waits polls after its last packet before it
+    /// sleeps ([`WAIT_SPIN`], none with a single CPU).
     wait_spin: Duration,
     thread: Option<JoinHandle<()>>,
 }
@@ -389,6 +391,7 @@ impl Engine {
                 continue;
             }
             let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
+            self.shared.sleeps.fetch_add(1, Ordering::Relaxed);
             let ready = wait_readable(&p.fds, left.min(timer));
             self.shared.drain_doorbell(&p.fds, ready);
         }
@@ -733,6 +736,7 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
         }
         let wait = step.next_timer.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
         shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
+        shared.sleeps.fetch_add(1, Ordering::Relaxed);
         let ready = wait_readable(&fds, wait);
         shared.engine_wake_at.store(0, Ordering::SeqCst);
         shared.drain_doorbell(&fds, ready);
