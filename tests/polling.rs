@@ -1,0 +1,51 @@
+//! How threads that drive progress wait: they poll a while after their last
+//! packet before they sleep (rxe-spec V-10). In a test binary of its own,
+//! since what it counts depends on having the CPUs to poll on: tests
+//! running beside it in one binary would take them.
+
+mod verbs_common;
+
+use softroce::transport::{Mtu, QpType, SendOp, SendWr, WcStatus};
+use softroce::verbs::ContextOptions;
+use verbs_common::*;
+
+#[test]
+fn a_busy_engine_polls_through_the_gaps_between_windows() {
+    // With one CPU nothing polls: the peer may need it.
+    if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
+        return;
+    }
+    let port = free_port(&[IP_A, IP_B]);
+    let small = ContextOptions { port, socket_buffer: Some(212_992), ..ContextOptions::default() };
+    let (a, b) = (Node::open("polling_a", IP_A, small), Node::open("polling_b", IP_B, small));
+    const MESSAGE: usize = 1 << 20;
+    const MESSAGES: u64 = 64;
+    let (mr_a, mr_b) = (a.mr(MESSAGE), b.mr(MESSAGE));
+    let (qp, peer) = (a.qp(QpType::Rc), b.qp(QpType::Rc));
+    connect(&qp, &peer, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+    let post = |wr_id| {
+        let op = SendOp::RdmaWrite { remote_addr: mr_b.addr(), rkey: mr_b.rkey() };
+        qp.post_send(SendWr::new(wr_id, op).with_sge(mr_a.sge(0, MESSAGE))).unwrap();
+    };
+    let (mut posted, mut done) = (0, 0);
+    while posted < 4 {
+        post(posted);
+        posted += 1;
+    }
+    let before = b.ctx.counters().sleeps;
+    while done < MESSAGES {
+        let wc = a.cq.wait_one(WAIT).expect("a WRITE completion");
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        done += 1;
+        if posted < MESSAGES {
+            post(posted);
+            posted += 1;
+        }
+    }
+    // The passive side's engine alone handles 64 MiB in windows of at most
+    // about 100 packets (the 416 KiB the kernel accounts): 160 windows or
+    // more, each a sleep and a wake-up if the engine slept whenever a
+    // round found nothing.
+    let sleeps = b.ctx.counters().sleeps - before;
+    assert!(sleeps < 40, "the target's engine slept {sleeps} times in 64 MiB");
+}
