@@ -486,7 +486,8 @@ pub(crate) struct Progress {
     /// ([`Qp::linger`]), by QPN, and when each goes, oldest first.
     lingering: BTreeMap<u32, Arc<QpCell>>,
     linger_until: VecDeque<(Duration, u32)>,
-    /// Lingering QPs that got a packet this round, so may owe an answer.
+    /// Destroyed QPs that may owe answers: those destroyed since the last
+    /// full round, and lingering ones that got a packet.
     answering: Vec<Arc<QpCell>>,
     /// QPs that waited on their peers (packets unacknowledged) last round:
     /// they share the peer's receive buffer.
@@ -574,6 +575,25 @@ impl Progress {
             self.version = seen;
         }
         let now = self.now();
+        // QPs destroyed since the last round leave the table before this
+        // round's packets are read (a destroy pushes them here first): RC
+        // ones linger a while from now on, answering resends of what they
+        // executed, so a resend in this very round finds its QP; all still
+        // owe the answers they had queued.
+        for cell in std::mem::take(&mut *lock(&shared.closing)) {
+            let lingers = {
+                let mut qp = lock(&cell.qp);
+                let lingers = qp.qp_type() == QpType::Rc && !qp.is_lingering();
+                if lingers {
+                    qp.linger();
+                }
+                lingers
+            };
+            if lingers {
+                self.linger(now, Arc::clone(&cell));
+            }
+            self.answering.push(cell);
+        }
         let mut busy = false;
 
         // Timers run only once the link is drained: an ACK waiting in the
@@ -673,19 +693,13 @@ impl Progress {
             };
         }
         // Destroyed QPs still owe their peers the answers they had queued
-        // (the ACK of the last message, say); then RC ones linger a while,
-        // answering resends of what they executed, and are gone.
-        let closing = std::mem::take(&mut *lock(&shared.closing));
-        for cell in closing.into_iter().chain(std::mem::take(&mut self.answering)) {
+        // (the ACK of the last message, say), and lingering ones the
+        // answers to resends they got this round.
+        for cell in std::mem::take(&mut self.answering) {
             let mut qp = lock(&cell.qp);
             let sent =
                 transmit(&mut qp, &mut self.out, shared, now, usize::MAX, Order::ResponsesFirst);
             busy |= sent > 0;
-            if qp.qp_type() == QpType::Rc && !qp.is_lingering() {
-                qp.linger();
-                drop(qp);
-                self.linger(now, cell);
-            }
         }
         while self.linger_until.front().is_some_and(|&(until, _)| until <= now) {
             if let Some((_, qpn)) = self.linger_until.pop_front() {
