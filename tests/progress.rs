@@ -89,6 +89,35 @@ fn a_wait_that_finds_nothing_returns_at_its_deadline() {
     assert!(waited >= Duration::from_millis(30) && waited < WAIT, "{waited:?}");
 }
 
+/// A thread that waited for its completion and went elsewhere leaves the
+/// device to its engine. The ACK its wait owed, left for its next post to
+/// carry, goes without that post: the engine, asleep since before the
+/// wait, is rung as the wait ends (it was not, and the ACK waited for its
+/// next look, 100 ms on, past the peer's 67 ms ACK timeout: a resend). And
+/// the peer's next SEND is acknowledged once the handover is out, with
+/// nobody on this side calling in.
+#[test]
+fn the_engine_takes_over_once_a_waiting_thread_has_gone() {
+    let p = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    for wr_id in 0..2 {
+        p.qp_b.post_recv(RecvWr { wr_id, sg_list: vec![p.mr_b.sge(0, 64)] }).unwrap();
+    }
+    let send = |wr_id| p.qp_a.post_send(SendWr::new(wr_id, SendOp::Send).with_sge(p.mr_a.sge(0, 64))).unwrap();
+    send(0);
+    // B's thread waits for the first SEND, then never touches B again.
+    assert_eq!(next_wc(&p.b.cq).status, WcStatus::Success);
+    assert_eq!(next_wc(&p.a.cq).wr_id, 0);
+    let start = Instant::now();
+    send(1);
+    // Its completion needs B's ACK, which only B's engine can send now.
+    let wc = next_wc(&p.a.cq);
+    let took = start.elapsed();
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+    assert!(took < Duration::from_millis(50), "the ACK took {took:?}");
+    let counters = p.a.ctx.counters();
+    assert_eq!(counters.qp.retries, 0, "{counters:?} {:?}", p.b.ctx.counters());
+}
+
 /// Four QPs stream WRITEs into a peer whose socket holds what a non-root
 /// process gets on many distributions (`net.core.rmem_max` 212992, which
 /// the kernel doubles): the engine splits the peer's buffer among the QPs

@@ -149,6 +149,8 @@ pub(crate) struct EngineShared {
     pub engine_wake_at: AtomicU64,
     /// Application threads driving progress right now.
     pub drivers: AtomicUsize,
+    /// A thread that stopped driving left answers unsent ([`Engine::release`]).
+    pub answers_owed: AtomicBool,
     /// When an application thread last drove progress (ns on the
     /// transport's clock).
     pub driven_at: AtomicU64,
@@ -310,6 +312,14 @@ impl Engine {
     fn release(&self, p: MutexGuard<'_, Progress>) {
         let now = p.now();
         self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
+        // A round that ended at this thread's completion left the answers
+        // it owes (an ACK, say) for the thread's next post to carry. Should
+        // it never post, the engine sends them: it sees this before it
+        // sleeps, or is rung below if already asleep for long.
+        let owed = p.owed;
+        if owed {
+            self.shared.answers_owed.store(true, Ordering::SeqCst);
+        }
         // An engine due back within HANDOVER (it is keeping off while
         // applications drive) needs no look at every QP's timer: a spinning
         // poller would pay that on every poll.
@@ -317,7 +327,8 @@ impl Engine {
         let soon = wake != 0 && wake <= nanos(now + HANDOVER);
         let next_timer = if soon { None } else { p.next_timer() };
         drop(p);
-        if next_timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
+        let asleep_long = wake != 0 && !soon;
+        if (owed && asleep_long) || next_timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
             self.shared.ring();
         }
     }
@@ -750,6 +761,11 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
         }
         let wait = step.next_timer.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
         shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
+        if shared.answers_owed.swap(false, Ordering::SeqCst) {
+            // Not asleep after all: a full round sends them first.
+            shared.engine_wake_at.store(0, Ordering::SeqCst);
+            continue;
+        }
         shared.sleeps.fetch_add(1, Ordering::Relaxed);
         let ready = wait_readable(&fds, wait);
         shared.engine_wake_at.store(0, Ordering::SeqCst);
