@@ -384,17 +384,18 @@ impl Engine {
             if ready() {
                 break;
             }
+            let now = Instant::now();
             if step.busy {
-                last_busy = Instant::now();
+                last_busy = now;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
                 break;
             }
             if step.busy {
                 continue;
             }
-            let idle = last_busy.elapsed();
+            let idle = now.saturating_duration_since(last_busy);
             if self.busy_poll || idle < self.wait_spin {
                 if idle >= YIELD_AFTER {
                     std::thread::yield_now();
@@ -439,11 +440,12 @@ const SEND_BATCH: u32 = 16;
 /// trying to drive progress itself again.
 const HANDOVER: Duration = Duration::from_millis(1);
 /// How long a waiting thread keeps polling after its last packet before
-/// it sleeps: a loopback round trip. A sleeping thread's wake-up costs little on one CPU, but the
-/// scheduler puts a thread that is woken while its waker keeps running onto
-/// an idle CPU, and waking an idle CPU takes 30-70 µs on a VM (a UDP ping-pong whose two
-/// threads share a CPU answers in 4 µs there; a SEND ping-pong, which works
-/// between sending and sleeping, took 70-90 µs).
+/// it sleeps: a loopback round trip. A sleeping thread's wake-up costs
+/// little on one CPU, but the scheduler puts a thread that is woken while
+/// its waker keeps running onto an idle CPU, and waking an idle CPU takes
+/// 30-70 µs on a VM (a UDP ping-pong whose two threads share a CPU answers
+/// in 4 µs there; a SEND ping-pong, which works between sending and
+/// sleeping, took 70-90 µs).
 const WAIT_SPIN: Duration = Duration::from_micros(20);
 /// How much later than the end of a handover the engine may look again
 /// while an application thread waits or polls: a clock tick at 250 Hz, the
