@@ -178,17 +178,13 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
     answerer.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
     let packet = if acked { size + ROCE_OVERHEAD } else { size };
     if acked {
+        // Every send a train of packet-sized segments, the ACK last and shorter.
         for socket in [&pinger, &answerer] {
+            set_option(socket, libc::SOL_UDP, libc::UDP_SEGMENT, packet as libc::c_int)
+                .map_err(|e| format!("the kernel refuses UDP_SEGMENT: {e}"))?;
             set_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1).map_err(|e| format!("the kernel refuses UDP_GRO: {e}"))?;
         }
     }
-    let send = |socket: &UdpSocket, to: SocketAddr, data: &mut [u8]| {
-        if acked {
-            send_train(socket, to, data, packet)
-        } else {
-            socket.send_to(data, to).map(drop)
-        }
-    };
     // A ping and its ACK, or the ping alone.
     let train = if acked { packet + ACK_PACKET } else { packet };
     let spin = if std::thread::available_parallelism().map_or(1, usize::from) > 1 { SPIN } else { Duration::ZERO };
@@ -196,11 +192,11 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
     let pinger_done = AtomicBool::new(false);
     let (window, pinged, answered) = std::thread::scope(|s| {
         let pinging = s.spawn(|| {
-            let (mut data, mut buf, mut rtts) = (vec![0xa5u8; train], vec![0u8; train], Vec::new());
+            let (data, mut buf, mut rtts) = (vec![0xa5u8; train], vec![0u8; train], Vec::new());
             let pinged = (|| {
                 while !meter.stopped() {
                     let start = Instant::now();
-                    send(&pinger, there, &mut data)?;
+                    pinger.send_to(&data, there)?;
                     // The ping's own size: an ACK that arrived apart is not the answer.
                     while receive(&pinger, &mut buf, spin)? < packet {}
                     let rtt = start.elapsed();
@@ -218,7 +214,7 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
             let mut buf = vec![0u8; train];
             while !pinger_done.load(Ordering::Relaxed) {
                 match receive(&answerer, &mut buf, spin) {
-                    Ok(n) if n >= packet => send(&answerer, back, &mut buf[..train])?,
+                    Ok(n) if n >= packet => drop(answerer.send_to(&buf[..train], back)?),
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
@@ -261,39 +257,6 @@ fn receive(socket: &UdpSocket, buf: &mut [u8], spin: Duration) -> io::Result<usi
             return socket.recv(buf);
         }
     }
-}
-
-/// Sends `data` to `to` as one GSO train of `segment`-byte datagrams (the
-/// last may be shorter).
-fn send_train(socket: &UdpSocket, to: SocketAddr, data: &mut [u8], segment: usize) -> io::Result<()> {
-    let SocketAddr::V4(to) = to else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the baselines run over IPv4"));
-    };
-    let mut name = sockaddr(&to);
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    let mut control = [0u64; CONTROL_WORDS];
-    // SAFETY: zero is a valid msghdr; it then points at the live address,
-    // iovec and control buffer, which is aligned for cmsghdr and large
-    // enough for CMSG_SPACE of a u16, so the CMSG writes stay inside it.
-    let sent = unsafe {
-        let mut hdr: libc::msghdr = zeroed();
-        hdr.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
-        hdr.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
-        hdr.msg_iov = &mut iov;
-        hdr.msg_iovlen = 1;
-        hdr.msg_control = control.as_mut_ptr().cast();
-        hdr.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as _;
-        let cmsg = libc::CMSG_FIRSTHDR(&hdr);
-        (*cmsg).cmsg_level = libc::SOL_UDP;
-        (*cmsg).cmsg_type = libc::UDP_SEGMENT;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-        libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(segment as u16);
-        libc::sendmsg(socket.as_raw_fd(), &hdr, 0)
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// A thread's outcome as the row's.
@@ -455,8 +418,8 @@ mod tests {
         let (tx, rx) = (UdpSocket::bind("127.0.0.1:0").unwrap(), UdpSocket::bind("127.0.0.1:0").unwrap());
         set_option(&rx, libc::SOL_UDP, libc::UDP_GRO, 1).unwrap();
         rx.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
-        let mut train = vec![7u8; 24 + ACK_PACKET];
-        send_train(&tx, rx.local_addr().unwrap(), &mut train, 24).unwrap();
+        set_option(&tx, libc::SOL_UDP, libc::UDP_SEGMENT, 24).unwrap();
+        tx.send_to(&[7u8; 24 + ACK_PACKET], rx.local_addr().unwrap()).unwrap();
         // One GSO send, one GRO receive, as a SEND and its ACK travel.
         let mut buf = [0u8; 128];
         assert_eq!(receive(&rx, &mut buf, SPIN).unwrap(), 24 + ACK_PACKET);
