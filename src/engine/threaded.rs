@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -45,8 +45,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// How a CQ wants to be told about new completions (`ibv_req_notify_cq`).
+/// How a CQ wants to be told about new completions (`ibv_req_notify_cq`),
+/// as the `u8` of [`CqShared::arm`]: an atomic, since every completion
+/// looks at it and almost none finds it armed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Arm {
     Off,
     Next,
@@ -65,7 +68,8 @@ pub(crate) struct ChannelShared {
 pub(crate) struct CqShared {
     pub id: u32,
     pub entries: (Sender<WorkCompletion>, Receiver<WorkCompletion>),
-    pub arm: Mutex<Arm>,
+    /// An [`Arm`].
+    pub arm: AtomicU8,
     pub overflowed: AtomicBool,
     pub channel: Option<Arc<ChannelShared>>,
     /// The application dropped the CQ: QPs that still point at it deliver nothing.
@@ -83,14 +87,10 @@ impl CqShared {
             self.overflowed.store(true, Ordering::Relaxed);
             return;
         }
-        let mut arm = lock(&self.arm);
-        let fire = match *arm {
-            Arm::Off => false,
-            Arm::Next => true,
-            Arm::Solicited => notable,
-        };
-        if fire {
-            *arm = Arm::Off;
+        let arm = self.arm.load(Ordering::Acquire);
+        let fire = arm == Arm::Next as u8 || (arm == Arm::Solicited as u8 && notable);
+        // One event per arming, should another thread's completion race this one.
+        if fire && self.arm.compare_exchange(arm, Arm::Off as u8, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             if let Some(ch) = &self.channel {
                 let _ = ch.events.0.send(self.id);
                 ch.fd.signal();
@@ -260,20 +260,18 @@ impl Engine {
         let order = if few { Order::ResponsesOnly } else { Order::RequestsFirst };
         let sent = transmit(&mut qp, &mut p.out, &self.shared, now, KICK_LIMIT, order);
         cell.drain(&mut qp, &self.shared.events);
+        let (timer, ack_coming) = (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some());
         drop(qp);
         if std::mem::take(&mut p.owed) {
-            // What the last waiter left unsent goes out in the same batch.
+            // What the last waiter left unsent goes out in the same batch
+            // (this QP's answers went above, and its requests as decided).
             let Progress { out, qps, .. } = &mut *p;
-            for other in qps.iter() {
+            for other in qps.iter().filter(|other| !std::ptr::eq(&***other, cell)) {
                 let mut qp = lock(&other.qp);
                 transmit(&mut qp, out, &self.shared, now, KICK_LIMIT, Order::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
             }
         }
-        let (timer, ack_coming) = {
-            let qp = lock(&cell.qp);
-            (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some())
-        };
         p.out.link.flush();
         *lock(&self.shared.link_stats) = p.out.link.stats();
         drop(p);

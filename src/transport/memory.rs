@@ -6,7 +6,6 @@
 //! likes. [`MemoryTable`] is a plain implementation over owned buffers, used by
 //! the tests and the simulated network.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use super::types::Access;
@@ -121,10 +120,11 @@ impl Region {
     }
 }
 
-/// Regions by key. A region's lkey and rkey are the same number, as in rxe.
+/// Regions by key. A region's lkey and rkey are the same number, as in rxe;
+/// keys are the table owner's own, so they need no SipHash (as the engine's registry).
 #[derive(Debug, Default, Clone)]
 pub struct MemoryTable {
-    regions: HashMap<u32, Region>,
+    regions: rustc_hash::FxHashMap<u32, Region>,
 }
 
 impl MemoryTable {

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -125,7 +125,7 @@ impl Context {
         let shared = CqShared {
             id: self.inner.id(),
             entries: crossbeam_channel::bounded(cqe),
-            arm: Mutex::new(Arm::Off),
+            arm: AtomicU8::new(Arm::Off as u8),
             overflowed: Default::default(),
             channel: channel.map(|c| Arc::clone(&c.shared)),
             destroyed: Default::default(),
@@ -460,7 +460,7 @@ impl Drop for CompletionQueue {
         // QPs may still point at the queue: from now on nothing reaches it
         // and no event fires for it.
         self.shared.destroyed.store(true, Ordering::Release);
-        *lock(&self.shared.arm) = Arm::Off;
+        self.shared.arm.store(Arm::Off as u8, Ordering::Release);
         while self.shared.entries.1.try_recv().is_ok() {}
     }
 }
@@ -502,7 +502,8 @@ impl CompletionQueue {
     pub fn req_notify(&self, solicited_only: bool) {
         // As in libibverbs, completions already queued raise no event: poll
         // after arming to catch them.
-        *lock(&self.shared.arm) = if solicited_only { Arm::Solicited } else { Arm::Next };
+        let arm = if solicited_only { Arm::Solicited } else { Arm::Next };
+        self.shared.arm.store(arm as u8, Ordering::Release);
     }
 
     /// Completions were lost because the queue was full.
