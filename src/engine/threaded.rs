@@ -738,6 +738,9 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
     };
     let doorbell: Vec<RawFd> = shared.doorbell.iter().map(|d| d.as_raw_fd()).collect();
     let mut last_busy = Duration::ZERO;
+    // Whether the thread's timer slack is HANDOVER_SLACK: it is changed
+    // only when a wait wants the other, not twice a wake-up.
+    let mut lax_slack = false;
     while !shared.stop.load(Ordering::SeqCst) {
         let now = start.elapsed();
         if let Some(left) = shared.handover_left(now) {
@@ -750,13 +753,11 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
             // lands on 15-25 µs on a VM, a thousand times a second. After a
             // post alone, when the poster may have gone, it is back on time.
             let lax = shared.drivers.load(Ordering::SeqCst) > 0 || left > KICK_HANDOVER;
-            if lax {
-                set_timer_slack(HANDOVER_SLACK);
+            if lax != lax_slack {
+                set_timer_slack(if lax { HANDOVER_SLACK } else { Duration::ZERO });
+                lax_slack = lax;
             }
             let rung = wait_readable(&doorbell, left) != 0;
-            if lax {
-                set_timer_slack(Duration::ZERO);
-            }
             shared.engine_wake_at.store(0, Ordering::SeqCst);
             if !rung {
                 continue;
@@ -781,6 +782,11 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
             // Not asleep after all: a full round sends them first.
             shared.engine_wake_at.store(0, Ordering::SeqCst);
             continue;
+        }
+        if lax_slack {
+            // QP timers are due on time.
+            set_timer_slack(Duration::ZERO);
+            lax_slack = false;
         }
         shared.sleeps.fetch_add(1, Ordering::Relaxed);
         let ready = wait_readable(&fds, wait);
