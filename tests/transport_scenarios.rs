@@ -1038,6 +1038,116 @@ fn a_read_goes_when_its_responses_fit_the_window_or_alone() {
     assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 18, true)]);
 }
 
+/// (PSN, remote address, length) of each READ request sent.
+fn read_asks(sent: &[Sent]) -> Vec<(u32, u64, u32)> {
+    sent.iter()
+        .map(|s| {
+            assert_eq!(s.op(), Operation::ReadRequest);
+            let reth = s.header.reth.expect("a READ request has a RETH");
+            (s.psn(), reth.va, reth.dma_len)
+        })
+        .collect()
+}
+
+/// Feeds the responses `from..to` (PSNs past SQ_PSN) to the READ request
+/// that asked for `asked..end`.
+fn answer(node: &mut Node, (from, to): (u32, u32), (asked, end): (u32, u32)) {
+    let response = vec![0x5a; MTU];
+    for psn in from..to {
+        let op = match (psn == asked, psn + 1 == end) {
+            (true, true) => Operation::ReadResponseOnly,
+            (true, false) => Operation::ReadResponseFirst,
+            (false, true) => Operation::ReadResponseLast,
+            (false, false) => Operation::ReadResponseMiddle,
+        };
+        node.feed(read_response(op, SQ_PSN + psn), &response);
+    }
+}
+
+/// Feeds every response to the READ request that asked for `from..to`.
+fn answer_piece(node: &mut Node, from: u32, to: u32) {
+    answer(node, (from, to), (from, to));
+}
+
+/// A requester whose buffer holds 16 packets, after a READ of 20 that lost
+/// a response (a whole READ: nothing had been lost before) and was asked
+/// for again from there. Returns the next PSN past SQ_PSN.
+fn after_a_lost_read_response(attr: QpAttr) -> Node {
+    let (mut node, _) = requester(attr, 40 * MTU);
+    node.qp.set_peer_buffer(Some(16 * 5 * (MTU + TRANSMIT_HEADROOM) / 4));
+    node.post_send(read(1, 0, 20 * MTU as u32));
+    let m = MTU as u32;
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN, REMOTE_VA, 20 * m)]);
+    answer(&mut node, (0, 3), (0, 20));
+    answer(&mut node, (4, 5), (0, 20));
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN + 3, REMOTE_VA + u64::from(3 * m), 17 * m)]);
+    answer_piece(&mut node, 3, 20);
+    assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::RdmaRead)]);
+    node
+}
+
+/// A 1 MiB READ into a 416 KiB socket buffer lost responses whenever the
+/// receiving thread fell behind, thousands of times a second.
+#[test]
+fn after_lost_responses_a_read_larger_than_the_buffer_goes_in_pieces_two_at_a_time() {
+    let mut node = after_a_lost_read_response(attr());
+    node.post_send(read(2, 0, 20 * MTU as u32));
+    let (m, b) = (MTU as u32, 20);
+    let va = |k: u32| REMOTE_VA + u64::from(k * m);
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN + b, va(0), 8 * m), (SQ_PSN + b + 8, va(8), 8 * m)]);
+    answer_piece(&mut node, b, b + 8);
+    assert!(node.completions().is_empty(), "one piece of three");
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN + b + 16, va(16), 4 * m)], "the last piece, shorter");
+    answer_piece(&mut node, b + 8, b + 16);
+    assert!(node.transmit().is_empty());
+    answer_piece(&mut node, b + 16, b + 20);
+    assert_eq!(summary(&node.completions()), vec![success(2, WcOpcode::RdmaRead)]);
+    assert_eq!(node.qp.counters().retries, 1, "the first READ's only");
+}
+
+/// Each piece is an outstanding READ for the responder, which remembers
+/// max_dest_rd_atomic of them; a retry asks for no more than its piece, as
+/// rxe drops a duplicate READ reaching past the one it remembers.
+#[test]
+fn read_pieces_count_against_max_rd_atomic_and_a_retry_stays_in_its_piece() {
+    let mut node = after_a_lost_read_response(QpAttr { max_rd_atomic: 1, ..attr() });
+    node.post_send(read(2, 0, 20 * MTU as u32));
+    let (m, b) = (MTU as u32, 20);
+    let va = |k: u32| REMOTE_VA + u64::from(k * m);
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN + b, va(0), 8 * m)], "one READ outstanding at a time");
+    // Responses 0..3 arrive, 3 is lost, 4 tells: the retry asks for 3..8 only.
+    answer(&mut node, (b, b + 3), (b, b + 8));
+    answer(&mut node, (b + 4, b + 5), (b, b + 8));
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN + b + 3, va(3), 5 * m)]);
+    answer_piece(&mut node, b + 3, b + 8);
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN + b + 8, va(8), 8 * m)]);
+    answer_piece(&mut node, b + 8, b + 16);
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN + b + 16, va(16), 4 * m)]);
+    answer_piece(&mut node, b + 16, b + 20);
+    assert_eq!(summary(&node.completions()), vec![success(2, WcOpcode::RdmaRead)]);
+    assert_eq!(node.qp.counters().retries, 2);
+}
+
+/// Pieces cost a request's round trip each: once PIECED_READS READs have
+/// gone in pieces without a loss, READs go whole again.
+#[test]
+fn reads_go_whole_again_after_pieced_reads_without_loss() {
+    let mut node = after_a_lost_read_response(attr());
+    let m = MTU as u32;
+    let mut next = 20;
+    for wr_id in 0..u64::from(PIECED_READS) {
+        node.post_send(read(10 + wr_id, 0, 20 * m));
+        assert_eq!(read_asks(&node.transmit()).len(), 2, "READ {wr_id}: two pieces of three");
+        answer_piece(&mut node, next, next + 8);
+        answer_piece(&mut node, next + 8, next + 16);
+        answer_piece(&mut node, next + 16, next + 20);
+        node.transmit();
+        next += 20;
+    }
+    node.post_send(read(99, 0, 20 * m));
+    assert_eq!(read_asks(&node.transmit()), vec![(SQ_PSN + next, REMOTE_VA, 20 * m)]);
+}
+
 #[test]
 fn coalesced_ack_completes_every_message_it_covers_in_order() {
     let (mut node, _) = requester(attr(), 8192);

@@ -517,6 +517,25 @@ fn rc_fault_soak() {
     );
 }
 
+/// The same faults with a receive buffer of 12 packets: READs longer than
+/// that go in pieces once a response was lost (rxe-spec T-7), and retries
+/// of a piece stay within it.
+#[test]
+fn rc_fault_soak_with_read_pieces() {
+    let kinds = [Kind::Read, Kind::Read, Kind::Write, Kind::FetchAdd];
+    for_each_seed(
+        0..SEEDS,
+        |seed| Scenario::draw(seed, 1..=16, &kinds, 0.1),
+        |mut run| {
+            let packet = 5 * (run.scenario.mtu.bytes() + TRANSMIT_HEADROOM) / 4;
+            run.w.hosts[A].qp(QPN_A).set_peer_buffer(Some(12 * packet));
+            let sends = run.expected.sends.len();
+            run.post_sends(0..sends);
+            run.finish();
+        },
+    );
+}
+
 /// With rnr_retry = 7 the requester retries after RNR NAKs for as long as
 /// it takes: receives posted long after the sends still get every message.
 /// (Without faults: with no progress for that long, lost RNR NAKs would

@@ -237,11 +237,16 @@ impl Qp {
             return;
         }
         let mtu = self.attr.path_mtu.bytes() as u64;
-        let offset = u64::from(psn.diff(range.first) as u32) * mtu;
+        let index = psn.diff(range.first) as u32;
+        let offset = u64::from(index) * mtu;
         let total = wqe.wr.length();
+        // The responses to one request (one piece of a READ that went in
+        // several) end where that request did.
+        let piece_end = wqe.piece_end(index, range.count);
+        let end = (u64::from(piece_end) * mtu).min(total);
         let ends = matches!(op, Operation::ReadResponseLast | Operation::ReadResponseOnly);
         let len = payload.len() as u64;
-        let well_formed = if ends { offset + len == total } else { len == mtu && offset + len < total };
+        let well_formed = if ends { offset + len == end } else { len == mtu && offset + len < end };
         if !well_formed {
             self.fail_front(WcStatus::BadRespErr);
             return;
@@ -255,7 +260,13 @@ impl Qp {
             return;
         }
         self.progress(now, psn.wrapping_add(1));
-        if ends {
+        if ends && piece_end < range.count {
+            // A piece answered in full: one outstanding READ request less.
+            if let Some(wqe) = self.sq.front_mut().filter(|w| w.rd_atomic_counted > 0) {
+                wqe.rd_atomic_counted -= 1;
+                self.req.rd_atomic = self.req.rd_atomic.saturating_sub(1);
+            }
+        } else if ends {
             self.finish_rd_atomic();
         }
     }
@@ -284,7 +295,7 @@ impl Qp {
     fn finish_rd_atomic(&mut self) {
         let wqe = self.sq.pop_front().expect("front checked by caller");
         self.req.next = self.req.next.saturating_sub(1);
-        self.req.rd_atomic = self.req.rd_atomic.saturating_sub(u32::from(wqe.rd_atomic_counted));
+        self.req.rd_atomic = self.req.rd_atomic.saturating_sub(wqe.rd_atomic_counted);
         self.complete_send(&wqe, WcStatus::Success);
     }
 }

@@ -36,6 +36,10 @@ pub const MIN_WINDOW_PSNS: u32 = 8;
 /// (rxe's `RXE_MAX_PKT_PER_ACK`), while its window is at most four times
 /// this; a larger window asks every quarter window.
 pub const MAX_PKTS_PER_ACK: u32 = 64;
+/// READs that go in pieces after responses to a READ were lost, where the
+/// responses of one would not fit the receive buffer (rxe-spec T-7). Whole
+/// READs are faster while the receiver keeps up, pieces never overflow it.
+pub const PIECED_READS: u32 = 16;
 
 /// Bytes beyond the path MTU a transmit buffer needs: the largest header
 /// set (BTH, DETH, RETH, ImmDt…), pad and ICRC.
@@ -196,8 +200,24 @@ pub(crate) struct Wqe {
     pub next_pkt: u32,
     /// All packets handed to the wire.
     pub sent: bool,
-    /// Counted against max_rd_atomic.
-    pub rd_atomic_counted: bool,
+    /// READ or atomic requests counted against max_rd_atomic and not yet
+    /// answered in full.
+    pub rd_atomic_counted: u32,
+    /// Response packets each READ request asks for at most, fixed when the
+    /// READ starts: after a loss, a READ whose responses would overflow the
+    /// receive buffer goes as several requests (rxe-spec T-7), its pieces.
+    pub read_piece: u32,
+    /// Pieces of the READ requested at least once (each counted once).
+    pub pieces_requested: u32,
+}
+
+impl Wqe {
+    /// The first response packet past the READ piece that holds packet
+    /// `index`, of a READ of `packets` response packets.
+    pub(crate) fn piece_end(&self, index: u32, packets: u32) -> u32 {
+        let piece = self.read_piece.max(1);
+        (index / piece).saturating_add(1).saturating_mul(piece).min(packets)
+    }
 }
 
 /// Requester progress.
@@ -212,8 +232,11 @@ pub(crate) struct ReqState {
     /// The last packet sent with AckReq: its ACK is on its way until
     /// the completer passes it.
     pub ack_asked: Option<Psn>,
-    /// READ/atomic WQEs sent and not completed.
+    /// READ and atomic requests sent and not answered in full.
     pub rd_atomic: u32,
+    /// READs still to go in pieces since responses to one were lost
+    /// ([`PIECED_READS`]).
+    pub pieced_reads: u32,
 }
 
 /// Completer progress.
@@ -508,7 +531,15 @@ impl Qp {
             self.completions.push_back((CqKind::Send, wc));
             return Ok(());
         }
-        self.sq.push_back(Wqe { wr, psn: None, next_pkt: 0, sent: false, rd_atomic_counted: false });
+        self.sq.push_back(Wqe {
+            wr,
+            psn: None,
+            next_pkt: 0,
+            sent: false,
+            rd_atomic_counted: 0,
+            read_piece: 0,
+            pieces_requested: 0,
+        });
         Ok(())
     }
 
@@ -784,6 +815,11 @@ impl Qp {
         let Some(index) = self.wqe_index_of(psn) else { return };
         self.counters.retries += 1;
         debug!(qpn = self.qpn, psn = psn.value(), "go back");
+        if matches!(self.sq[index].wr.op, SendOp::RdmaRead { .. }) {
+            // READ responses were lost: the next READs go in pieces the
+            // receive buffer holds.
+            self.req.pieced_reads = PIECED_READS;
+        }
         for (i, wqe) in self.sq.iter_mut().enumerate().skip(index) {
             let Some(range) = wqe.psn else { break };
             wqe.next_pkt = if i == index { psn.diff(range.first) as u32 } else { 0 };

@@ -3,8 +3,9 @@
 //! Segmentation at the path MTU, PSN assignment (a READ takes one PSN per
 //! response packet), AckReq on the last packet of each message and every
 //! [`MAX_PKTS_PER_ACK`] packets (or quarter window) within long ones, the
-//! window of [`MAX_UNACKED_PSNS`] growing to [`MAX_WINDOW_PSNS`], fences and
-//! the max_rd_atomic limit.
+//! window of [`MAX_UNACKED_PSNS`] growing to [`MAX_WINDOW_PSNS`], fences,
+//! the max_rd_atomic limit, and READs in pieces the receive buffer holds
+//! after responses were lost ([`PIECED_READS`]).
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use super::attr::QpState;
 use super::memory::Memory;
 use super::qp::{Qp, Transmit};
 #[cfg(doc)]
-use super::qp::{MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS};
+use super::qp::{MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
 use super::types::{Access, PsnRange, QpType, SendOp, Sge, WcStatus};
 use crate::wire::{
     AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, RethRepr, RoceRepr, Transport,
@@ -42,15 +43,27 @@ impl Qp {
         let mtu = self.attr.path_mtu.bytes() as u64;
         let len = wqe.wr.length();
         let packets = len.div_ceil(mtu).max(1) as u32;
+        let read = matches!(wqe.wr.op, SendOp::RdmaRead { .. });
         if wqe.psn.is_none() {
             let count = if wqe.wr.op.is_atomic() { 1 } else { packets };
             let first = self.req.psn;
             self.req.psn = first.wrapping_add(count);
             let counts_rd_atomic = wqe.wr.op.is_read_or_atomic();
+            // Responses beyond the buffer are dropped if the receiver falls
+            // behind, and asked for again: once that has happened, such
+            // READs go in pieces of half the buffer, two in flight at a time.
+            let buffer = self.peer_buffer_psns();
+            let pieced = read && self.qp_type == QpType::Rc && packets > buffer && self.req.pieced_reads > 0;
+            if pieced {
+                self.req.pieced_reads -= 1;
+            }
+            let piece = if pieced { (buffer / 2).max(1) } else { packets };
             let wqe = &mut self.sq[index];
             wqe.psn = Some(PsnRange { first, count });
+            wqe.read_piece = piece;
             if counts_rd_atomic {
-                wqe.rd_atomic_counted = true;
+                wqe.rd_atomic_counted = 1;
+                wqe.pieces_requested = 1;
                 self.req.rd_atomic += 1;
             }
         }
@@ -64,11 +77,17 @@ impl Qp {
         }
         // A READ request brings all its responses at once: it goes only
         // when they fit in the peer's buffer after what is in flight, or
-        // when nothing else is (a larger READ then goes alone).
-        if self.qp_type == QpType::Rc && matches!(wqe.wr.op, SendOp::RdmaRead { .. }) && psn != self.comp.psn {
+        // when nothing else is (a larger READ then goes alone). A later
+        // piece is one more outstanding READ request for the peer, within
+        // max_rd_atomic as a new READ is.
+        if self.qp_type == QpType::Rc && read {
             let range = wqe.psn.expect("assigned above");
-            let last = range.first.wrapping_add(range.count - 1);
-            if i64::from(last.diff(self.comp.psn)) >= i64::from(self.peer_buffer_psns()) {
+            let piece = wqe.next_pkt / wqe.read_piece.max(1);
+            if piece >= wqe.pieces_requested && self.req.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
+                return None;
+            }
+            let last = range.first.wrapping_add(wqe.piece_end(wqe.next_pkt, range.count) - 1);
+            if psn != self.comp.psn && i64::from(last.diff(self.comp.psn)) >= i64::from(self.peer_buffer_psns()) {
                 return None;
             }
         }
@@ -90,9 +109,19 @@ impl Qp {
         }
 
         let wqe = &mut self.sq[index];
-        wqe.next_pkt += 1;
-        let read = matches!(wqe.wr.op, SendOp::RdmaRead { .. });
-        if plan.last || read || wqe.wr.op.is_atomic() {
+        if read {
+            let piece = wqe.next_pkt / wqe.read_piece.max(1);
+            if piece >= wqe.pieces_requested {
+                wqe.pieces_requested = piece + 1;
+                wqe.rd_atomic_counted += 1;
+                self.req.rd_atomic += 1;
+            }
+            wqe.next_pkt = wqe.piece_end(wqe.next_pkt, packets);
+        } else {
+            wqe.next_pkt += 1;
+        }
+        let all_asked = if read { wqe.next_pkt >= packets } else { plan.last };
+        if all_asked || wqe.wr.op.is_atomic() {
             wqe.sent = true;
             self.req.next += 1;
         }
@@ -212,12 +241,10 @@ impl Qp {
                 repr.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: len as u32 });
             }
             SendOp::RdmaRead { remote_addr, rkey } => {
-                // A retried READ asks only for what has not arrived yet.
-                repr.reth = Some(RethRepr {
-                    va: remote_addr + offset,
-                    rkey,
-                    dma_len: (len - offset) as u32,
-                });
+                // A retried READ asks only for what has not arrived yet, and
+                // no further than its piece: the responder knows the piece.
+                let end = (u64::from(wqe.piece_end(k, packets)) * mtu).min(len);
+                repr.reth = Some(RethRepr { va: remote_addr + offset, rkey, dma_len: (end - offset) as u32 });
             }
             SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
                 repr.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: swap, compare });

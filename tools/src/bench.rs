@@ -84,7 +84,8 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
     }
 }
 
-fn parse_size(text: &str) -> Result<usize, String> {
+/// Bytes, or with a K or M suffix (`64K`, `1M`).
+pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
     let (digits, unit) = match text.strip_suffix(['K', 'k']) {
         Some(digits) => (digits, 1 << 10),
         None => match text.strip_suffix(['M', 'm']) {

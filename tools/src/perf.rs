@@ -45,7 +45,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use softroce::transport::Mtu;
-use softroce::verbs::{Device, Gid};
+use softroce::verbs::{ContextOptions, Device, Gid};
 use softroce::wire::ROCE_UDP_PORT;
 
 use crate::cli::{c_port, c_u32, fail, Fail};
@@ -219,6 +219,11 @@ pub struct Args {
     /// messages for 120 seconds).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
+    /// Bytes of socket buffer to ask for, each way, instead of 8 MiB:
+    /// 212992 runs as a user whose net.core.rmem_max is a common
+    /// distribution default does (softroce only).
+    #[arg(long, value_name = "BYTES", value_parser = crate::bench::parse_size)]
+    socket_buffer: Option<usize>,
 }
 
 /// The test's parameters once perftest's defaults and dependencies
@@ -590,7 +595,8 @@ fn perf(args: &Args) -> Result<(), Fail> {
         }
     }
 
-    let mut res = Res::new(&device, args.roce_port, &p, cycle as usize, cache_line as usize)?;
+    let options = ContextOptions { port: args.roce_port, socket_buffer: args.socket_buffer, ..ContextOptions::default() };
+    let mut res = Res::new(&device, options, &p, cycle as usize, cache_line as usize)?;
     let mine = res.key_messages(&p, gid, port.lid)?;
     print_test_info(&p, device.name(), client, mtu, gid_index);
     match (p.lat, p.verb) {

@@ -72,8 +72,8 @@ pub struct Res {
 impl Res {
     /// Opens the device and creates the PD, buffer, CQs and QPs in INIT
     /// (`ctx_init`), for messages up to `p.size` bytes.
-    pub fn new(device: &Device, roce_port: u16, p: &Params, cycle: usize, cache_line: usize) -> Result<Res, Fail> {
-        let ctx = Context::open(device, ContextOptions { port: roce_port, ..ContextOptions::default() })
+    pub fn new(device: &Device, options: ContextOptions, p: &Params, cycle: usize, cache_line: usize) -> Result<Res, Fail> {
+        let ctx = Context::open(device, options)
             .map_err(|e| Fail(format!("Couldn't get context for the device: {e}")))?;
         let pd = ctx.alloc_pd().map_err(|e| Fail(format!("Couldn't allocate PD: {e}")))?;
         let n = p.num_qps;
