@@ -637,6 +637,7 @@ impl Qp {
     /// Writes the next packet to send into `buf` (which must hold the path MTU
     /// plus [`TRANSMIT_HEADROOM`] bytes; a smaller one yields nothing) and says where it goes. Responses go before requests so
     /// a busy requester cannot starve the peer of ACKs.
+    #[inline]
     pub fn poll_transmit(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
         self.transmit_next(now, mem, buf, Turn::ResponsesFirst)
     }
@@ -644,6 +645,7 @@ impl Qp {
     /// As [`Qp::poll_transmit`], but requests before responses: for the
     /// thread that just posted them, since the peer waits for the request
     /// and the answers this QP owes (ACKs) can trail it in the same batch.
+    #[inline]
     pub fn poll_transmit_requests_first(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
         self.transmit_next(now, mem, buf, Turn::RequestsFirst)
     }
@@ -651,6 +653,7 @@ impl Qp {
     /// As [`Qp::poll_transmit`], but only the QP's answers to its peer
     /// (ACKs, READ responses): for a driver that leaves the requests for
     /// later ([`Qp::unacked_awaiting_ack`]).
+    #[inline]
     pub fn poll_transmit_responses(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
         self.transmit_next(now, mem, buf, Turn::ResponsesOnly)
     }

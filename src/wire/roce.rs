@@ -113,7 +113,7 @@ impl RoceRepr {
 
         let mut repr = RoceRepr::new(bth);
         let mut at = Bth::<&[u8]>::LEN;
-        for (h, _, len) in Headers::ORDER {
+        for &(h, _, len) in Headers::ORDER.iter() {
             if !headers.contains(h) {
                 continue;
             }
@@ -180,7 +180,7 @@ impl RoceRepr {
 
         self.bth.emit(&mut Bth::new_unchecked(&mut buf[..]), pad)?;
         let mut at = Bth::<&[u8]>::LEN;
-        for (h, _, len) in Headers::ORDER {
+        for &(h, _, len) in Headers::ORDER.iter() {
             if !self.present().contains(h) {
                 continue;
             }
