@@ -455,6 +455,8 @@ impl Stream {
         let all_receives: Vec<&RecvWr> = self.ops.iter().filter_map(|op| op.recv.as_ref()).collect();
         let mut received: Vec<WorkCompletion> =
             self.ops[..done].iter().filter_map(|op| op.recv_completion(QPNS[y])).collect();
+        // `m` indexes both the ops and the requests, and runs one past them.
+        #[allow(clippy::needless_range_loop)]
         for m in done..=n {
             let partial = self.ops.get(m).filter(|op| op.places_in_pieces()).map(|op| model.placement(op));
             let matches = [DATA, RECV].into_iter().all(|region| {
