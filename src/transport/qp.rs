@@ -212,11 +212,15 @@ pub(crate) struct Wqe {
 }
 
 impl Wqe {
+    /// Which READ piece holds response packet `index`.
+    pub(crate) fn piece_of(&self, index: u32) -> u32 {
+        index / self.read_piece.max(1)
+    }
+
     /// The first response packet past the READ piece that holds packet
     /// `index`, of a READ of `packets` response packets.
     pub(crate) fn piece_end(&self, index: u32, packets: u32) -> u32 {
-        let piece = self.read_piece.max(1);
-        (index / piece).saturating_add(1).saturating_mul(piece).min(packets)
+        self.piece_of(index).saturating_add(1).saturating_mul(self.read_piece.max(1)).min(packets)
     }
 }
 

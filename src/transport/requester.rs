@@ -82,8 +82,7 @@ impl Qp {
         // max_rd_atomic as a new READ is.
         if self.qp_type == QpType::Rc && read {
             let range = wqe.psn.expect("assigned above");
-            let piece = wqe.next_pkt / wqe.read_piece.max(1);
-            if piece >= wqe.pieces_requested && self.req.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
+            if wqe.piece_of(wqe.next_pkt) >= wqe.pieces_requested && self.req.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
                 return None;
             }
             let last = range.first.wrapping_add(wqe.piece_end(wqe.next_pkt, range.count) - 1);
@@ -110,7 +109,7 @@ impl Qp {
 
         let wqe = &mut self.sq[index];
         if read {
-            let piece = wqe.next_pkt / wqe.read_piece.max(1);
+            let piece = wqe.piece_of(wqe.next_pkt);
             if piece >= wqe.pieces_requested {
                 wqe.pieces_requested = piece + 1;
                 wqe.rd_atomic_counted += 1;
