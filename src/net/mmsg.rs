@@ -629,6 +629,24 @@ mod tests {
         }
     }
 
+    /// An idle socket's poll asks for one datagram; the fill after one that
+    /// brought something asks for a whole batch again.
+    #[test]
+    fn a_fill_after_an_empty_one_takes_one_datagram_then_the_rest() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut inb = RecvBatch::default();
+        assert_eq!(inb.fill(rx.as_raw_fd()).unwrap(), 0);
+        for i in 0..5u8 {
+            tx.send_to(&[i; 40], rx.local_addr().unwrap()).unwrap();
+        }
+        assert_eq!(inb.fill(rx.as_raw_fd()).unwrap(), 1, "after an empty fill, one");
+        let (_, first) = inb.pop().unwrap();
+        assert_eq!(inb.bytes(first), [0; 40]);
+        assert_eq!(inb.fill(rx.as_raw_fd()).unwrap(), 4, "then the rest at once");
+        assert_eq!(inb.fill(rx.as_raw_fd()).unwrap(), 4, "nothing read again before the batch is used up");
+    }
+
     /// A socket without UDP checksums (`SO_NO_CHECK`) cannot send GSO
     /// (`EINVAL`): the batch sends the trains datagram by datagram, has the
     /// later segments re-done for ID 0, and stays without GSO.
