@@ -239,11 +239,10 @@ impl Qp {
         let mtu = self.attr.path_mtu.bytes() as u64;
         let index = psn.diff(range.first) as u32;
         let offset = u64::from(index) * mtu;
-        let total = wqe.wr.length();
         // The responses to one request (one piece of a READ that went in
         // several) end where that request did.
         let piece_end = wqe.piece_end(index, range.count);
-        let end = (u64::from(piece_end) * mtu).min(total);
+        let end = wqe.piece_end_byte(index, range.count, mtu);
         let ends = matches!(op, Operation::ReadResponseLast | Operation::ReadResponseOnly);
         let len = payload.len() as u64;
         let well_formed = if ends { offset + len == end } else { len == mtu && offset + len < end };

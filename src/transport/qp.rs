@@ -222,6 +222,17 @@ impl Wqe {
     pub(crate) fn piece_end(&self, index: u32, packets: u32) -> u32 {
         self.piece_of(index).saturating_add(1).saturating_mul(self.read_piece.max(1)).min(packets)
     }
+
+    /// The same end in bytes of the READ, at `mtu` bytes a packet.
+    pub(crate) fn piece_end_byte(&self, index: u32, packets: u32, mtu: u64) -> u64 {
+        (u64::from(self.piece_end(index, packets)) * mtu).min(self.wr.length())
+    }
+
+    /// Whether the next request of this READ starts a piece not asked for
+    /// before: one more outstanding READ request for the peer.
+    pub(crate) fn asks_new_piece(&self) -> bool {
+        self.piece_of(self.next_pkt) >= self.pieces_requested
+    }
 }
 
 /// Requester progress.

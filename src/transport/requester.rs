@@ -82,7 +82,7 @@ impl Qp {
         // max_rd_atomic as a new READ is.
         if self.qp_type == QpType::Rc && read {
             let range = wqe.psn.expect("assigned above");
-            if wqe.piece_of(wqe.next_pkt) >= wqe.pieces_requested && self.req.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
+            if wqe.asks_new_piece() && self.req.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
                 return None;
             }
             let last = range.first.wrapping_add(wqe.piece_end(wqe.next_pkt, range.count) - 1);
@@ -109,9 +109,8 @@ impl Qp {
 
         let wqe = &mut self.sq[index];
         if read {
-            let piece = wqe.piece_of(wqe.next_pkt);
-            if piece >= wqe.pieces_requested {
-                wqe.pieces_requested = piece + 1;
+            if wqe.asks_new_piece() {
+                wqe.pieces_requested = wqe.piece_of(wqe.next_pkt) + 1;
                 wqe.rd_atomic_counted += 1;
                 self.req.rd_atomic += 1;
             }
@@ -242,7 +241,7 @@ impl Qp {
             SendOp::RdmaRead { remote_addr, rkey } => {
                 // A retried READ asks only for what has not arrived yet, and
                 // no further than its piece: the responder knows the piece.
-                let end = (u64::from(wqe.piece_end(k, packets)) * mtu).min(len);
+                let end = wqe.piece_end_byte(k, packets, mtu);
                 repr.reth = Some(RethRepr { va: remote_addr + offset, rkey, dma_len: (end - offset) as u32 });
             }
             SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
