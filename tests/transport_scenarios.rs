@@ -161,7 +161,11 @@ mod support {
         }
 
         pub fn with_psns(qp_type: QpType, attr: QpAttr, sq_psn: u32, rq_psn: u32) -> Node {
-            let mut qp = Qp::new(QPN, qp_type, PD, QpCap::default(), None);
+            Node::with_cap(qp_type, attr, sq_psn, rq_psn, QpCap::default())
+        }
+
+        pub fn with_cap(qp_type: QpType, attr: QpAttr, sq_psn: u32, rq_psn: u32, cap: QpCap) -> Node {
+            let mut qp = Qp::new(QPN, qp_type, PD, cap, None);
             bring_up(&mut qp, attr, sq_psn, rq_psn);
             let mut mem = MemoryTable::new();
             let access = Access::LOCAL_WRITE
@@ -910,6 +914,137 @@ fn requester_asks_for_acks_every_64_packets_and_stops_at_the_window() {
     let wcs = node.completions();
     assert_eq!(summary(&wcs), vec![success(1, WcOpcode::RdmaWrite)]);
     assert_eq!(wcs[0].1.byte_len, packets * MTU as u32);
+}
+
+fn unsignaled(mut wr: SendWr) -> SendWr {
+    wr.flags.signaled = false;
+    wr
+}
+
+/// T-6: the end of an unsignaled message asks for no ACK (nobody waits for
+/// its completion); a signaled one asks, and its ACK retires all before it.
+#[test]
+fn unsignaled_messages_ask_for_no_ack_and_a_signaled_one_asks_for_all() {
+    let (mut node, _) = requester(attr(), 8 * MTU);
+    for wr_id in 1..=3 {
+        node.post_send(unsignaled(send(wr_id, 0, 100)));
+    }
+    node.post_send(write(4, 2 * MTU as u32));
+    let sent = node.transmit();
+    assert_eq!(
+        shape(&sent),
+        vec![
+            (Operation::SendOnly, SQ_PSN, false),
+            (Operation::SendOnly, SQ_PSN + 1, false),
+            (Operation::SendOnly, SQ_PSN + 2, false),
+            (Operation::WriteFirst, SQ_PSN + 3, false),
+            (Operation::WriteLast, SQ_PSN + 4, true),
+        ]
+    );
+    node.feed(ack(SQ_PSN + 4), &[]);
+    assert_eq!(summary(&node.completions()), vec![success(4, WcOpcode::RdmaWrite)]);
+    assert_eq!(node.qp.poll_timeout(), None, "nothing left to time or ask for");
+}
+
+/// T-6: unsignaled messages ask for an ACK every quarter of the send
+/// queue, so that its slots come back before it fills.
+#[test]
+fn every_quarter_send_queue_of_unsignaled_messages_asks_for_an_ack() {
+    let cap = QpCap { max_send_wr: 8, ..QpCap::default() };
+    let mut node = Node::with_cap(QpType::Rc, attr(), SQ_PSN, RQ_PSN, cap);
+    for wr_id in 1..=7 {
+        node.post_send(unsignaled(send(wr_id, 0, 10)));
+    }
+    let asks: Vec<bool> = node.transmit().iter().map(Sent::ack_req).collect();
+    assert_eq!(asks, vec![false, true, false, true, false, true, false]);
+    node.feed(ack(SQ_PSN + 5), &[]);
+    assert!(node.completions().is_empty(), "unsignaled requests complete silently");
+    for wr_id in 8..=14 {
+        node.post_send(unsignaled(send(wr_id, 0, 10)));
+    }
+    assert_eq!(node.transmit().len(), 7, "the ACK freed six slots of eight");
+}
+
+/// T-6: what went without AckReq is asked for after ACK_ASK_DELAY (or a
+/// quarter of the ACK timeout): the last packet again, with AckReq. The
+/// responder acknowledges it as a duplicate; no retry is spent.
+#[test]
+fn an_unsignaled_tail_is_asked_for_by_resending_its_last_packet() {
+    let (mut node, data) = requester(attr(), 4 * MTU);
+    node.post_send(unsignaled(send(1, 0, 100)));
+    node.post_send(unsignaled(write(2, 2 * MTU as u32)));
+    let sent = node.transmit();
+    assert!(sent.iter().all(|s| !s.ack_req()), "{:?}", shape(&sent));
+    let start = node.now;
+    let delay = ACK_ASK_DELAY.min(ACK_TIMEOUT / 4);
+    assert_eq!(node.qp.poll_timeout(), Some(start + delay));
+
+    node.advance_to(start + delay - Duration::from_nanos(1));
+    assert!(node.transmit().is_empty(), "asked before the delay");
+    node.expire();
+    let again = node.transmit();
+    assert_eq!(shape(&again), vec![(Operation::WriteLast, SQ_PSN + 2, true)]);
+    assert_eq!(again[0].payload, data[MTU..2 * MTU]);
+    assert_eq!((node.qp.counters().retries, node.qp.counters().timeouts), (0, 0));
+    assert!(node.qp.poll_timeout().is_some(), "the ACK timeout still runs");
+
+    node.feed(ack(SQ_PSN + 2), &[]);
+    assert!(node.completions().is_empty());
+    assert_eq!(node.qp.poll_timeout(), None);
+    // A new request goes out as usual, not the one asked for again.
+    node.post_send(send(3, 0, 10));
+    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 3, true)]);
+}
+
+/// T-6: while nothing has gone without AckReq there is nothing to ask for;
+/// an ACK of everything cancels the ask.
+#[test]
+fn an_ack_of_everything_cancels_the_ask() {
+    let (mut node, _) = requester(attr(), MTU);
+    node.post_send(unsignaled(send(1, 0, 10)));
+    node.post_send(unsignaled(send(2, 0, 10)));
+    node.transmit();
+    // The peer acknowledged on its own (as rxe's responder does at a
+    // later request, or softroce's for a duplicate).
+    node.feed(ack(SQ_PSN + 1), &[]);
+    assert_eq!(node.qp.poll_timeout(), None);
+    node.advance_to(node.now + ACK_ASK_DELAY);
+    assert!(node.transmit().is_empty());
+}
+
+/// T-6: packets within a message that went without AckReq are not asked
+/// for early: the rest of the message follows, and the window's ACKs
+/// come in time. Only the ACK timeout runs while the window is full.
+#[test]
+fn a_message_cut_by_the_window_is_not_asked_for_early() {
+    let (mut node, _) = requester(attr(), 200 * MTU);
+    node.post_send(unsignaled(write(1, 200 * MTU as u32)));
+    let sent = node.transmit();
+    assert_eq!(sent.len(), MAX_UNACKED_PSNS as usize);
+    // Ten PSNs acknowledged: ten more go, none of them asking.
+    node.feed(ack(SQ_PSN + 9), &[]);
+    let more = node.transmit();
+    assert_eq!(more.len(), 10);
+    assert!(more.iter().all(|s| s.op() == Operation::WriteMiddle && !s.ack_req()), "{:?}", shape(&more));
+    assert_eq!(node.qp.poll_timeout(), Some(node.now + ACK_TIMEOUT));
+}
+
+/// T-6: packets resent after a NAK ask at each message end, as rxe's do:
+/// their ACK ends the recovery.
+#[test]
+fn resent_messages_ask_for_acks_at_each_end() {
+    let (mut node, _) = requester(attr(), 4 * MTU);
+    for wr_id in 1..=3 {
+        node.post_send(unsignaled(send(wr_id, 0, 10)));
+    }
+    assert!(node.transmit().iter().all(|s| !s.ack_req()));
+    node.feed(nak(SQ_PSN + 1, NakCode::PsnSequenceError), &[]);
+    assert_eq!(
+        shape(&node.transmit()),
+        vec![(Operation::SendOnly, SQ_PSN + 1, true), (Operation::SendOnly, SQ_PSN + 2, true)]
+    );
+    node.post_send(unsignaled(send(4, 0, 10)));
+    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 3, false)], "new again");
 }
 
 /// A requester streaming one long WRITE, and the PSNs it has sent and had

@@ -536,6 +536,65 @@ fn rc_fault_soak_with_read_pieces() {
     );
 }
 
+impl Run {
+    /// Makes about half the requests unsignaled (a seeded choice): they
+    /// complete silently, and ask for no ACK (rxe-spec T-6).
+    fn unsignal_some(&mut self) {
+        let mut rng = Rng(self.scenario.seed ^ 0x0051_6e41);
+        let Expected { sends, send_wcs, .. } = &mut self.expected;
+        let mut signaled = Vec::new();
+        for (wr, wc) in sends.iter_mut().zip(send_wcs.drain(..)) {
+            wr.flags.signaled = rng.below(2) == 0;
+            if wr.flags.signaled {
+                signaled.push(wc);
+            }
+        }
+        *send_wcs = signaled;
+    }
+}
+
+/// The same faults with about half the requests unsignaled: those that end
+/// a run of them are asked for after a delay, through drops, duplicates,
+/// reordering and corruption.
+#[test]
+fn rc_fault_soak_with_unsignaled_requests() {
+    for_each_seed(
+        0..SEEDS,
+        |seed| Scenario::draw(seed, 1..=16, &Kind::ALL, 0.1),
+        |mut run| {
+            run.unsignal_some();
+            let all = run.receives().count();
+            run.post_recvs(0..all);
+            let sends = run.expected.sends.len();
+            run.post_sends(0..sends);
+            run.finish();
+        },
+    );
+}
+
+/// Without faults, unsignaled requests at the end are asked for before the
+/// ACK timeout: no timeout, no retry.
+#[test]
+fn an_unsignaled_tail_needs_no_timeout() {
+    for_each_seed(
+        0..50,
+        |seed| fault_free(seed, 8, 7),
+        |mut run| {
+            run.unsignal_some();
+            if let Some(last) = run.expected.sends.last_mut() {
+                last.flags.signaled = false;
+            }
+            run.expected.send_wcs.retain(|(_, _, wc)| wc.wr_id != 7);
+            let all = run.receives().count();
+            run.post_recvs(0..all);
+            run.post_sends(0..8);
+            run.finish();
+            let counters = run.w.hosts[A].qps[&QPN_A].counters();
+            assert_eq!((counters.timeouts, counters.retries), (0, 0));
+        },
+    );
+}
+
 /// With rnr_retry = 7 the requester retries after RNR NAKs for as long as
 /// it takes: receives posted long after the sends still get every message.
 /// (Without faults: with no progress for that long, lost RNR NAKs would

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use softroce::transport::{
-    AsyncEvent, Mtu, PostSendError, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AsyncEvent, AttrMask, Mtu, PostSendError, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
     GRH_LEN,
 };
 use softroce::verbs::{
@@ -251,6 +251,26 @@ fn unsignaled_sends_complete_silently() {
     send_three(&a, &b, [false, true, false]);
     assert_eq!(next_wc(&pair.a.cq), success(2, &pair.qp_a, WcOpcode::Send, 100));
     assert_no_wc(&pair.a.cq);
+}
+
+/// rxe-spec T-6: an unsignaled SEND asks for no ACK; with nothing after it,
+/// the requester asks on its own (its last packet again, which the peer
+/// acknowledges as a duplicate) well before the ACK timeout, and the send
+/// queue drains without a retry.
+#[test]
+fn an_unsignaled_send_alone_is_acknowledged_without_a_retry() {
+    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let (a, b) = pair.ends();
+    b.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0, 100)] }).unwrap();
+    a.qp.post_send(unsignaled(SendWr::new(2, SendOp::Send).with_sge(a.mr.sge(0, 100)))).unwrap();
+    assert_eq!(next_wc(b.cq).status, WcStatus::Success);
+    let drain = QpAttr { state: QpState::Sqd, en_sqd_async_notify: true, ..QpAttr::default() };
+    a.qp.modify(&drain, AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY).unwrap();
+    assert_eq!(next_async_event(&pair.a.ctx), AsyncEvent::SqDrained { qpn: a.qp.qpn() });
+    let (sent, answered) = (pair.a.ctx.counters().qp, pair.b.ctx.counters().qp);
+    assert_eq!((sent.retries, sent.timeouts), (0, 0));
+    assert_eq!(answered.duplicate_requests, 1, "the ask is the SEND again");
+    assert_no_wc(a.cq);
 }
 
 #[test]

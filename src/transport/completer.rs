@@ -94,6 +94,10 @@ impl Qp {
         } else {
             self.ack_timeout().map(|t| now + t)
         };
+        if self.comp.psn == self.req.sent_end {
+            // Nothing sent is unacknowledged: nothing to ask for.
+            self.req.ask_by = None;
+        }
     }
 
     /// PSNs up to `psn` (exclusive) are acknowledged: the window grows by

@@ -40,6 +40,14 @@ pub const MAX_PKTS_PER_ACK: u32 = 64;
 /// responses of one would not fit the receive buffer (rxe-spec T-7). Whole
 /// READs are faster while the receiver keeps up, pieces never overflow it.
 pub const PIECED_READS: u32 = 16;
+/// The longest a message sent without AckReq waits before the requester
+/// asks for its ACK (rxe-spec T-6): after that, or a quarter of the local
+/// ACK timeout if shorter, it resends its last packet with AckReq. Traffic
+/// of more than a quarter send queue's messages in that time asks by itself
+/// (a ping-pong at 6.4k round trips a second with the default queue); at
+/// 1 ms, a ping-pong slowed by a VM's stalls resent every millisecond and
+/// the engine woke for it, and the round trips behind slowed further.
+pub const ACK_ASK_DELAY: Duration = Duration::from_millis(10);
 
 /// Bytes beyond the path MTU a transmit buffer needs: the largest header
 /// set (BTH, DETH, RETH, ImmDt…), pad and ICRC.
@@ -247,6 +255,15 @@ pub(crate) struct ReqState {
     /// The last packet sent with AckReq: its ACK is on its way until
     /// the completer passes it.
     pub ack_asked: Option<Psn>,
+    /// Messages ended without AckReq since the last packet with it.
+    pub noack_msgs: u32,
+    /// One past the highest PSN sent: a packet before it is a resend.
+    pub sent_end: Psn,
+    /// When packets sent without AckReq must have their ACK asked for
+    /// ([`ACK_ASK_DELAY`]).
+    pub ask_by: Option<Duration>,
+    /// The next request packet asks for an ACK: `ask_by` passed.
+    pub ask_next: bool,
     /// READ and atomic requests sent and not answered in full.
     pub rd_atomic: u32,
     /// READs still to go in pieces since responses to one were lost
@@ -427,6 +444,7 @@ impl Qp {
         if copy(AttrMask::SQ_PSN) {
             a.sq_psn = attr.sq_psn;
             self.req.psn = attr.sq_psn;
+            self.req.sent_end = attr.sq_psn;
             self.comp.psn = attr.sq_psn;
         }
         if copy(AttrMask::MAX_QP_RD_ATOMIC) {
@@ -784,10 +802,7 @@ impl Qp {
 
     /// The earliest time [`Qp::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        match (self.comp.timer, self.comp.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.comp.timer, self.comp.rnr_until, self.req.ask_by].into_iter().flatten().min()
     }
 
     /// The retransmission part of an RC completer: local ACK timeout and the
@@ -802,6 +817,36 @@ impl Qp {
             self.comp.timer = None;
             self.on_ack_timeout(now);
         }
+        if self.req.ask_by.is_some_and(|t| t <= now) {
+            self.req.ask_by = None;
+            self.ask_for_ack();
+        }
+    }
+
+    /// A message ended without AckReq and nothing asked since: the last
+    /// packet sent goes again, asking, and the responder acknowledges the
+    /// duplicate (C9-105). (Were it a READ's or an atomic's, whose
+    /// responses answer for it, the next packet would ask instead.)
+    fn ask_for_ack(&mut self) {
+        if self.comp.psn == self.req.sent_end || self.attr.state == QpState::Err {
+            return;
+        }
+        self.req.ask_next = true;
+        let last = self.req.sent_end.wrapping_sub(1);
+        let Some(index) = self.wqe_index_of(last) else { return };
+        let wqe = &mut self.sq[index];
+        if wqe.wr.op.is_read_or_atomic() {
+            return;
+        }
+        let range = wqe.psn.expect("found by its PSN");
+        wqe.next_pkt = last.diff(range.first) as u32;
+        wqe.sent = false;
+        self.req.next = index;
+    }
+
+    /// How long a packet sent without AckReq waits for one that asks.
+    pub(crate) fn ack_ask_delay(&self) -> Duration {
+        self.ack_timeout().map_or(ACK_ASK_DELAY, |t| ACK_ASK_DELAY.min(t / 4))
     }
 
     /// The local ACK timeout: 4.096 µs × 2^timeout, or none for 0.

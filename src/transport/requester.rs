@@ -1,8 +1,10 @@
 //! The requester: turns send work requests into request packets.
 //!
 //! Segmentation at the path MTU, PSN assignment (a READ takes one PSN per
-//! response packet), AckReq on the last packet of each message and every
-//! [`MAX_PKTS_PER_ACK`] packets (or quarter window) within long ones, the
+//! response packet), AckReq where an ACK is awaited (the end of a signaled
+//! message, every quarter send queue of messages, [`ACK_ASK_DELAY`] after
+//! one that did not ask) and every [`MAX_PKTS_PER_ACK`] packets (or quarter
+//! window) within long ones, the
 //! window of [`MAX_UNACKED_PSNS`] growing to [`MAX_WINDOW_PSNS`], fences,
 //! the max_rd_atomic limit, and READs in pieces the receive buffer holds
 //! after responses were lost ([`PIECED_READS`]).
@@ -15,7 +17,7 @@ use super::attr::QpState;
 use super::memory::Memory;
 use super::qp::{Qp, Transmit};
 #[cfg(doc)]
-use super::qp::{MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
+use super::qp::{ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
 use super::types::{Access, PsnRange, QpType, SendOp, Sge, WcStatus};
 use crate::wire::{
     AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, RethRepr, RoceRepr, Transport,
@@ -123,9 +125,21 @@ impl Qp {
             wqe.sent = true;
             self.req.next += 1;
         }
+        let end = wqe.psn.expect("assigned above").first.wrapping_add(wqe.next_pkt);
         if self.qp_type == QpType::Rc {
+            if end.is_after(self.req.sent_end) {
+                self.req.sent_end = end;
+            }
             if self.comp.timer.is_none() {
                 self.comp.timer = self.ack_timeout().map(|t| now + t);
+            }
+            // A message that ended without asking is asked for within a
+            // bound (T-6). A packet within a message needs no such bound:
+            // more of the message follows, within the window.
+            if plan.repr.bth.ack_req {
+                self.req.ask_by = None;
+            } else if plan.last && self.req.ask_by.is_none() {
+                self.req.ask_by = Some(now + self.ack_ask_delay());
             }
             // Time the round trip of one packet at a time, never of a resent one.
             if plan.repr.bth.ack_req && self.comp.timed.is_none() && self.comp.retry_started_at.is_none() {
@@ -205,12 +219,27 @@ impl Qp {
         };
         let opcode = Opcode::new(transport, operation).expect("operation valid for the QP type");
         let payload_len = if payload_len == usize::MAX { 0 } else { (len - offset).min(mtu) as usize };
-        // A probe after a timeout asks for its ACK: nothing follows it until one comes.
+        // A message's end asks for the ACK where someone waits for it: a
+        // signaled completion, a quarter of the send queue's slots, a resend
+        // (its ACK ends a recovery). A probe after a timeout asks too:
+        // nothing follows it until one comes.
+        let resend = psn.is_before(self.req.sent_end);
+        let ends_asking = is_last
+            && (wqe.wr.flags.signaled
+                || op.is_read_or_atomic()
+                || resend
+                || self.req.noack_msgs + 1 >= (self.cap.max_send_wr / 4).max(1));
         let needs_ack = self.qp_type == QpType::Rc
-            && (is_last || operation == ReadRequest || self.req.noack_pkts + 1 >= self.ack_every() || self.comp.probing);
+            && (ends_asking
+                || operation == ReadRequest
+                || self.req.noack_pkts + 1 >= self.ack_every()
+                || self.comp.probing
+                || self.req.ask_next);
         self.req.noack_pkts = if needs_ack { 0 } else { self.req.noack_pkts + 1 };
+        self.req.noack_msgs = if needs_ack { 0 } else { self.req.noack_msgs + u32::from(is_last) };
         if needs_ack {
             self.req.ack_asked = Some(psn);
+            self.req.ask_next = false;
         }
         let (dest_qpn, deth) = match &wqe.wr.ud {
             Some(ud) => {
