@@ -185,9 +185,22 @@ impl SendBatch {
                 }
                 n += 1;
             }
-            // SAFETY: the first `n` wire messages point at live buffers of
-            // self.data and at wire's own addresses and control data.
-            let done = unsafe { libc::sendmmsg(fd, wire.headers.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT) };
+            let done = if n == 1 && wire.segments[0] == 1 {
+                // One plain datagram: `sendto` spares the kernel copying
+                // and checking a message header and an iovec, 0.13 µs of a
+                // ping-pong's send on a VM (1.66 → 1.53 µs).
+                let (hdr, iov) = (&wire.headers[0].msg_hdr, &wire.iovs[0]);
+                // SAFETY: the iovec points at a live buffer of self.data,
+                // the name at wire's own address of the length given.
+                let r = unsafe {
+                    libc::sendto(fd, iov.iov_base, iov.iov_len, libc::MSG_DONTWAIT, hdr.msg_name.cast(), hdr.msg_namelen)
+                };
+                if r >= 0 { 1 } else { -1 }
+            } else {
+                // SAFETY: the first `n` wire messages point at live buffers
+                // of self.data and at wire's own addresses and control data.
+                unsafe { libc::sendmmsg(fd, wire.headers.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT) }
+            };
             if done > 0 {
                 let done = done as usize;
                 sent += (0..done).map(|i| wire.datagrams(i)).sum::<usize>();
