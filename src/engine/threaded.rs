@@ -151,6 +151,9 @@ pub(crate) struct EngineShared {
     pub drivers: AtomicUsize,
     /// A thread that stopped driving left answers unsent ([`Engine::release`]).
     pub answers_owed: AtomicBool,
+    /// The next round must look at every QP, not only at the sockets
+    /// ([`EngineShared::ring`]).
+    pub full_round_wanted: AtomicBool,
     /// When an application thread last drove progress (ns on the
     /// transport's clock).
     pub driven_at: AtomicU64,
@@ -160,7 +163,10 @@ pub(crate) struct EngineShared {
 }
 
 impl EngineShared {
+    /// Calls whoever drives progress in for a full round: a thread that
+    /// changed a QP (a post it could not send itself, a modify, a destroy).
     pub fn ring(&self) {
+        self.full_round_wanted.store(true, Ordering::SeqCst);
         if let Some(d) = &self.doorbell {
             d.signal();
         }
@@ -245,6 +251,8 @@ impl Engine {
             return;
         };
         let now = p.now();
+        // The posts change what the QPs have to send and when they time out.
+        p.quiet_until = Duration::ZERO;
         // A posting thread may not be back for the ACKs: the engine keeps
         // off only KICK_HANDOVER for it (a poller or waiter holds it off
         // longer).
@@ -308,7 +316,9 @@ impl Engine {
     /// Lets go of driving progress: notes when, and rings the engine if it
     /// sleeps past a timer this thread armed.
     fn release(&self, p: MutexGuard<'_, Progress>) {
-        let now = p.now();
+        // The clock as the last round read it: a round ago is soon enough
+        // for handovers of a millisecond, and a clock read is ~20 ns.
+        let now = p.round_at;
         self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
         // A round that ended at this thread's completion left the answers
         // it owes (an ACK, say) for the thread's next post to carry. Should
@@ -336,21 +346,24 @@ impl Engine {
     /// so a completion reaches it without a hand-off from the engine thread
     /// (one wake-up per message, as for a plain UDP receive).
     pub fn wait_completion(&self, cq: &CqShared, timeout: Duration) -> Option<WorkCompletion> {
+        if let Ok(wc) = cq.entries.1.try_recv() {
+            return Some(wc);
+        }
         let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(wc) = cq.entries.1.try_recv() {
-                return Some(wc);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
             if !self.drive_until(&|| !cq.entries.1.is_empty(), deadline) {
                 // Someone else drives: they hand completions over. Look
                 // again soon, in case they stop.
+                let left = deadline.saturating_duration_since(Instant::now());
                 if let Ok(wc) = cq.entries.1.recv_timeout(left.min(HANDOVER)) {
                     return Some(wc);
                 }
+            }
+            if let Ok(wc) = cq.entries.1.try_recv() {
+                return Some(wc);
+            }
+            if Instant::now() >= deadline {
+                return None;
             }
         }
     }
@@ -376,31 +389,35 @@ impl Engine {
     fn drive_until(&self, ready: &dyn Fn() -> bool, deadline: Instant) -> bool {
         let Some(mut p) = try_lock(&self.progress) else { return false };
         self.shared.drivers.fetch_add(1, Ordering::SeqCst);
-        let mut last_busy = Instant::now();
+        // On the transport's clock, which each round reads once: the loop
+        // reads no clock of its own.
+        let deadline = deadline.saturating_duration_since(p.start);
+        let mut last_busy = None;
         loop {
             let step = p.iterate(&self.shared, Some(ready));
             if ready() {
                 break;
             }
-            let now = Instant::now();
+            let now = p.round_at;
+            let since_busy = last_busy.get_or_insert(now);
             if step.busy {
-                last_busy = now;
+                *since_busy = now;
             }
-            let left = deadline.saturating_duration_since(now);
+            let left = deadline.saturating_sub(now);
             if left.is_zero() {
                 break;
             }
             if step.busy {
                 continue;
             }
-            let idle = now.saturating_duration_since(last_busy);
+            let idle = now.saturating_sub(*since_busy);
             if self.busy_poll || idle < self.wait_spin {
                 if idle >= YIELD_AFTER {
                     std::thread::yield_now();
                 }
                 continue;
             }
-            let timer = step.next_timer.map_or(left, |t| t.saturating_sub(p.now()));
+            let timer = step.next_timer.map_or(left, |t| t.saturating_sub(now));
             self.shared.sleeps.fetch_add(1, Ordering::Relaxed);
             let ready = wait_readable(&p.fds, left.min(timer));
             self.shared.drain_doorbell(&p.fds, ready);
@@ -465,6 +482,14 @@ const YIELD_AFTER: Duration = Duration::from_micros(10);
 /// 208 KiB) that is every few tens of µs, and a wake-up on an idle vCPU
 /// takes 30-70 µs. An idle device does not poll.
 const ENGINE_SPIN: Duration = Duration::from_micros(50);
+/// How long after a full round that found nothing to do the rounds that
+/// receive nothing look only at the sockets: a thread polling for an
+/// answer skips the walk over every QP, its locks and the counters'
+/// publication (about a third of an idle round), so a packet waits less
+/// for the poll that finds it. Work posted meanwhile calls a full round in
+/// ([`EngineShared::ring`]); what a missed change could wait is bounded by
+/// this.
+const QUIET_SPAN: Duration = Duration::from_micros(20);
 /// The longest the engine sleeps: it re-reads the QP table at least this often.
 const IDLE: Duration = Duration::from_millis(100);
 /// How long a destroyed RC QP answers resends of its last messages: many
@@ -489,6 +514,8 @@ pub(crate) struct Progress {
     out: Outbox,
     /// The transport's clock starts here.
     start: Instant,
+    /// The transport's clock when the last round began.
+    round_at: Duration,
     rx: Vec<u8>,
     qps: Vec<Arc<QpCell>>,
     by_qpn: BTreeMap<u32, Arc<QpCell>>,
@@ -507,6 +534,12 @@ pub(crate) struct Progress {
     /// QPs that waited on their peers (packets unacknowledged) last round:
     /// they share the peer's receive buffer.
     waiting_on_peer: usize,
+    /// Until then a round that receives nothing only looks at the sockets:
+    /// the last full round found nothing to do, and nothing has changed
+    /// since (see [`QUIET_SPAN`]).
+    quiet_until: Duration,
+    /// The earliest QP timer the last full round saw.
+    next_timer: Option<Duration>,
 }
 
 /// Where QPs' packets go: the link, the local addresses they leave from,
@@ -542,6 +575,7 @@ impl Progress {
         Progress {
             out: Outbox { link, locals, buf: vec![0u8; 4096 + TRANSMIT_HEADROOM + 64] },
             start: Instant::now(),
+            round_at: Duration::ZERO,
             rx: vec![0u8; 64 * 1024],
             qps: Vec::new(),
             by_qpn: BTreeMap::new(),
@@ -552,6 +586,8 @@ impl Progress {
             linger_until: VecDeque::new(),
             answering: Vec::new(),
             waiting_on_peer: 0,
+            quiet_until: Duration::ZERO,
+            next_timer: None,
         }
     }
 
@@ -584,18 +620,23 @@ impl Progress {
     /// (see [`Engine::kick`]), or with the next round.
     fn iterate(&mut self, shared: &EngineShared, until: Option<&dyn Fn() -> bool>) -> Step {
         let seen = shared.qps_version.load(Ordering::Acquire);
-        if seen != self.version {
+        let changed = seen != self.version;
+        if changed {
             self.by_qpn = lock(&shared.qps).clone();
             self.qps = self.by_qpn.values().cloned().collect();
             self.version = seen;
         }
         let now = self.now();
+        self.round_at = now;
+        let wanted = shared.full_round_wanted.load(Ordering::SeqCst) && shared.full_round_wanted.swap(false, Ordering::SeqCst);
+        let quiet = !changed && !wanted && now < self.quiet_until;
         // QPs destroyed since the last round leave the table before this
-        // round's packets are read (a destroy pushes them here first): RC
-        // ones linger a while from now on, answering resends of what they
-        // executed, so a resend in this very round finds its QP; all still
-        // owe the answers they had queued.
-        for cell in std::mem::take(&mut *lock(&shared.closing)) {
+        // round's packets are read (a destroy pushes them here, then bumps
+        // the version): RC ones linger a while from now on, answering
+        // resends of what they executed, so a resend in this very round
+        // finds its QP; all still owe the answers they had queued.
+        let closing = if changed { std::mem::take(&mut *lock(&shared.closing)) } else { Vec::new() };
+        for cell in closing {
             let lingers = {
                 let mut qp = lock(&cell.qp);
                 let lingers = qp.qp_type() == QpType::Rc && !qp.is_lingering();
@@ -679,12 +720,16 @@ impl Progress {
                     drop(held);
                     drop(registry);
                     self.owed = true;
+                    self.quiet_until = Duration::ZERO;
                     *lock(&shared.link_stats) = self.out.link.stats();
                     return Step { busy: true, next_timer: None };
                 }
             }
         }
         self.owed = false;
+        if quiet && !busy {
+            return Step { busy, next_timer: self.next_timer };
+        }
 
         let mut next_timer: Option<Duration> = None;
         // The device's QPs send into one socket buffer at a peer on this
@@ -723,6 +768,8 @@ impl Progress {
         }
         self.out.link.flush();
         *lock(&shared.link_stats) = self.out.link.stats();
+        self.next_timer = next_timer;
+        self.quiet_until = if busy { Duration::ZERO } else { (now + QUIET_SPAN).min(next_timer.unwrap_or(Duration::MAX)) };
         Step { busy, next_timer }
     }
 }
@@ -863,4 +910,66 @@ fn transmit_with(qp: &mut Qp, out: &mut Outbox, mem: &dyn Memory, now: Duration,
 /// IP version.
 fn source_for(locals: &[std::net::IpAddr], dest: std::net::IpAddr) -> std::net::IpAddr {
     locals.iter().copied().find(|a| a.is_ipv4() == dest.is_ipv4()).unwrap_or(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::Received;
+
+    /// A link with nothing to receive that counts the rounds that flush it:
+    /// only full rounds (and posts) do.
+    struct Counting(Arc<AtomicUsize>);
+
+    impl Link for Counting {
+        fn attach(&mut self, _addr: IpAddr) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn transmit(&mut self, _now: Duration, _out: Outgoing<'_>) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn receive(&mut self, _now: Duration, _buf: &mut [u8]) -> Option<Received> {
+            None
+        }
+        fn next_event(&self) -> Option<Duration> {
+            None
+        }
+        fn local_addrs(&self) -> Vec<IpAddr> {
+            Vec::new()
+        }
+        fn raw_fds(&self) -> Vec<RawFd> {
+            Vec::new()
+        }
+        fn stats(&self) -> LinkStats {
+            LinkStats::default()
+        }
+    }
+
+    #[test]
+    fn idle_rounds_look_only_at_the_link_until_a_ring() {
+        let full_rounds = Arc::new(AtomicUsize::new(0));
+        let shared = EngineShared::default();
+        let mut p = Progress::new(Box::new(Counting(Arc::clone(&full_rounds))), &shared);
+        p.iterate(&shared, None);
+        assert_eq!(full_rounds.load(Ordering::SeqCst), 1, "the first round reads the QP table and walks it");
+        assert!(p.quiet_until > p.round_at, "a full round that found nothing starts a quiet span");
+        // However long the rounds take here, they stay within the span.
+        p.quiet_until = Duration::MAX;
+        for _ in 0..3 {
+            assert!(!p.iterate(&shared, None).busy);
+        }
+        assert_eq!(full_rounds.load(Ordering::SeqCst), 1);
+        shared.ring();
+        p.iterate(&shared, None);
+        assert_eq!(full_rounds.load(Ordering::SeqCst), 2, "a ring calls a full round in");
+        p.quiet_until = Duration::MAX;
+        p.iterate(&shared, None);
+        assert_eq!(full_rounds.load(Ordering::SeqCst), 2, "and only one");
+        shared.qps_version.fetch_add(1, Ordering::SeqCst);
+        p.iterate(&shared, None);
+        assert_eq!(full_rounds.load(Ordering::SeqCst), 3, "so does a change of the QP table");
+    }
 }
