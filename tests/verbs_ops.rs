@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use softroce::transport::{
-    AsyncEvent, AttrMask, Mtu, PostSendError, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
-    GRH_LEN,
+    AsyncEvent, AttrMask, Mtu, PostSendError, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode,
+    WcStatus, WorkCompletion, GRH_LEN,
 };
 use softroce::verbs::{
     AddressHandle, CompletionQueue, ConnectOptions, ContextOptions, Error, MemoryRegion, QpInit, QueuePair,

@@ -628,7 +628,8 @@ impl Progress {
         }
         let now = self.now();
         self.round_at = now;
-        let wanted = shared.full_round_wanted.load(Ordering::SeqCst) && shared.full_round_wanted.swap(false, Ordering::SeqCst);
+        let wanted = shared.full_round_wanted.load(Ordering::SeqCst)
+            && shared.full_round_wanted.swap(false, Ordering::SeqCst);
         let quiet = !changed && !wanted && now < self.quiet_until;
         // QPs destroyed since the last round leave the table before this
         // round's packets are read (a destroy pushes them here, then bumps
@@ -769,7 +770,8 @@ impl Progress {
         self.out.link.flush();
         *lock(&shared.link_stats) = self.out.link.stats();
         self.next_timer = next_timer;
-        self.quiet_until = if busy { Duration::ZERO } else { (now + QUIET_SPAN).min(next_timer.unwrap_or(Duration::MAX)) };
+        self.quiet_until =
+            if busy { Duration::ZERO } else { (now + QUIET_SPAN).min(next_timer.unwrap_or(Duration::MAX)) };
         Step { busy, next_timer }
     }
 }

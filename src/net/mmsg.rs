@@ -192,9 +192,8 @@ impl SendBatch {
                 let (hdr, iov) = (&wire.headers[0].msg_hdr, &wire.iovs[0]);
                 // SAFETY: the iovec points at a live buffer of self.data,
                 // the name at wire's own address of the length given.
-                let r = unsafe {
-                    libc::sendto(fd, iov.iov_base, iov.iov_len, libc::MSG_DONTWAIT, hdr.msg_name.cast(), hdr.msg_namelen)
-                };
+                let (name, name_len) = (hdr.msg_name.cast(), hdr.msg_namelen);
+                let r = unsafe { libc::sendto(fd, iov.iov_base, iov.iov_len, libc::MSG_DONTWAIT, name, name_len) };
                 if r >= 0 { 1 } else { -1 }
             } else {
                 // SAFETY: the first `n` wire messages point at live buffers
