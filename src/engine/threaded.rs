@@ -316,9 +316,7 @@ impl Engine {
     /// Lets go of driving progress: notes when, and rings the engine if it
     /// sleeps past a timer this thread armed.
     fn release(&self, p: MutexGuard<'_, Progress>) {
-        // The clock as the last round read it: a round ago is soon enough
-        // for handovers of a millisecond, and a clock read is ~20 ns.
-        let now = p.round_at;
+        let now = p.now();
         self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
         // A round that ended at this thread's completion left the answers
         // it owes (an ACK, say) for the thread's next post to carry. Should
@@ -392,25 +390,25 @@ impl Engine {
         // On the transport's clock, which each round reads once: the loop
         // reads no clock of its own.
         let deadline = deadline.saturating_duration_since(p.start);
-        let mut last_busy = None;
+        // When the first round of the current idle spell began: about when
+        // the last busy round ended (a busy round can take tens of µs, which
+        // must not count as idle).
+        let mut idle_since = None;
         loop {
             let step = p.iterate(&self.shared, Some(ready));
             if ready() {
                 break;
             }
             let now = p.round_at;
-            let since_busy = last_busy.get_or_insert(now);
-            if step.busy {
-                *since_busy = now;
-            }
             let left = deadline.saturating_sub(now);
             if left.is_zero() {
                 break;
             }
             if step.busy {
+                idle_since = None;
                 continue;
             }
-            let idle = now.saturating_sub(*since_busy);
+            let idle = now.saturating_sub(*idle_since.get_or_insert(now));
             if self.busy_poll || idle < self.wait_spin {
                 if idle >= YIELD_AFTER {
                     std::thread::yield_now();
