@@ -34,7 +34,8 @@ macro_rules! say {
 #[derive(clap::Args)]
 #[command(after_help = "Rows: udp (4 KiB datagrams, sendmmsg/recvmmsg), udp-gso (UDP_SEGMENT and UDP_GRO), \
     tcp (64 KiB writes), udp-lat (UDP ping-pong), udp-gso-lat (the same with RoCE's packet sizes and a \
-    20-byte ACK behind each datagram in one GSO send: the wire's part of send-lat), then softroce between two devices on 127.0.0.1 and \
+    20-byte ACK behind each datagram in one GSO send: the wire of a SEND ping-pong whose every SEND asks for an \
+    ACK, as signaled ones do), then softroce between two devices on 127.0.0.1 and \
     127.0.0.2: rc-write, rc-send and rc-read streams (64 B to 4 MiB, path MTU 1024 and 4096, 1 and 4 QPs), \
     send-lat (SEND ping-pong), write-rate (64 B WRITEs, one post each) and write-rate-list (the same \
     posted 16 at a time, as ibv_post_send with a chain). Ping-pongs count the messages and bytes of \

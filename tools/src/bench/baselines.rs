@@ -166,9 +166,10 @@ pub fn tcp_stream(write: usize, timing: &Timing) -> Result<Measured, String> {
 /// With `acked`, each datagram is a RoCE packet's size (`size` plus BTH and
 /// ICRC) and leaves in one GSO send (`UDP_SEGMENT`) with a 20-byte datagram
 /// behind it, and arrives with it (`UDP_GRO`): the packets a RoCE SEND
-/// ping-pong puts on the wire, as softroce's link sends them — each SEND
-/// with the ACK of the one before, the wire's part of `send-lat` with
-/// nothing computed.
+/// ping-pong puts on the wire when every SEND asks for an ACK (signaled
+/// SENDs, or any of rxe's), as softroce's link sends them — each SEND with
+/// the ACK of the one before — with nothing computed. (`send-lat`'s SENDs
+/// are unsignaled and ask for none, rxe-spec T-6.)
 pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measured, String> {
     let bind = |ip| UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"));
     let (pinger, answerer) = (bind(ADDRESS_A)?, bind(ADDRESS_B)?);
