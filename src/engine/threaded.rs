@@ -715,7 +715,12 @@ impl Progress {
                 }
                 drop(srq);
                 cell.drain(qp, &shared.events);
-                if until.is_some_and(|ready| ready()) {
+                // The rest of a GRO train first: an ACK behind the answer
+                // it came with would wait in the link, signalled to nobody,
+                // while the waiter's next post waits for it (a thread that
+                // then drives another device left it to the engine's next
+                // look, up to 5 ms away).
+                if until.is_some_and(|ready| ready()) && !self.out.link.amid_datagram() {
                     drop(held);
                     drop(registry);
                     self.owed = true;

@@ -443,6 +443,12 @@ impl RecvBatch {
         self.segments[i] = gro_segment(hdr);
     }
 
+    /// Whether the last datagram handed out was a segment of a GRO
+    /// super-datagram with more segments to come.
+    pub fn amid_slot(&self) -> bool {
+        self.offset > 0
+    }
+
     /// The next datagram (a segment of a GRO super-datagram counts as one):
     /// its source and where its bytes are ([`RecvBatch::bytes`]), so callers
     /// can hand them on without copying. Truncated ones come out empty.
@@ -695,8 +701,8 @@ mod tests {
     }
 
     /// The one-datagram receive of an idle socket splits a GRO train as
-    /// the batch receive does, and a bad address or a closed descriptor is
-    /// an error, not an empty fill.
+    /// the batch receive does, says while handing it out that more of it is
+    /// here, and a bad descriptor is an error, not an empty fill.
     #[test]
     fn a_train_after_an_empty_fill_comes_whole_in_one_slot() {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -712,11 +718,13 @@ mod tests {
         out.flush(tx.as_raw_fd(), &mut |_, _, _| panic!("no fallback on loopback")).unwrap();
         assert_eq!(inb.fill(rx.as_raw_fd()).unwrap(), 1, "one slot, one recvmsg");
         assert_eq!(inb.segments[0], 600);
-        let mut popped = Vec::new();
+        let (mut popped, mut amid) = (Vec::new(), Vec::new());
         while let Some((_, at)) = inb.pop() {
             popped.push(inb.bytes(at).to_vec());
+            amid.push(inb.amid_slot());
         }
         assert_eq!(popped, datagrams);
+        assert_eq!(amid, [true, true, true, false], "the rest of the train is here until its last segment");
         assert!(inb.fill(-1).is_err());
     }
 

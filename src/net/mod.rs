@@ -151,6 +151,13 @@ pub trait Link {
         Some((r, scratch.get(..r.len)?))
     }
 
+    /// Whether the packet last received was not the last of a datagram
+    /// that brought several (a GRO train's segments): the rest are already
+    /// here, and nothing will signal them.
+    fn amid_datagram(&self) -> bool {
+        false
+    }
+
     /// When the link will next have a packet, for links that know (virtual
     /// time); `None` for real networks.
     fn next_event(&self) -> Option<Duration>;

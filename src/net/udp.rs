@@ -365,6 +365,10 @@ impl Link for UdpLink {
         Some((r, self.rx.bytes(at)))
     }
 
+    fn amid_datagram(&self) -> bool {
+        self.rx.amid_slot()
+    }
+
     fn next_event(&self) -> Option<Duration> {
         None
     }
