@@ -537,7 +537,7 @@ pub(crate) struct Progress {
     /// since (see [`QUIET_SPAN`]).
     quiet_until: Duration,
     /// The earliest QP timer the last full round saw.
-    next_timer: Option<Duration>,
+    seen_timer: Option<Duration>,
 }
 
 /// Where QPs' packets go: the link, the local addresses they leave from,
@@ -585,7 +585,7 @@ impl Progress {
             answering: Vec::new(),
             waiting_on_peer: 0,
             quiet_until: Duration::ZERO,
-            next_timer: None,
+            seen_timer: None,
         }
     }
 
@@ -732,7 +732,7 @@ impl Progress {
         }
         self.owed = false;
         if quiet && !busy {
-            return Step { busy, next_timer: self.next_timer };
+            return Step { busy, next_timer: self.seen_timer };
         }
 
         let mut next_timer: Option<Duration> = None;
@@ -772,7 +772,7 @@ impl Progress {
         }
         self.out.link.flush();
         *lock(&shared.link_stats) = self.out.link.stats();
-        self.next_timer = next_timer;
+        self.seen_timer = next_timer;
         self.quiet_until =
             if busy { Duration::ZERO } else { (now + QUIET_SPAN).min(next_timer.unwrap_or(Duration::MAX)) };
         Step { busy, next_timer }

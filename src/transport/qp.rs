@@ -259,8 +259,8 @@ pub(crate) struct ReqState {
     pub noack_msgs: u32,
     /// One past the highest PSN sent: a packet before it is a resend.
     pub sent_end: Psn,
-    /// When packets sent without AckReq must have their ACK asked for
-    /// ([`ACK_ASK_DELAY`]).
+    /// When a message that ended without AckReq must have its ACK asked
+    /// for ([`ACK_ASK_DELAY`]).
     pub ask_by: Option<Duration>,
     /// The next request packet asks for an ACK: `ask_by` passed.
     pub ask_next: bool,

@@ -4,10 +4,10 @@
 //! response packet), AckReq where an ACK is awaited (the end of a signaled
 //! message, every quarter send queue of messages, [`ACK_ASK_DELAY`] after
 //! one that did not ask) and every [`MAX_PKTS_PER_ACK`] packets (or quarter
-//! window) within long ones, the
-//! window of [`MAX_UNACKED_PSNS`] growing to [`MAX_WINDOW_PSNS`], fences,
-//! the max_rd_atomic limit, and READs in pieces the receive buffer holds
-//! after responses were lost ([`PIECED_READS`]).
+//! window) within long ones, the window of [`MAX_UNACKED_PSNS`] growing to
+//! [`MAX_WINDOW_PSNS`], fences, the max_rd_atomic limit, and READs in
+//! pieces the receive buffer holds after responses were lost
+//! ([`PIECED_READS`]).
 
 use std::time::Duration;
 
@@ -125,8 +125,8 @@ impl Qp {
             wqe.sent = true;
             self.req.next += 1;
         }
-        let end = wqe.psn.expect("assigned above").first.wrapping_add(wqe.next_pkt);
         if self.qp_type == QpType::Rc {
+            let end = wqe.psn.expect("assigned above").first.wrapping_add(wqe.next_pkt);
             if end.is_after(self.req.sent_end) {
                 self.req.sent_end = end;
             }
