@@ -504,17 +504,7 @@ fn for_each_seed(seeds: Range<u64>, draw: impl Fn(u64) -> Scenario, check: impl 
 
 #[test]
 fn rc_fault_soak() {
-    for_each_seed(
-        0..SEEDS,
-        |seed| Scenario::draw(seed, 1..=16, &Kind::ALL, 0.1),
-        |mut run| {
-            let all = run.receives().count();
-            run.post_recvs(0..all);
-            let sends = run.expected.sends.len();
-            run.post_sends(0..sends);
-            run.finish();
-        },
-    );
+    for_each_seed(0..SEEDS, |seed| Scenario::draw(seed, 1..=16, &Kind::ALL, 0.1), |mut run| run.post_all_and_finish());
 }
 
 /// The same faults with a receive buffer of 12 packets: READs longer than
@@ -551,6 +541,16 @@ impl Run {
         }
         *send_wcs = signaled;
     }
+
+    /// Posts every receive, then every request, and runs to the end with
+    /// [`Run::finish`]'s checks.
+    fn post_all_and_finish(&mut self) {
+        let all = self.receives().count();
+        self.post_recvs(0..all);
+        let sends = self.expected.sends.len();
+        self.post_sends(0..sends);
+        self.finish();
+    }
 }
 
 /// The same faults with about half the requests unsignaled: those that end
@@ -563,11 +563,7 @@ fn rc_fault_soak_with_unsignaled_requests() {
         |seed| Scenario::draw(seed, 1..=16, &Kind::ALL, 0.1),
         |mut run| {
             run.unsignal_some();
-            let all = run.receives().count();
-            run.post_recvs(0..all);
-            let sends = run.expected.sends.len();
-            run.post_sends(0..sends);
-            run.finish();
+            run.post_all_and_finish();
         },
     );
 }
@@ -585,10 +581,7 @@ fn an_unsignaled_tail_needs_no_timeout() {
                 last.flags.signaled = false;
             }
             run.expected.send_wcs.retain(|(_, _, wc)| wc.wr_id != 7);
-            let all = run.receives().count();
-            run.post_recvs(0..all);
-            run.post_sends(0..8);
-            run.finish();
+            run.post_all_and_finish();
             let counters = run.w.hosts[A].qps[&QPN_A].counters();
             assert_eq!((counters.timeouts, counters.retries), (0, 0));
         },
