@@ -36,7 +36,8 @@ struct Side {
 
 impl Side {
     fn new(qpn: u32, peer_qpn: u32, addr: IpAddr, peer: IpAddr, mtu: Mtu) -> Side {
-        let mut qp = Qp::new(qpn, QpType::Rc, PD, QpCap { max_send_wr: 1024, max_recv_wr: 1024, ..QpCap::default() }, None);
+        let mut qp =
+            Qp::new(qpn, QpType::Rc, PD, QpCap { max_send_wr: 1024, max_recv_wr: 1024, ..QpCap::default() }, None);
         let mut attr = QpAttr {
             state: QpState::Init,
             access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,

@@ -64,7 +64,10 @@ fn run() -> Result<()> {
     // The device, and a context on it: this starts the engine thread that
     // moves packets between the UDP socket and the queue pairs.
     let device = common::open_device(&opts)?;
-    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() })?;
+    let ctx = Context::open(
+        &device,
+        ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() },
+    )?;
     let channel = if use_events { Some(ctx.create_comp_channel()?) } else { None };
     let pd = ctx.alloc_pd()?;
 
@@ -76,7 +79,8 @@ fn run() -> Result<()> {
     // One CQ for both queues, with room for every receive and the send.
     let cq = ctx.create_cq(rx_depth as usize + 1, channel.as_ref())?;
     let cap = QpCap { max_send_wr: 1, max_recv_wr: rx_depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qp = pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
+    let qp =
+        pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
     if channel.is_some() {
         // Ask for an event on the next completion (each wait re-arms).
         cq.req_notify(false);
@@ -114,7 +118,9 @@ fn run() -> Result<()> {
         for wc in &wcs {
             if wc.status != WcStatus::Success {
                 let status = wc.status;
-                return Err(format!("Failed status {} ({}) for wr_id {}", status.as_str(), status as u32, wc.wr_id).into());
+                return Err(
+                    format!("Failed status {} ({}) for wr_id {}", status.as_str(), status as u32, wc.wr_id).into()
+                );
             }
             match wc.wr_id {
                 SEND_WRID => scnt += 1,

@@ -48,11 +48,15 @@ fn main() {
 fn run() -> Result<()> {
     let opts = common::Options::parse(SYNOPSIS, "", 4096, |_, _| Ok(false));
     let device = common::open_device(&opts)?;
-    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() })?;
+    let ctx = Context::open(
+        &device,
+        ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() },
+    )?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(16, None)?;
     let cap = QpCap { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qp = pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
+    let qp =
+        pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
 
     let oob = OutOfBand::listen(&opts)?;
     let local = qp.endpoint(opts.gid_index)?;
@@ -83,7 +87,11 @@ fn server(
     let mr = pd.alloc_mr(COUNTER_LEN + opts.size, Access::LOCAL_WRITE | remote_rights)?;
     mr.write(0, &COUNTER_START.to_ne_bytes())?;
     // As responder, accept two READs or atomics in flight at once.
-    let connect = ConnectOptions { access: Access::LOCAL_WRITE | remote_rights, max_dest_rd_atomic: 2, ..ConnectOptions::default() };
+    let connect = ConnectOptions {
+        access: Access::LOCAL_WRITE | remote_rights,
+        max_dest_rd_atomic: 2,
+        ..ConnectOptions::default()
+    };
     qp.connect(remote, &connect)?;
 
     // Sent only once the QP is connected, so it also says "ready".
@@ -171,10 +179,16 @@ fn client(
         for (wr_id, opcode) in [(1, WcOpcode::RdmaWrite), (2, WcOpcode::RdmaRead), (3, WcOpcode::FetchAdd)] {
             let wc = cq.wait_one(common::COMPLETION_TIMEOUT).ok_or("timed out waiting for a completion")?;
             if wc.status != WcStatus::Success {
-                return Err(format!("Failed status {} ({}) for {:?}", wc.status.as_str(), wc.status as u32, wc.opcode).into());
+                return Err(
+                    format!("Failed status {} ({}) for {:?}", wc.status.as_str(), wc.status as u32, wc.opcode).into()
+                );
             }
             if (wc.wr_id, wc.opcode) != (wr_id, opcode) {
-                return Err(format!("round {round}: completion {:?} for wr_id {}, expected {opcode:?}", wc.opcode, wc.wr_id).into());
+                return Err(format!(
+                    "round {round}: completion {:?} for wr_id {}, expected {opcode:?}",
+                    wc.opcode, wc.wr_id
+                )
+                .into());
             }
         }
 
@@ -186,7 +200,11 @@ fn client(
         if round == 0 {
             first_counter = old;
         } else if old != first_counter + u64::from(round) {
-            return Err(format!("round {round}: FETCH_ADD returned 0x{old:x}, expected 0x{:x}", first_counter + u64::from(round)).into());
+            return Err(format!(
+                "round {round}: FETCH_ADD returned 0x{old:x}, expected 0x{:x}",
+                first_counter + u64::from(round)
+            )
+            .into());
         }
     }
     let elapsed = start.elapsed();

@@ -61,7 +61,10 @@ fn run() -> Result<()> {
     if size > mtu {
         return Err(format!("Requested size larger than port MTU ({mtu})").into());
     }
-    let ctx = Context::open(&device, ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() })?;
+    let ctx = Context::open(
+        &device,
+        ContextOptions { port: opts.roce_port, busy_poll: opts.busy_poll, ..ContextOptions::default() },
+    )?;
     let pd = ctx.alloc_pd()?;
 
     // The buffer: [GRH area | received message][message to send].
@@ -70,7 +73,8 @@ fn run() -> Result<()> {
 
     let cq = ctx.create_cq(rx_depth as usize + 1, None)?;
     let cap = QpCap { max_send_wr: 1, max_recv_wr: rx_depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qp = pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
+    let qp =
+        pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
 
     let oob = OutOfBand::listen(&opts)?;
     let local = qp.endpoint(opts.gid_index)?;
@@ -103,7 +107,9 @@ fn run() -> Result<()> {
         for wc in &wcs {
             if wc.status != WcStatus::Success {
                 let status = wc.status;
-                return Err(format!("Failed status {} ({}) for wr_id {}", status.as_str(), status as u32, wc.wr_id).into());
+                return Err(
+                    format!("Failed status {} ({}) for wr_id {}", status.as_str(), status as u32, wc.wr_id).into()
+                );
             }
             match wc.wr_id {
                 SEND_WRID => scnt += 1,

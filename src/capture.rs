@@ -131,8 +131,7 @@ pub fn ip_bytes(link: DataLink, data: &[u8]) -> Option<&[u8]> {
         DataLink::ETHERNET => {
             let (eth, mut rest) = Ethernet2Header::from_slice(data).ok()?;
             let mut ether_type = eth.ether_type;
-            while matches!(ether_type, EtherType::VLAN_TAGGED_FRAME | EtherType::PROVIDER_BRIDGING)
-            {
+            while matches!(ether_type, EtherType::VLAN_TAGGED_FRAME | EtherType::PROVIDER_BRIDGING) {
                 let (vlan, inner) = SingleVlanHeader::from_slice(rest).ok()?;
                 ether_type = vlan.ether_type;
                 rest = inner;
@@ -167,11 +166,8 @@ pub struct IpPcapWriter<W: Write> {
 impl<W: Write> IpPcapWriter<W> {
     /// Starts a pcap file on `writer`: raw IP link type, nanosecond timestamps.
     pub fn new(writer: W) -> Result<Self, CaptureError> {
-        let header = PcapHeader {
-            datalink: DataLink::RAW,
-            ts_resolution: TsResolution::NanoSecond,
-            ..Default::default()
-        };
+        let header =
+            PcapHeader { datalink: DataLink::RAW, ts_resolution: TsResolution::NanoSecond, ..Default::default() };
         PcapWriter::with_header(writer, header)
             .map(|inner| IpPcapWriter { inner })
             .map_err(|e| error(format!("pcap header: {e}")))

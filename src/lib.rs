@@ -87,6 +87,10 @@
 //! ```
 
 #![warn(missing_docs)]
+// Unsafe code is allowed only where it is needed (system calls, registered
+// memory, SIMD), module by module or function by function, each block with
+// the reason it is sound.
+#![deny(unsafe_code)]
 
 pub mod capture;
 pub mod engine;

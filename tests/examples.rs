@@ -260,7 +260,8 @@ fn ud_pingpong_checks_every_message() {
 
 #[test]
 fn ud_pingpong_refuses_messages_larger_than_the_mtu() {
-    let mut process = Process::spawn("ud_pingpong", &["--local".into(), SERVER_IP.into(), "--size".into(), "4097".into()]);
+    let mut process =
+        Process::spawn("ud_pingpong", &["--local".into(), SERVER_IP.into(), "--size".into(), "4097".into()]);
     let done = process.finish();
     assert!(!done.status.success(), "{done}");
     assert!(done.stderr.contains("Requested size larger than port MTU (4096)"), "{done}");

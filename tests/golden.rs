@@ -28,8 +28,7 @@ struct Expected {
     message_len: Option<usize>,
 }
 
-const SEND_AND_ACK: &[(Transport, Operation)] =
-    &[(Rc, SendFirst), (Rc, SendMiddle), (Rc, SendLast), (Rc, Acknowledge)];
+const SEND_AND_ACK: &[(Transport, Operation)] = &[(Rc, SendFirst), (Rc, SendMiddle), (Rc, SendLast), (Rc, Acknowledge)];
 
 const CAPTURES: [Expected; 9] = [
     Expected {
@@ -42,36 +41,13 @@ const CAPTURES: [Expected; 9] = [
     Expected {
         name: "rc_read_bw",
         packets: 30,
-        opcodes: &[
-            (Rc, ReadRequest),
-            (Rc, ReadResponseFirst),
-            (Rc, ReadResponseMiddle),
-            (Rc, ReadResponseLast),
-        ],
+        opcodes: &[(Rc, ReadRequest), (Rc, ReadResponseFirst), (Rc, ReadResponseMiddle), (Rc, ReadResponseLast)],
         mtu: 1024,
         message_len: Some(5000),
     },
-    Expected {
-        name: "rc_send_bw",
-        packets: 20,
-        opcodes: SEND_AND_ACK,
-        mtu: 1024,
-        message_len: Some(3000),
-    },
-    Expected {
-        name: "rc_send_mtu1024",
-        packets: 32,
-        opcodes: SEND_AND_ACK,
-        mtu: 1024,
-        message_len: Some(3000),
-    },
-    Expected {
-        name: "rc_send_mtu4096",
-        packets: 32,
-        opcodes: SEND_AND_ACK,
-        mtu: 4096,
-        message_len: Some(9000),
-    },
+    Expected { name: "rc_send_bw", packets: 20, opcodes: SEND_AND_ACK, mtu: 1024, message_len: Some(3000) },
+    Expected { name: "rc_send_mtu1024", packets: 32, opcodes: SEND_AND_ACK, mtu: 1024, message_len: Some(3000) },
+    Expected { name: "rc_send_mtu4096", packets: 32, opcodes: SEND_AND_ACK, mtu: 4096, message_len: Some(9000) },
     Expected {
         name: "rc_write_bw",
         packets: 30,
@@ -93,13 +69,7 @@ const CAPTURES: [Expected; 9] = [
         mtu: 1024,
         message_len: Some(2500),
     },
-    Expected {
-        name: "ud_send",
-        packets: 8,
-        opcodes: &[(Ud, SendOnly)],
-        mtu: 1024,
-        message_len: Some(512),
-    },
+    Expected { name: "ud_send", packets: 8, opcodes: &[(Ud, SendOnly)], mtu: 1024, message_len: Some(512) },
 ];
 
 /// The Q_Key `ibv_ud_pingpong` uses.
@@ -308,12 +278,7 @@ fn masked_fields_do_not_change_the_icrc() {
     // (what, byte offset from the IP header or the BTH, new value)
     let changes = |ip: &[u8]| {
         let bth = bth_at(ip);
-        [
-            ("TOS", 1, 0xb8),
-            ("TTL", 8, 1),
-            ("UDP checksum", bth - 2, 0x5a),
-            ("BTH byte 4", bth + 4, 0xff),
-        ]
+        [("TOS", 1, 0xb8), ("TTL", 8, 1), ("UDP checksum", bth - 2, 0x5a), ("BTH byte 4", bth + 4, 0xff)]
     };
     for_each_capture(|expected, ips, packets| {
         for (i, (ip, p)) in ips.iter().zip(packets).enumerate() {
@@ -339,11 +304,8 @@ fn masked_fields_do_not_change_the_icrc() {
 fn opcodes_are_those_of_the_workload() {
     for_each_capture(|expected, _, packets| {
         let seen: BTreeSet<u8> = packets.iter().map(|p| opcode(p).to_u8()).collect();
-        let want: BTreeSet<u8> = expected
-            .opcodes
-            .iter()
-            .map(|&(t, op)| Opcode::new(t, op).expect("valid opcode").to_u8())
-            .collect();
+        let want: BTreeSet<u8> =
+            expected.opcodes.iter().map(|&(t, op)| Opcode::new(t, op).expect("valid opcode").to_u8()).collect();
         assert_eq!(seen, want, "{}", expected.name);
     });
 }
@@ -453,8 +415,7 @@ fn request_psns_advance_by_one_per_packet() {
         let messages = messages(packets);
         let mut next: HashMap<Flow, Psn> = HashMap::new();
         let mut checked = 0;
-        for (i, p) in packets.iter().enumerate().filter(|(_, p)| opcode(p).operation().is_request())
-        {
+        for (i, p) in packets.iter().enumerate().filter(|(_, p)| opcode(p).operation().is_request()) {
             let (flow, psn) = (flow(p), p.roce.header.bth.psn);
             if let Some(want) = next.get(&flow) {
                 assert_eq!(psn, *want, "{} packet {i}", expected.name);
@@ -479,10 +440,8 @@ fn request_psns_advance_by_one_per_packet() {
 #[test]
 fn acks_name_an_ack_requested_psn() {
     for_each_capture(|expected, _, packets| {
-        let acked: Vec<&Packet<'_>> = packets
-            .iter()
-            .filter(|p| matches!(opcode(p).operation(), Acknowledge | AtomicAcknowledge))
-            .collect();
+        let acked: Vec<&Packet<'_>> =
+            packets.iter().filter(|p| matches!(opcode(p).operation(), Acknowledge | AtomicAcknowledge)).collect();
         for ack in acked {
             let request = packets.iter().find(|p| {
                 is_reverse(flow(ack), flow(p))
@@ -505,11 +464,8 @@ fn connected_qps_send_from_their_flow_label_port() {
     for_each_capture(|expected, _, packets| {
         for (i, p) in packets.iter().enumerate().filter(|(_, p)| opcode(p).transport() != Ud) {
             let dest = p.roce.header.bth.dest_qpn;
-            let local_qpns: BTreeSet<u32> = packets
-                .iter()
-                .filter(|q| is_reverse(flow(p), flow(q)))
-                .map(|q| q.roce.header.bth.dest_qpn)
-                .collect();
+            let local_qpns: BTreeSet<u32> =
+                packets.iter().filter(|q| is_reverse(flow(p), flow(q))).map(|q| q.roce.header.bth.dest_qpn).collect();
             let port = p.udp.source_port;
             assert!(
                 local_qpns.iter().any(|&local| rxe_source_port(local, dest) == port),

@@ -23,10 +23,12 @@ use hostile_support::*;
 use softroce::transport::memory::offset_in;
 use softroce::transport::*;
 use softroce::verbs::{ConnectOptions, ContextOptions, MemoryRegion, QpInit, QueuePair};
-use softroce::wire::{AtomicAckEthRepr, NakCode, Opcode, Operation as Op, Psn, RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT};
+use softroce::wire::{
+    AtomicAckEthRepr, NakCode, Opcode, Operation as Op, Psn, RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT,
+};
 use verbs_common::{
-    assert_holds_only, connect, contents, fill, free_port, next_async_event, nodes, options, wait_for, Node, ALL_ACCESS,
-    FILL, IP_A, QUIET, WAIT,
+    assert_holds_only, connect, contents, fill, free_port, next_async_event, nodes, options, wait_for, Node,
+    ALL_ACCESS, FILL, IP_A, QUIET, WAIT,
 };
 
 /// Duplicates in a flood.
@@ -69,8 +71,18 @@ impl Refusal {
 /// at `va` with `rkey`, each to be refused with `code`.
 fn every_remote_op(what: &str, va: u64, rkey: u32, code: NakCode) -> Vec<Refusal> {
     vec![
-        Refusal::new(format!("{what}: WRITE_ONLY"), rc(Op::WriteOnly, RQ_PSN).ack_req().reth(va, rkey, 16), pattern(16, 1), code),
-        Refusal::new(format!("{what}: WRITE_FIRST"), rc(Op::WriteFirst, RQ_PSN).reth(va, rkey, 4 * MTU as u32), pattern(MTU, 2), code),
+        Refusal::new(
+            format!("{what}: WRITE_ONLY"),
+            rc(Op::WriteOnly, RQ_PSN).ack_req().reth(va, rkey, 16),
+            pattern(16, 1),
+            code,
+        ),
+        Refusal::new(
+            format!("{what}: WRITE_FIRST"),
+            rc(Op::WriteFirst, RQ_PSN).reth(va, rkey, 4 * MTU as u32),
+            pattern(MTU, 2),
+            code,
+        ),
         Refusal::new(
             format!("{what}: WRITE_ONLY_IMM"),
             RoceRepr { imm: Some(7), ..rc(Op::WriteOnlyImm, RQ_PSN).ack_req().reth(va, rkey, 16) },
@@ -78,8 +90,18 @@ fn every_remote_op(what: &str, va: u64, rkey: u32, code: NakCode) -> Vec<Refusal
             code,
         ),
         Refusal::new(format!("{what}: READ"), rc(Op::ReadRequest, RQ_PSN).ack_req().reth(va, rkey, 16), vec![], code),
-        Refusal::new(format!("{what}: CMP_SWAP"), rc(Op::CompareSwap, RQ_PSN).ack_req().atomic_eth(va, rkey, 1, 0), vec![], code),
-        Refusal::new(format!("{what}: FETCH_ADD"), rc(Op::FetchAdd, RQ_PSN).ack_req().atomic_eth(va, rkey, 1, 0), vec![], code),
+        Refusal::new(
+            format!("{what}: CMP_SWAP"),
+            rc(Op::CompareSwap, RQ_PSN).ack_req().atomic_eth(va, rkey, 1, 0),
+            vec![],
+            code,
+        ),
+        Refusal::new(
+            format!("{what}: FETCH_ADD"),
+            rc(Op::FetchAdd, RQ_PSN).ack_req().atomic_eth(va, rkey, 1, 0),
+            vec![],
+            code,
+        ),
     ]
 }
 
@@ -101,7 +123,11 @@ fn assert_refusals(setup: fn(&mut Target), refusals: Vec<Refusal>) {
         assert_eq!(sent.len(), 1, "{what}: {sent:#?}");
         let nak = &sent[0];
         let expected = (Op::Acknowledge, RQ_PSN, Syndrome::Nak(r.code), 0, PEER, PEER_QPN);
-        assert_eq!((nak.op(), nak.psn(), nak.syndrome(), nak.msn(), nak.dest, nak.header.bth.dest_qpn), expected, "{what}");
+        assert_eq!(
+            (nak.op(), nak.psn(), nak.syndrome(), nak.msn(), nak.dest, nak.header.bth.dest_qpn),
+            expected,
+            "{what}"
+        );
         assert_eq!(t.qp.state(), QpState::Err, "{what}");
         let event = match r.code {
             NakCode::RemoteAccessError => AsyncEvent::QpAccessError { qpn: QPN },
@@ -175,13 +201,33 @@ fn ranges_wrapping_2_pow_64_are_remote_access_errors() {
     let code = NakCode::RemoteAccessError;
     let top = u64::MAX;
     let refusals = vec![
-        Refusal::new("WRITE_ONLY wrapping", rc(Op::WriteOnly, RQ_PSN).ack_req().reth(top - 3, LOW_KEY, 8), pattern(8, 1), code),
-        Refusal::new("WRITE_FIRST wrapping", rc(Op::WriteFirst, RQ_PSN).reth(top - 1023, LOW_KEY, 2048), pattern(MTU, 1), code),
+        Refusal::new(
+            "WRITE_ONLY wrapping",
+            rc(Op::WriteOnly, RQ_PSN).ack_req().reth(top - 3, LOW_KEY, 8),
+            pattern(8, 1),
+            code,
+        ),
+        Refusal::new(
+            "WRITE_FIRST wrapping",
+            rc(Op::WriteFirst, RQ_PSN).reth(top - 1023, LOW_KEY, 2048),
+            pattern(MTU, 1),
+            code,
+        ),
         Refusal::new("READ wrapping", rc(Op::ReadRequest, RQ_PSN).ack_req().reth(top - 3, LOW_KEY, 8), vec![], code),
-        Refusal::new("READ of 4 GiB from the top", rc(Op::ReadRequest, RQ_PSN).reth(top, LOW_KEY, u32::MAX), vec![], code),
+        Refusal::new(
+            "READ of 4 GiB from the top",
+            rc(Op::ReadRequest, RQ_PSN).reth(top, LOW_KEY, u32::MAX),
+            vec![],
+            code,
+        ),
         Refusal::new("CMP_SWAP wrapping", rc(Op::CompareSwap, RQ_PSN).atomic_eth(top - 7, LOW_KEY, 1, 0), vec![], code),
         Refusal::new("FETCH_ADD wrapping", rc(Op::FetchAdd, RQ_PSN).atomic_eth(top - 7, LOW_KEY, 1, 0), vec![], code),
-        Refusal::new("WRITE_ONLY wrapping the main region", rc(Op::WriteOnly, RQ_PSN).reth(top - 7, KEY, 16), pattern(16, 1), code),
+        Refusal::new(
+            "WRITE_ONLY wrapping the main region",
+            rc(Op::WriteOnly, RQ_PSN).reth(top - 7, KEY, 16),
+            pattern(16, 1),
+            code,
+        ),
     ];
     assert_refusals(low, refusals);
 }
@@ -201,11 +247,26 @@ fn ranges_past_the_region_and_reads_larger_than_it_are_remote_access_errors() {
         Refusal::new("READ of the region's length, one byte late", read(VA + 1, len), vec![], code),
         Refusal::new("READ straddling the end", read(end - 100, 200), vec![], code),
         Refusal::new("CMP_SWAP at the end", rc(Op::CompareSwap, RQ_PSN).atomic_eth(end, KEY, 1, 0), vec![], code),
-        Refusal::new("FETCH_ADD before the start", rc(Op::FetchAdd, RQ_PSN).atomic_eth(VA - 8, KEY, 1, 0), vec![], code),
+        Refusal::new(
+            "FETCH_ADD before the start",
+            rc(Op::FetchAdd, RQ_PSN).atomic_eth(VA - 8, KEY, 1, 0),
+            vec![],
+            code,
+        ),
         // The largest lengths a RETH can carry.
         Refusal::new("WRITE_ONLY of 2^31-1 bytes", write(VA, (1 << 31) - 1), pattern(16, 1), code),
-        Refusal::new("WRITE_FIRST of 2^31-1 bytes", rc(Op::WriteFirst, RQ_PSN).reth(VA, KEY, (1 << 31) - 1), pattern(MTU, 1), code),
-        Refusal::new("WRITE_FIRST of 2^32-1 bytes", rc(Op::WriteFirst, RQ_PSN).reth(VA, KEY, u32::MAX), pattern(MTU, 1), code),
+        Refusal::new(
+            "WRITE_FIRST of 2^31-1 bytes",
+            rc(Op::WriteFirst, RQ_PSN).reth(VA, KEY, (1 << 31) - 1),
+            pattern(MTU, 1),
+            code,
+        ),
+        Refusal::new(
+            "WRITE_FIRST of 2^32-1 bytes",
+            rc(Op::WriteFirst, RQ_PSN).reth(VA, KEY, u32::MAX),
+            pattern(MTU, 1),
+            code,
+        ),
         Refusal::new("READ of 2^31-1 bytes", read(VA, (1 << 31) - 1), vec![], code),
         Refusal::new("READ of 2^32-1 bytes", read(VA, u32::MAX), vec![], code),
     ];
@@ -330,7 +391,12 @@ fn payloads_longer_than_the_mtu_are_invalid_requests() {
     assert_refusals(
         |_| {},
         vec![
-            Refusal::new("SEND_ONLY", rc(Op::SendOnly, RQ_PSN).ack_req(), pattern(too_long, 1), NakCode::InvalidRequest),
+            Refusal::new(
+                "SEND_ONLY",
+                rc(Op::SendOnly, RQ_PSN).ack_req(),
+                pattern(too_long, 1),
+                NakCode::InvalidRequest,
+            ),
             Refusal::new(
                 "WRITE_ONLY",
                 rc(Op::WriteOnly, RQ_PSN).ack_req().reth(VA, KEY, too_long as u32),
@@ -393,13 +459,19 @@ impl Memory for Huge {
 #[test]
 fn a_maximum_length_read_streams_and_a_retry_cuts_it_short() {
     let mut qp = Qp::new(QPN, QpType::Rc, PD, QpCap::default(), None);
-    let at = QpAttr { dest: Some(PEER), dest_qpn: PEER_QPN, rq_psn: Psn::new(RQ_PSN), path_mtu: Mtu::Mtu4096, ..attr() };
+    let at =
+        QpAttr { dest: Some(PEER), dest_qpn: PEER_QPN, rq_psn: Psn::new(RQ_PSN), path_mtu: Mtu::Mtu4096, ..attr() };
     qp.connect(&at).unwrap();
     let mut mem = Huge;
     let mut buf = vec![0u8; 4096 + TRANSMIT_HEADROOM];
     let now = Duration::from_secs(1);
     let feed = |qp: &mut Qp, mem: &mut Huge, header: RoceRepr| {
-        qp.handle_packet(now, Incoming { src: PEER, src_port: ROCE_UDP_PORT, dst: LOCAL, header: &header, payload: &[] }, mem, None);
+        qp.handle_packet(
+            now,
+            Incoming { src: PEER, src_port: ROCE_UDP_PORT, dst: LOCAL, header: &header, payload: &[] },
+            mem,
+            None,
+        );
     };
     let mut next = |qp: &mut Qp, mem: &Huge| {
         let tx = qp.poll_transmit(now, mem, &mut buf)?;
@@ -421,7 +493,11 @@ fn a_maximum_length_read_streams_and_a_retry_cuts_it_short() {
     // The requester retries for the last response only: the replay replaces the stream.
     let last = packets - 1;
     let tail = len - last * 4096;
-    feed(&mut qp, &mut mem, rc(Op::ReadRequest, psn_plus(RQ_PSN, last.into())).reth(HUGE_VA + u64::from(last) * 4096, HUGE_KEY, tail));
+    feed(
+        &mut qp,
+        &mut mem,
+        rc(Op::ReadRequest, psn_plus(RQ_PSN, last.into())).reth(HUGE_VA + u64::from(last) * 4096, HUGE_KEY, tail),
+    );
     let (op, psn, payload) = next(&mut qp, &mem).unwrap();
     assert_eq!((op, psn, payload.len()), (Op::ReadResponseOnly, psn_plus(RQ_PSN, last.into()), tail as usize));
     assert!(payload.iter().enumerate().all(|(i, b)| *b == (last as usize * 4096 + i) as u8));
@@ -463,7 +539,8 @@ fn impossible_opcode_sequences_are_invalid_requests_that_change_nothing() {
         let prefix = &sequence[..sequence.len() - 1];
         let feed = |t: &mut Target, ops: &[Op]| {
             for (i, &op) in ops.iter().enumerate() {
-                let mut header = complete(Opcode::new(Transport::Rc, op).unwrap(), QPN, RQ_PSN + i as u32, 4 * MTU as u32);
+                let mut header =
+                    complete(Opcode::new(Transport::Rc, op).unwrap(), QPN, RQ_PSN + i as u32, 4 * MTU as u32);
                 header.bth.ack_req = false;
                 let len = if op.has_payload() { MTU } else { 0 };
                 t.feed(header, &pattern(len, i as u32));
@@ -504,7 +581,13 @@ fn responses_at_a_qp_that_asked_for_nothing_are_dropped() {
             (rc(Op::Acknowledge, psn).aeth(Syndrome::RnrNak { timer: 0 }, 0), 0),
             (rc(Op::Acknowledge, psn).aeth(Syndrome::Nak(NakCode::PsnSequenceError), 0), 0),
             (rc(Op::Acknowledge, psn).aeth(Syndrome::Nak(NakCode::RemoteAccessError), 0), 0),
-            (RoceRepr { atomic_ack_eth: Some(AtomicAckEthRepr { original: 7 }), ..rc(Op::AtomicAcknowledge, psn).aeth(ACK, 1) }, 0),
+            (
+                RoceRepr {
+                    atomic_ack_eth: Some(AtomicAckEthRepr { original: 7 }),
+                    ..rc(Op::AtomicAcknowledge, psn).aeth(ACK, 1)
+                },
+                0,
+            ),
         ];
         for (header, len) in responses {
             t.feed(header, &pattern(len, 3));
@@ -790,7 +873,8 @@ fn reads_beyond_max_dest_rd_atomic_lose_only_the_oldest_replays() {
     for i in 0..2020 {
         t.feed(read(i), &[]);
     }
-    let replayed: Vec<_> = (2020 - u32::from(MAX_DEST_RD_ATOMIC)..2020).map(|i| (Op::ReadResponseOnly, RQ_PSN + i)).collect();
+    let replayed: Vec<_> =
+        (2020 - u32::from(MAX_DEST_RD_ATOMIC)..2020).map(|i| (Op::ReadResponseOnly, RQ_PSN + i)).collect();
     assert_eq!(shape(&t.transmit()), replayed);
     assert_eq!(t.qp.state(), QpState::Rts);
     t.post_recv(1, 0, 64);
@@ -997,8 +1081,10 @@ impl Victim {
         self.send(rc(Op::SendOnly, psn).ack_req(), &[7; 16]);
         // Late answers to earlier packets may come first.
         let deadline = Instant::now() + WAIT;
-        let acked = std::iter::from_fn(|| self.peer.receive(deadline.saturating_duration_since(Instant::now())))
-            .any(|a| (a.op(), a.psn(), a.syndrome(), a.header.bth.dest_qpn) == (Op::Acknowledge, psn, ACK, self.peer_qpn()));
+        let acked =
+            std::iter::from_fn(|| self.peer.receive(deadline.saturating_duration_since(Instant::now()))).any(|a| {
+                (a.op(), a.psn(), a.syndrome(), a.header.bth.dest_qpn) == (Op::Acknowledge, psn, ACK, self.peer_qpn())
+            });
         assert!(acked, "no ACK for PSN {psn:#x}");
         // Receives posted before (or flushed by an earlier QP) come first.
         let wc = std::iter::repeat_with(|| verbs_common::next_wc(&self.node.cq))
@@ -1106,7 +1192,8 @@ fn packets_for_unknown_or_destroyed_qps_are_counted_and_dropped() {
     for qpn in qpns {
         for op in ops {
             let header = complete(Opcode::new(Transport::Rc, op).unwrap(), qpn, FAKE_PSN, 16);
-            let header = RoceRepr { reth: header.reth.map(|r| RethRepr { va: v.mr.addr(), rkey: v.mr.rkey(), ..r }), ..header };
+            let header =
+                RoceRepr { reth: header.reth.map(|r| RethRepr { va: v.mr.addr(), rkey: v.mr.rkey(), ..r }), ..header };
             v.peer.send(IP_A, &header, if op.has_payload() { &[0xee; 16] } else { &[] });
         }
     }
@@ -1185,7 +1272,8 @@ fn malformed_datagrams_are_counted_and_dropped() {
     bad_pad.truncate(12 + 4);
     let mut reserved_syndrome = rc(Op::Acknowledge, FAKE_PSN).aeth(ACK, 0).qpn(v.qp.qpn()).emit_vec();
     reserved_syndrome[12] = 0x40;
-    let mut read_with_payload = rc(Op::ReadRequest, FAKE_PSN).reth(v.mr.addr(), v.mr.rkey(), 16).qpn(v.qp.qpn()).emit_vec();
+    let mut read_with_payload =
+        rc(Op::ReadRequest, FAKE_PSN).reth(v.mr.addr(), v.mr.rkey(), 16).qpn(v.qp.qpn()).emit_vec();
     read_with_payload.splice(12 + 16..12 + 16, [1, 2, 3, 4]);
     let mut every_truncation: Vec<Vec<u8>> = Opcode::all()
         .flat_map(|opcode| {
@@ -1203,7 +1291,9 @@ fn malformed_datagrams_are_counted_and_dropped() {
     }
     let total = link_malformed + icrc_errors + engine_malformed;
     wait_for("every datagram to be counted", || v.node.ctx.counters().link.received == before.link.received + total);
-    wait_for("the engine to count its share", || v.node.ctx.counters().malformed == before.malformed + engine_malformed);
+    wait_for("the engine to count its share", || {
+        v.node.ctx.counters().malformed == before.malformed + engine_malformed
+    });
     let after = v.node.ctx.counters();
     assert_eq!(after.link.malformed - before.link.malformed, link_malformed);
     assert_eq!(after.link.icrc_errors - before.link.icrc_errors, icrc_errors);
@@ -1321,14 +1411,21 @@ fn remote_invalidation_of_a_plain_mr_is_refused() {
     v.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![v.mr.sge(0, 4096)] }).unwrap();
     v.send(rc(Op::SendOnlyInv, FAKE_PSN).ack_req().ieth(v.mr.rkey()), &[1; 16]);
     let nak = v.peer.receive(WAIT).expect("a NAK");
-    assert_eq!((nak.op(), nak.psn(), nak.syndrome()), (Op::Acknowledge, FAKE_PSN, Syndrome::Nak(NakCode::InvalidRequest)));
+    assert_eq!(
+        (nak.op(), nak.psn(), nak.syndrome()),
+        (Op::Acknowledge, FAKE_PSN, Syndrome::Nak(NakCode::InvalidRequest))
+    );
     let wc = verbs_common::next_wc(&v.node.cq);
     assert_eq!((wc.wr_id, wc.status, wc.invalidated_rkey), (1, WcStatus::LocProtErr, None));
     wait_for("ERR", || v.qp.state() == QpState::Err);
     // The region is still registered: another QP may write it.
     let qp = v.node.qp(QpType::Rc);
     qp.connect(&v.peer.endpoint(FAKE_QPN + 1, FAKE_PSN), &options(Mtu::Mtu1024)).unwrap();
-    v.peer.send(IP_A, &rc(Op::WriteOnly, FAKE_PSN).ack_req().reth(v.mr.addr() + 8192, v.mr.rkey(), 4).qpn(qp.qpn()), &[9; 4]);
+    v.peer.send(
+        IP_A,
+        &rc(Op::WriteOnly, FAKE_PSN).ack_req().reth(v.mr.addr() + 8192, v.mr.rkey(), 4).qpn(qp.qpn()),
+        &[9; 4],
+    );
     let ack = v.peer.receive(WAIT).expect("an ACK");
     assert_eq!((ack.psn(), ack.syndrome()), (FAKE_PSN, ACK));
     let mut written = [0u8; 4];
@@ -1343,7 +1440,12 @@ fn a_flood_of_duplicates_at_a_real_context_leaves_the_qp_working() {
     v.send(rc(Op::SendOnly, FAKE_PSN).ack_req(), &[1; 64]);
     v.send(rc(Op::ReadRequest, FAKE_PSN + 1).ack_req().reth(v.mr.addr() + 4096, v.mr.rkey(), 3000), &[]);
     let first: Vec<Sent> = (0..4).map(|_| v.peer.receive(WAIT).expect("an answer")).collect();
-    let expected = vec![(Op::Acknowledge, FAKE_PSN), (Op::ReadResponseFirst, FAKE_PSN + 1), (Op::ReadResponseMiddle, FAKE_PSN + 2), (Op::ReadResponseLast, FAKE_PSN + 3)];
+    let expected = vec![
+        (Op::Acknowledge, FAKE_PSN),
+        (Op::ReadResponseFirst, FAKE_PSN + 1),
+        (Op::ReadResponseMiddle, FAKE_PSN + 2),
+        (Op::ReadResponseLast, FAKE_PSN + 3),
+    ];
     assert_eq!(shape(&first), expected);
     let before = v.node.ctx.counters();
     for i in 0..FLOOD {
@@ -1414,7 +1516,10 @@ fn a_destroyed_qp_completes_nothing_after_destroy_returns() {
             qp_b.post_recv(RecvWr { wr_id, sg_list: vec![mr_b.sge(0, 1024)] }).unwrap();
         }
         for wr_id in 0..128 {
-            let wr = SendWr { flags: SendFlags { signaled: true, ..SendFlags::default() }, ..SendWr::new(wr_id, SendOp::Send) };
+            let wr = SendWr {
+                flags: SendFlags { signaled: true, ..SendFlags::default() },
+                ..SendWr::new(wr_id, SendOp::Send)
+            };
             qp_a.post_send(wr.with_sge(mr_a.sge(0, 1024))).unwrap();
         }
         // Destroy each side in the middle of the traffic.

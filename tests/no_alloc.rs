@@ -97,10 +97,12 @@ fn the_data_path_allocates_per_work_request_not_per_packet() {
     let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu4096));
     // Each SEND message posts a receive too.
     type Round = (&'static str, fn(&Pair), u64);
-    let rounds: [Round; 3] = [("WRITE", write_round, MESSAGES), ("READ", read_round, MESSAGES), ("SEND", send_round, 2 * MESSAGES)];
+    let rounds: [Round; 3] =
+        [("WRITE", write_round, MESSAGES), ("READ", read_round, MESSAGES), ("SEND", send_round, 2 * MESSAGES)];
     for (name, round, work_requests) in rounds {
         let (allocations, packets) = count(&pair, round);
-        let report = format!("{name}: {allocations} allocations for {work_requests} work requests and {packets} packets");
+        let report =
+            format!("{name}: {allocations} allocations for {work_requests} work requests and {packets} packets");
         eprintln!("{report}");
         assert!(packets >= MESSAGES * 64, "{report}");
         assert!(allocations <= work_requests + SLACK, "{report}");

@@ -26,7 +26,6 @@ fn lossy_pair() -> Pair {
     Pair::new((a, b), QpType::Rc, &quick, &quick)
 }
 
-
 #[test]
 fn a_timer_armed_by_a_posting_thread_fires_on_the_engine_thread() {
     let p = lossy_pair();

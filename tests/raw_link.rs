@@ -195,7 +195,10 @@ fn a_flipped_bit_or_a_changed_id_is_an_icrc_error() {
 
     let got = collect(&mut rx, WINDOW);
     assert_eq!(got.len(), 2, "{got:?}");
-    assert_eq!(got[0], (Received { src: a, src_port: udp.source_port, dst: b, len: good.len() - 28 }, good[28..].to_vec()));
+    assert_eq!(
+        got[0],
+        (Received { src: a, src_port: udp.source_port, dst: b, len: good.len() - 28 }, good[28..].to_vec())
+    );
     let odd_udp = UdpHeader { source_port: 0xc0de, ..udp };
     let odd_packet = encapsulate(&IpHeader::V4(odd), &odd_udp, &odd_roce).unwrap();
     assert_eq!(got[1], (Received { src: a, src_port: 0xc0de, dst: b, len: odd_roce.len() }, odd_packet[28..].to_vec()));

@@ -89,7 +89,8 @@ struct Pair {
 
 impl Pair {
     fn new(a: &Node, b: &Node, rng: &mut Rng) -> Pair {
-        let (cq_a, cq_b) = (a.ctx.create_cq(64, Some(&a.channel)).unwrap(), b.ctx.create_cq(64, Some(&b.channel)).unwrap());
+        let (cq_a, cq_b) =
+            (a.ctx.create_cq(64, Some(&a.channel)).unwrap(), b.ctx.create_cq(64, Some(&b.channel)).unwrap());
         let qp_a = a.pd.create_qp(&QpInit { send_cq: &cq_a, recv_cq: &cq_a, ..a.init(QpType::Rc) }).unwrap();
         let qp_b = b.pd.create_qp(&QpInit { send_cq: &cq_b, recv_cq: &cq_b, ..b.init(QpType::Rc) }).unwrap();
         let options = pair_options(random_mtu(rng));
@@ -112,9 +113,12 @@ impl Pair {
         let (remote, rkey) = (self.mr_b.addr(), self.mr_b.rkey());
         let wrs = [
             signaled(1, SendOp::Send).with_sge(self.mr_a.sge(SEND_AT, send.len())),
-            signaled(2, SendOp::RdmaWrite { remote_addr: remote + WRITE_AT as u64, rkey }).with_sge(self.mr_a.sge(WRITE_AT, write.len())),
-            signaled(3, SendOp::RdmaRead { remote_addr: remote + WRITE_AT as u64, rkey }).with_sge(self.mr_a.sge(READ_AT, write.len())),
-            signaled(4, SendOp::FetchAdd { remote_addr: remote + ATOMIC_AT as u64, rkey, add: 1 }).with_sge(self.mr_a.sge(ATOMIC_AT, 8)),
+            signaled(2, SendOp::RdmaWrite { remote_addr: remote + WRITE_AT as u64, rkey })
+                .with_sge(self.mr_a.sge(WRITE_AT, write.len())),
+            signaled(3, SendOp::RdmaRead { remote_addr: remote + WRITE_AT as u64, rkey })
+                .with_sge(self.mr_a.sge(READ_AT, write.len())),
+            signaled(4, SendOp::FetchAdd { remote_addr: remote + ATOMIC_AT as u64, rkey, add: 1 })
+                .with_sge(self.mr_a.sge(ATOMIC_AT, 8)),
         ];
         for wr in wrs {
             self.qp_a.post_send(wr).unwrap();
@@ -126,11 +130,15 @@ impl Pair {
     fn finish(&mut self, work: Work) {
         let summary = |wc: WorkCompletion| (wc.wr_id, wc.status, wc.opcode);
         let sends: Vec<_> = (0..4).map(|_| summary(self.cq_a.wait_one(WAIT).expect("a send completion"))).collect();
-        let expected = [(1, WcOpcode::Send), (2, WcOpcode::RdmaWrite), (3, WcOpcode::RdmaRead), (4, WcOpcode::FetchAdd)]
-            .map(|(wr_id, opcode)| (wr_id, WcStatus::Success, opcode));
+        let expected =
+            [(1, WcOpcode::Send), (2, WcOpcode::RdmaWrite), (3, WcOpcode::RdmaRead), (4, WcOpcode::FetchAdd)]
+                .map(|(wr_id, opcode)| (wr_id, WcStatus::Success, opcode));
         assert_eq!(sends, expected, "QP {:#x}, round {}", self.qp_a.qpn(), self.rounds);
         let recv = self.cq_b.wait_one(WAIT).expect("a receive completion");
-        assert_eq!((recv.wr_id, recv.status, recv.byte_len as usize), (self.rounds, WcStatus::Success, work.send.len()));
+        assert_eq!(
+            (recv.wr_id, recv.status, recv.byte_len as usize),
+            (self.rounds, WcStatus::Success, work.send.len())
+        );
         let bytes = |mr: &MemoryRegion, at, len| {
             let mut out = vec![0u8; len];
             mr.read(at, &mut out).unwrap();
@@ -229,7 +237,8 @@ fn churn_soak() {
         let k = (k + 1) % PAIRS;
         let extra = b.mr(4096);
         let (remote, rkey) = (extra.addr(), extra.rkey());
-        let write = |wr_id| signaled(wr_id, SendOp::RdmaWrite { remote_addr: remote, rkey }).with_sge(pairs[k].mr_a.sge(0, 64));
+        let write =
+            |wr_id| signaled(wr_id, SendOp::RdmaWrite { remote_addr: remote, rkey }).with_sge(pairs[k].mr_a.sge(0, 64));
         pairs[k].qp_a.post_send(write(10)).unwrap();
         let wc = pairs[k].cq_a.wait_one(WAIT).expect("the WRITE's completion");
         assert_eq!((wc.wr_id, wc.status), (10, WcStatus::Success));
@@ -297,7 +306,16 @@ fn churn_a_context(a: &Node, options: ContextOptions, rng: &mut Rng, graves: &mu
     let c = Context::open(&device, options).unwrap();
     let pd = c.alloc_pd().unwrap();
     let cq = c.create_cq(64, None).unwrap();
-    let qp_c = pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap: Default::default(), sq_sig_all: true }).unwrap();
+    let qp_c = pd
+        .create_qp(&QpInit {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: Default::default(),
+            sq_sig_all: true,
+        })
+        .unwrap();
     let mr_c = pd.alloc_mr(1 << 20, ALL_ACCESS).unwrap();
     let qp_a = a.qp(QpType::Rc);
     let mr_a = a.mr(1 << 20);
@@ -309,7 +327,10 @@ fn churn_a_context(a: &Node, options: ContextOptions, rng: &mut Rng, graves: &mu
     let data = pattern(4096, rng.next_u32());
     mr_c.write(0, &data).unwrap();
     qp_a.post_recv(RecvWr { wr_id: 1, sg_list: vec![mr_a.sge(8192, 4096)] }).unwrap();
-    qp_c.post_send(SendWr::new(1, SendOp::RdmaWrite { remote_addr: mr_a.addr(), rkey: mr_a.rkey() }).with_sge(mr_c.sge(0, 4096))).unwrap();
+    qp_c.post_send(
+        SendWr::new(1, SendOp::RdmaWrite { remote_addr: mr_a.addr(), rkey: mr_a.rkey() }).with_sge(mr_c.sge(0, 4096)),
+    )
+    .unwrap();
     qp_c.post_send(SendWr::new(2, SendOp::Send).with_sge(mr_c.sge(0, 4096))).unwrap();
     for wr_id in 1..=2 {
         let wc = cq.wait_one(WAIT).expect("a completion at C");
@@ -324,8 +345,13 @@ fn churn_a_context(a: &Node, options: ContextOptions, rng: &mut Rng, graves: &mu
     assert!(got == data, "SEND from C");
 
     // C dies in the middle of a 1 MiB WRITE to A; then A READs from it.
-    qp_c.post_send(SendWr::new(3, SendOp::RdmaWrite { remote_addr: mr_a.addr(), rkey: mr_a.rkey() }).with_sge(mr_c.sge(0, 1 << 20))).unwrap();
-    let read = signaled(7, SendOp::RdmaRead { remote_addr: mr_c.addr(), rkey: mr_c.rkey() }).with_sge(mr_a.sge(0, 1 << 20));
+    qp_c.post_send(
+        SendWr::new(3, SendOp::RdmaWrite { remote_addr: mr_a.addr(), rkey: mr_a.rkey() })
+            .with_sge(mr_c.sge(0, 1 << 20)),
+    )
+    .unwrap();
+    let read =
+        signaled(7, SendOp::RdmaRead { remote_addr: mr_c.addr(), rkey: mr_c.rkey() }).with_sge(mr_a.sge(0, 1 << 20));
     drop((qp_c, mr_c, cq, pd, c));
     qp_a.post_send(read).unwrap();
     let wc = a.cq.wait_one(WAIT).expect("the READ's failure");
@@ -350,7 +376,8 @@ fn probe_qpns(node: &Node, port: u16, qpns: &[u32]) {
     let sent = 3 * qpns.len() as u64;
     let deadline = Instant::now() + WAIT;
     // The link's counts are published after each round, the QP lookups' at once.
-    let counted = |c: DeviceCounters| c.unknown_qp - before.unknown_qp >= sent && c.link.received - before.link.received >= sent;
+    let counted =
+        |c: DeviceCounters| c.unknown_qp - before.unknown_qp >= sent && c.link.received - before.link.received >= sent;
     while !counted(node.ctx.counters()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }

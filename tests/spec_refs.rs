@@ -62,13 +62,63 @@ fn every_named_test_exists() {
     assert!(missing.is_empty(), "rxe-spec names tests that do not exist:\n{}", missing.join("\n"));
 }
 
+/// The numbered statements of a page (`**X-1. Title.**` to the next one or
+/// the next heading), as (number, text).
+fn statements(page: &str) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    for line in page.lines() {
+        let number = line.strip_prefix("**").and_then(|rest| rest.split_once(". ")).map(|(n, _)| n);
+        match number {
+            Some(n) if n.contains('-') && !n.contains(' ') => found.push((n.to_string(), String::new())),
+            _ if line.starts_with('#') => found.push((String::new(), String::new())),
+            _ => {}
+        }
+        if let Some((_, text)) = found.last_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    found.retain(|(number, _)| !number.is_empty());
+    found
+}
+
+/// A statement either names the tests that check it or says it is an
+/// observation (a measured fact about other systems, with nothing of ours to
+/// test): "Test: none (observation)".
+#[test]
+fn every_statement_names_a_test_or_is_an_observation() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut untested = Vec::new();
+    let mut seen = 0;
+    for entry in fs::read_dir(root.join("rxe-spec")).unwrap() {
+        let page_path = entry.unwrap().path();
+        if page_path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let page = fs::read_to_string(&page_path).unwrap();
+        for (number, text) in statements(&page) {
+            seen += 1;
+            let observation = text.contains("Test: none (observation)");
+            if !observation && references(&text).is_empty() {
+                untested.push(format!("{}: {number}", page_path.display()));
+            }
+        }
+    }
+    assert!(seen >= 100, "only {seen} statements found in rxe-spec");
+    assert!(untested.is_empty(), "statements with no test and not marked observations:\n{}", untested.join("\n"));
+}
+
+#[test]
+fn statements_run_to_the_next_statement_or_heading() {
+    let page = "# A\n**W-1. X.** one\nTest: `a.rs::t`\n\n**W-2. Y.** two\n## B\nprose\n**W-2a. Z.** three\n";
+    let numbers: Vec<_> = statements(page).into_iter().map(|(n, t)| (n, t.lines().count())).collect();
+    assert_eq!(numbers, vec![("W-1".into(), 3), ("W-2".into(), 1), ("W-2a".into(), 1)]);
+}
+
 #[test]
 fn references_are_found_in_test_lines_only() {
     let page = "**W-1. X.** text `a.rs::not_a_test`\nTest: `src/x.rs::one`,\n`tests/y.rs::two`\n\nplain `z.rs::no`";
-    assert_eq!(
-        references(page),
-        vec![("src/x.rs".into(), "one".into()), ("tests/y.rs".into(), "two".into())]
-    );
+    assert_eq!(references(page), vec![("src/x.rs".into(), "one".into()), ("tests/y.rs".into(), "two".into())]);
     let page = "**I-1. Y.** text\nTest: `tools/interop/suite::RC 1 B, MTU 1024`, `README.md::no`";
     assert_eq!(references(page), vec![("tools/interop/suite".into(), "RC 1 B, MTU 1024".into())]);
 }

@@ -22,8 +22,7 @@ mod support {
 
     use softroce::transport::*;
     use softroce::wire::{
-        AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation,
-        Psn, RethRepr, RoceRepr, Syndrome, Transport,
+        AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Psn, RethRepr, RoceRepr, Syndrome, Transport,
     };
 
     /// The QP under test lives at LOCAL; its peer at REMOTE.
@@ -168,10 +167,7 @@ mod support {
             let mut qp = Qp::new(QPN, qp_type, PD, cap, None);
             bring_up(&mut qp, attr, sq_psn, rq_psn);
             let mut mem = MemoryTable::new();
-            let access = Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC;
+            let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
             mem.register(KEY, Region { pd: PD, addr: VA, access, data: vec![0; REGION_LEN] });
             Node { qp, mem, now: Duration::from_secs(1), buf: vec![0; 4096 + 64] }
         }
@@ -664,6 +660,26 @@ fn invalid_request_misaligned_atomic() {
     node.feed(rc(Operation::FetchAdd, RQ_PSN).ack_req().atomic_eth(VA + 4, KEY, 1, 0), &[]);
     assert_invalid_request(&mut node, RQ_PSN);
     assert_eq!(node.bytes(0, 16), vec![0; 16]);
+}
+
+#[test]
+fn responder_checks_psn_then_sequence_then_access_then_rkey() {
+    // A PSN gap is NAKed as such even when the R_Key is bad too.
+    let mut node = responder_with_receives(attr());
+    node.feed(rc(Operation::WriteOnly, RQ_PSN + 3).ack_req().reth(VA, KEY + 7, 16), &[0xab; 16]);
+    assert_one_ack(&node.transmit(), RQ_PSN, Syndrome::Nak(NakCode::PsnSequenceError), 0);
+    assert_eq!(node.qp.state(), QpState::Rts);
+
+    // A MIDDLE with no FIRST is an invalid request before its R_Key matters.
+    node.feed(rc(Operation::WriteMiddle, RQ_PSN).ack_req(), &pattern(MTU, 1));
+    assert_invalid_request(&mut node, RQ_PSN);
+
+    // The QP's access flags are checked before the R_Key: a READ on a QP
+    // without REMOTE_READ is an invalid request, not a remote access error.
+    let mut node = responder_with_receives(QpAttr { access_flags: Access::REMOTE_WRITE, ..attr() });
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY + 7, 64), &[]);
+    assert_invalid_request(&mut node, RQ_PSN);
+    assert_eq!(node.bytes(0, 64), vec![0; 64]);
 }
 
 fn assert_remote_access_error(node: &mut Node, psn: u32) {
@@ -1752,7 +1768,11 @@ fn moving_to_err_from_any_state_flushes_everything() {
     node.qp.modify(&to_err, AttrMask::STATE).unwrap();
     assert_eq!(
         summary(&node.completions()),
-        vec![flushed(1, WcOpcode::Send), flushed(2, WcOpcode::RdmaRead), (CqKind::Recv, 3, WcStatus::WrFlushErr, WcOpcode::Recv)]
+        vec![
+            flushed(1, WcOpcode::Send),
+            flushed(2, WcOpcode::RdmaRead),
+            (CqKind::Recv, 3, WcStatus::WrFlushErr, WcOpcode::Recv)
+        ]
     );
     assert_eq!(node.qp.poll_timeout(), None);
     assert!(node.transmit().is_empty());

@@ -129,7 +129,8 @@ fn ids_of_icrcs(lens: &[usize], prepare: impl FnOnce(&UdpLink)) -> (UdpLink, Vec
     for _ in lens {
         let (n, from) = receiver.recv_from(&mut buf).expect("a datagram was lost");
         assert_eq!(from, std::net::SocketAddr::new(A, port));
-        let udp = etherparse::UdpHeader { source_port: port, destination_port: port, length: (8 + n) as u16, checksum: 0 };
+        let udp =
+            etherparse::UdpHeader { source_port: port, destination_port: port, length: (8 + n) as u16, checksum: 0 };
         let (IpAddr::V4(a), IpAddr::V4(b)) = (A, B) else { unreachable!() };
         ids.push(softroce::wire::icrc::verify_ipv4_unknown_id(a, b, &udp.to_bytes(), &buf[..n]).unwrap());
     }
@@ -164,9 +165,8 @@ fn a_link_whose_socket_refuses_gso_sends_single_datagrams_with_id_zero() {
         let fd = link.raw_fds()[0];
         let on: libc::c_int = 1;
         // SAFETY: a valid socket fd and a pointer to a c_int of the given size.
-        let rc = unsafe {
-            libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, (&on as *const libc::c_int).cast(), 4)
-        };
+        let rc =
+            unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, (&on as *const libc::c_int).cast(), 4) };
         assert_eq!(rc, 0);
     });
     assert_eq!(ids, vec![Some(0); lens.len()]);
@@ -219,7 +219,11 @@ fn impossible_packets_are_refused() {
     for (dst, len) in [(B, 15), (B, 65_508), (v6, 100)] {
         let mut roce = vec![0u8; len];
         let out = softroce::net::Outgoing { src: A, dst, src_port: 0, roce: &mut roce };
-        assert_eq!(link.transmit(Duration::ZERO, out).unwrap_err().kind(), std::io::ErrorKind::InvalidInput, "{dst} {len}");
+        assert_eq!(
+            link.transmit(Duration::ZERO, out).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidInput,
+            "{dst} {len}"
+        );
     }
     link.flush();
     assert_eq!(link.stats().sent, 0);
@@ -258,7 +262,8 @@ fn packets_built_in_the_send_buffer_join_the_trains() {
     for i in 0..6 {
         let n = receiver.recv(&mut buf).expect("a packet was lost");
         assert_eq!(&buf[..n - 4], &packet(i)[..996]);
-        let udp = etherparse::UdpHeader { source_port: port, destination_port: port, length: (8 + n) as u16, checksum: 0 };
+        let udp =
+            etherparse::UdpHeader { source_port: port, destination_port: port, length: (8 + n) as u16, checksum: 0 };
         let id = softroce::wire::icrc::verify_ipv4_unknown_id(a, b, &udp.to_bytes(), &buf[..n]).unwrap();
         assert_eq!(id, Some(i as u16));
     }

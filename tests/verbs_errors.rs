@@ -7,8 +7,8 @@ mod verbs_common;
 use std::time::{Duration, Instant};
 
 use softroce::transport::{
-    Access, AsyncEvent, AttrMask, ModifyError, Mtu, PostRecvError, PostSendError, QpAttr, QpCap, QpState,
-    QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, AsyncEvent, AttrMask, ModifyError, Mtu, PostRecvError, PostSendError, QpAttr, QpCap, QpState, QpType,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{ConnectOptions, Error, MemoryRegion, QpInit, QueuePair};
 use verbs_common::*;
@@ -452,11 +452,22 @@ fn malformed_requests_are_refused_at_post_time() {
 #[test]
 fn queue_pair_capacities_beyond_the_device_limits_are_refused() {
     let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-    let options = softroce::verbs::ContextOptions { port: free_port(&[ip]), busy_poll: false, ..softroce::verbs::ContextOptions::default() };
+    let options = softroce::verbs::ContextOptions {
+        port: free_port(&[ip]),
+        busy_poll: false,
+        ..softroce::verbs::ContextOptions::default()
+    };
     let node = Node::open("limits", ip, options);
     let limits = node.ctx.device().query_device();
     let too_many = QpCap { max_send_wr: limits.max_qp_wr + 1, ..QpCap::default() };
-    let init = QpInit { qp_type: QpType::Rc, send_cq: &node.cq, recv_cq: &node.cq, srq: None, cap: too_many, sq_sig_all: false };
+    let init = QpInit {
+        qp_type: QpType::Rc,
+        send_cq: &node.cq,
+        recv_cq: &node.cq,
+        srq: None,
+        cap: too_many,
+        sq_sig_all: false,
+    };
     match node.pd.create_qp(&init) {
         Err(Error::Limit { what: "max_send_wr", max }) => assert_eq!(max, u64::from(limits.max_qp_wr)),
         other => panic!("expected a max_send_wr limit error, got {other:?}"),

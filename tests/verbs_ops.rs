@@ -524,7 +524,11 @@ fn busy_poll_contexts_move_data() {
 #[test]
 fn ipv6_loopback_between_two_qps_of_one_device() {
     let ip = IpAddr::V6(Ipv6Addr::LOCALHOST);
-    let node = Node::open("node_v6", ip, ContextOptions { port: free_port(&[ip]), busy_poll: false, ..ContextOptions::default() });
+    let node = Node::open(
+        "node_v6",
+        ip,
+        ContextOptions { port: free_port(&[ip]), busy_poll: false, ..ContextOptions::default() },
+    );
     let cq_2 = node.ctx.create_cq(64, None).unwrap();
     let second = |qp_type| node.pd.create_qp(&QpInit { send_cq: &cq_2, recv_cq: &cq_2, ..node.init(qp_type) }).unwrap();
     let (mr_1, mr_2) = (node.mr(MR_LEN), node.mr(MR_LEN));
@@ -570,7 +574,13 @@ fn a_qp_destroyed_right_after_its_last_receive_still_acknowledges_it() {
         drop(qp_b);
         assert_eq!(received.status, WcStatus::Success, "round {round}");
         let wc = next_wc(&a.cq);
-        assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success), "round {round}: {wc:?} {:?} {:?}", a.ctx.counters(), b.ctx.counters());
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (2, WcStatus::Success),
+            "round {round}: {wc:?} {:?} {:?}",
+            a.ctx.counters(),
+            b.ctx.counters()
+        );
         drop((a, qp_a, mr_a, mr_b));
     }
 }

@@ -9,7 +9,11 @@ use softroce::verbs::*;
 #[test]
 fn rc_verbs_over_loopback() {
     let (ip_a, ip_b) = (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
-    let options = ContextOptions { port: softroce::net::udp::free_port(&[ip_a, ip_b]).unwrap(), busy_poll: false, ..ContextOptions::default() };
+    let options = ContextOptions {
+        port: softroce::net::udp::free_port(&[ip_a, ip_b]).unwrap(),
+        busy_poll: false,
+        ..ContextOptions::default()
+    };
     let dev_a = Device::custom("test_a", vec![ip_a], [2, 0, 0, 0, 0, 1], 65536);
     let dev_b = Device::custom("test_b", vec![ip_b], [2, 0, 0, 0, 0, 2], 65536);
     let (ctx_a, ctx_b) = (Context::open(&dev_a, options).unwrap(), Context::open(&dev_b, options).unwrap());
@@ -17,7 +21,14 @@ fn rc_verbs_over_loopback() {
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let (mr_a, mr_b) = (pd_a.alloc_mr(1 << 20, access).unwrap(), pd_b.alloc_mr(1 << 20, access).unwrap());
     let (cq_a, cq_b) = (ctx_a.create_cq(64, None).unwrap(), ctx_b.create_cq(64, None).unwrap());
-    let init = |cq| QpInit { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
+    let init = |cq| QpInit {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    };
     let qp_a = pd_a.create_qp(&init(&cq_a)).unwrap();
     let qp_b = pd_b.create_qp(&init(&cq_b)).unwrap();
     let (ep_a, ep_b) = (qp_a.endpoint(1).unwrap(), qp_b.endpoint(1).unwrap());
@@ -44,9 +55,15 @@ fn rc_verbs_over_loopback() {
         got.push(wc);
     }
     let ids: Vec<(u64, WcStatus)> = got.iter().map(|wc| (wc.wr_id, wc.status)).collect();
-    assert_eq!(ids, vec![(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success), (4, WcStatus::Success)]);
+    assert_eq!(
+        ids,
+        vec![(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success), (4, WcStatus::Success)]
+    );
     let recv = cq_b.wait_one(Duration::from_secs(10)).expect("receive completion");
-    assert_eq!((recv.wr_id, recv.opcode, recv.byte_len, recv.imm), (77, WcOpcode::Recv, msg.len() as u32, Some(0xabcd)));
+    assert_eq!(
+        (recv.wr_id, recv.opcode, recv.byte_len, recv.imm),
+        (77, WcOpcode::Recv, msg.len() as u32, Some(0xabcd))
+    );
 
     let mut buf = vec![0u8; msg.len()];
     mr_b.read(0, &mut buf).unwrap();

@@ -7,9 +7,7 @@ mod common;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use etherparse::{
-    IpDscp, IpEcn, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel, Ipv6Header, UdpHeader,
-};
+use etherparse::{IpDscp, IpEcn, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel, Ipv6Header, UdpHeader};
 use pcap_file::DataLink;
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -19,9 +17,9 @@ use softroce::capture::{self, Frame, IpPcapWriter};
 use softroce::wire::packet::build;
 use softroce::wire::roce::pad_for;
 use softroce::wire::{
-    icrc, Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Bth, BthRepr,
-    Deth, DethRepr, Error, Feth, FethRepr, Headers, IpHeader, NakCode, Opcode, Operation, Packet,
-    Psn, Reth, RethRepr, RoceRepr, Syndrome, ROCE_UDP_PORT,
+    icrc, Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Bth, BthRepr, Deth, DethRepr,
+    Error, Feth, FethRepr, Headers, IpHeader, NakCode, Opcode, Operation, Packet, Psn, Reth, RethRepr, RoceRepr,
+    Syndrome, ROCE_UDP_PORT,
 };
 
 /// Largest payload generated: above one 1024-byte MTU, so every pad and
@@ -105,8 +103,7 @@ fn deth() -> impl Strategy<Value = DethRepr> {
 }
 
 fn feth() -> impl Strategy<Value = FethRepr> {
-    (0..=3u8, 0..=0xfu8)
-        .prop_map(|(selectivity, placement_type)| FethRepr { selectivity, placement_type })
+    (0..=3u8, 0..=0xfu8).prop_map(|(selectivity, placement_type)| FethRepr { selectivity, placement_type })
 }
 
 /// A payload the opcode allows: none, exactly eight bytes (ATOMIC_WRITE), or
@@ -146,8 +143,7 @@ fn roce_for(opcode: Opcode) -> impl Strategy<Value = (RoceRepr, Vec<u8>)> {
 /// IPv4 headers with any addresses, ID, DF, TTL, DSCP/ECN, and sometimes
 /// options (up to the 40 bytes IHL allows).
 fn ipv4() -> impl Strategy<Value = IpHeader> {
-    let options =
-        prop_oneof![Just(0usize), 1..=10usize].prop_flat_map(|words| vec(any::<u8>(), words * 4));
+    let options = prop_oneof![Just(0usize), 1..=10usize].prop_flat_map(|words| vec(any::<u8>(), words * 4));
     (any::<([u8; 4], [u8; 4], u16, bool, u8)>(), 0..64u8, 0..4u8, options).prop_map(
         |((source, destination, id, df, ttl), dscp, ecn, options)| {
             let mut h = Ipv4Header::new(0, ttl, IpNumber::UDP, source, destination).unwrap();
@@ -246,10 +242,7 @@ fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
 /// Runs `test` on values of `strategy(opcode)` for every opcode, so that no
 /// opcode is left to chance: a quarter of the usual case count (`PROPTEST_CASES`)
 /// for each.
-fn for_every_opcode<S: Strategy>(
-    strategy: impl Fn(Opcode) -> S,
-    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) {
+fn for_every_opcode<S: Strategy>(strategy: impl Fn(Opcode) -> S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
     let cases = (Config::default().cases / 4).max(1);
     for op in Opcode::all() {
         let mut runner = TestRunner::new(Config::with_cases(cases));
@@ -378,16 +371,12 @@ fn roce_repr_round_trips_for_every_opcode() {
     for_every_opcode(roce_for, |(repr, payload)| {
         let len = repr.wire_len(payload.len());
         let headers = repr.bth.opcode.headers().len();
-        prop_assert_eq!(
-            len,
-            12 + headers + payload.len() + usize::from(pad_for(payload.len())) + 4
-        );
+        prop_assert_eq!(len, 12 + headers + payload.len() + usize::from(pad_for(payload.len())) + 4);
         prop_assert_eq!(len % 4, 0);
         // Garbage in the buffer must not leak into pad or ICRC.
         let mut buf = vec![0xa5u8; len + 7];
         prop_assert_eq!(repr.emit(&mut buf, &payload), Ok(len));
-        let parsed =
-            RoceRepr::parse(&buf[..len]).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let parsed = RoceRepr::parse(&buf[..len]).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(parsed.header, repr);
         prop_assert_eq!(parsed.payload, &payload[..]);
         prop_assert_eq!(parsed.pad, pad_for(payload.len()));
@@ -400,8 +389,7 @@ fn roce_repr_round_trips_for_every_opcode() {
 #[test]
 fn built_packets_parse_verify_and_re_emit_for_every_opcode() {
     for_every_opcode(packet_parts_for, |(ip, udp, repr, payload)| {
-        let bytes =
-            build(&ip, &udp, &repr, &payload).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let bytes = build(&ip, &udp, &repr, &payload).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let p = Packet::parse(&bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(p.icrc_ok());
         prop_assert_eq!(p.roce.header, repr);
@@ -412,10 +400,7 @@ fn built_packets_parse_verify_and_re_emit_for_every_opcode() {
         prop_assert_eq!(p.to_bytes(), Ok(bytes.clone()));
         // A socket receiver recovers exactly the ID the packet was built with.
         if let (IpHeader::V4(h), Some((src, dst, udp, roce))) = (&ip, socket_view(&bytes)) {
-            prop_assert_eq!(
-                icrc::verify_ipv4_unknown_id(src, dst, udp, roce),
-                Ok(Some(h.identification))
-            );
+            prop_assert_eq!(icrc::verify_ipv4_unknown_id(src, dst, udp, roce), Ok(Some(h.identification)));
         }
         Ok(())
     });

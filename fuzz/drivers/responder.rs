@@ -513,7 +513,8 @@ impl Responder {
     fn deliver(&mut self, src: IpAddr, bytes: &[u8]) {
         let Ok(packet) = RoceRepr::parse(bytes) else { return };
         self.grants.current = Some(Current { src, header: packet.header, payload: packet.payload.to_vec() });
-        let incoming = Incoming { src, src_port: ROCE_UDP_PORT, dst: LOCAL, header: &packet.header, payload: packet.payload };
+        let incoming =
+            Incoming { src, src_port: ROCE_UDP_PORT, dst: LOCAL, header: &packet.header, payload: packet.payload };
         let mut mem = Audited { table: &mut self.mem, grants: &mut self.grants };
         self.qp.handle_packet(self.now, incoming, &mut mem, None);
         let current = self.grants.current.take().expect("set above");

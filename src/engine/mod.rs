@@ -6,14 +6,30 @@
 //! - [`World`]: a single-threaded engine over any [`crate::net::Link`], in
 //!   virtual time (simulated networks: deterministic, for tests, fuzzing and
 //!   teaching) or real time (UDP sockets).
+//!
+//! The registry of raw memory ranges the engine writes into is the crate's
+//! own: safe code outside it cannot register an address, so it cannot make
+//! the engine write anywhere (regions come only from
+//! [`crate::verbs::ProtectionDomain::reg_mr`], which is `unsafe`, or from
+//! memory the crate allocates itself). This does not compile:
+//!
+//! ```compile_fail
+//! use softroce::engine::RawRegion;
+//! ```
+//!
+//! ```compile_fail
+//! use softroce::engine::{Registry, RegistryAccess};
+//! ```
 
+#[allow(unsafe_code)]
 mod eventfd;
+#[allow(unsafe_code)]
 mod registry;
 pub(crate) mod threaded;
 pub mod world;
 
 pub use eventfd::EventFd;
-pub use registry::{RawRegion, Registry, RegistryAccess};
+pub(crate) use registry::RawRegion;
 
 use std::io;
 

@@ -8,7 +8,7 @@ use crate::transport::{Access, AtomicOp, MemError, Memory};
 
 /// A registered range of process memory.
 #[derive(Debug, Clone, Copy)]
-pub struct RawRegion {
+pub(crate) struct RawRegion {
     /// Where the first byte is in this process.
     pub base: *mut u8,
     /// Length in bytes.
@@ -41,23 +41,28 @@ impl RawRegion {
 /// packet with a payload looks its key up, and the keys are this device's
 /// own, so a plain multiplicative hash will do where SipHash cost ~20 ns.
 #[derive(Debug, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     regions: rustc_hash::FxHashMap<u32, RawRegion>,
 }
 
 impl Registry {
     /// Registers `region` under `key`, replacing any region with that key.
-    pub fn insert(&mut self, key: u32, region: RawRegion) {
+    ///
+    /// # Safety
+    /// `region.base .. region.base + region.len` must stay valid for reads
+    /// and writes until the key is removed: the engine copies into and out
+    /// of it, and performs atomics on it, from any thread.
+    pub(crate) unsafe fn insert(&mut self, key: u32, region: RawRegion) {
         self.regions.insert(key, region);
     }
 
     /// Deregisters the region with `key` and returns it, if there was one.
-    pub fn remove(&mut self, key: u32) -> Option<RawRegion> {
+    pub(crate) fn remove(&mut self, key: u32) -> Option<RawRegion> {
         self.regions.remove(&key)
     }
 
     /// Whether a region is registered under `key`.
-    pub fn contains(&self, key: u32) -> bool {
+    pub(crate) fn contains(&self, key: u32) -> bool {
         self.regions.contains_key(&key)
     }
 
@@ -70,7 +75,7 @@ impl Registry {
 
 /// The registry as the transport's [`Memory`], for one engine step: the
 /// caller holds the registry's lock, so no region can go away meanwhile.
-pub struct RegistryAccess<'a>(pub &'a Registry);
+pub(crate) struct RegistryAccess<'a>(pub(crate) &'a Registry);
 
 impl Memory for RegistryAccess<'_> {
     fn check(&self, key: u32, pd: u32, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
@@ -88,18 +93,24 @@ impl Memory for RegistryAccess<'_> {
 
     fn write(&mut self, key: u32, pd: u32, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {
         let dst = self.0.lookup(key, pd, access)?.range(addr, data.len() as u64)?;
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        let Some((&last, body)) = data.split_last() else { return Ok(()) };
+        // SAFETY: as in `read`. The last byte is stored after the rest, with
+        // release ordering: programs such as `ib_write_lat` poll the last
+        // byte of a WRITE's target and then read the rest (rxe-spec V-11).
+        unsafe {
+            std::ptr::copy_nonoverlapping(body.as_ptr(), dst, body.len());
+            std::sync::atomic::AtomicU8::from_ptr(dst.add(body.len())).store(last, Ordering::Release);
+        }
         Ok(())
     }
 
     fn atomic(&mut self, key: u32, pd: u32, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
         let region = self.0.lookup(key, pd, Access::REMOTE_ATOMIC)?;
         let ptr = region.range(addr, 8)?;
-        if ptr as usize % 8 != 0 {
+        if !(ptr as usize).is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
         // SAFETY: 8 aligned registered bytes; a real atomic, so the

@@ -232,13 +232,12 @@ impl Engine {
         let span_name = name.to_string();
         // Polling where the peer needs this thread's only CPU would only delay it.
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let (wait_spin, engine_spin) = if cpus > 1 { (WAIT_SPIN, ENGINE_SPIN) } else { (Duration::ZERO, Duration::ZERO) };
-        let thread = std::thread::Builder::new()
-            .name(format!("softroce-{name}"))
-            .spawn(move || {
-                let _span = debug_span!("engine", device = %span_name).entered();
-                run(&thread_progress, &thread_shared, engine_spin)
-            })?;
+        let (wait_spin, engine_spin) =
+            if cpus > 1 { (WAIT_SPIN, ENGINE_SPIN) } else { (Duration::ZERO, Duration::ZERO) };
+        let thread = std::thread::Builder::new().name(format!("softroce-{name}")).spawn(move || {
+            let _span = debug_span!("engine", device = %span_name).entered();
+            run(&thread_progress, &thread_shared, engine_spin)
+        })?;
         Ok(Engine { shared, progress, busy_poll, wait_spin, thread: Some(thread) })
     }
 
@@ -626,8 +625,8 @@ impl Progress {
         }
         let now = self.now();
         self.round_at = now;
-        let wanted = shared.full_round_wanted.load(Ordering::SeqCst)
-            && shared.full_round_wanted.swap(false, Ordering::SeqCst);
+        let wanted =
+            shared.full_round_wanted.load(Ordering::SeqCst) && shared.full_round_wanted.swap(false, Ordering::SeqCst);
         let quiet = !changed && !wanted && now < self.quiet_until;
         // QPs destroyed since the last round leave the table before this
         // round's packets are read (a destroy pushes them here, then bumps
@@ -683,15 +682,20 @@ impl Progress {
                         continue;
                     }
                 };
-                if held.as_ref().map_or(true, |(of, _)| *of != qpn) {
+                if held.as_ref().is_none_or(|(of, _)| *of != qpn) {
                     // One QP lock at a time.
                     drop(held.take());
                     held = Some((qpn, lock(&cell.qp)));
                 }
                 let Some((_, qp)) = held.as_mut() else { continue };
                 let mut srq = cell.srq.as_ref().map(|s| lock(s));
-                let incoming =
-                    Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
+                let incoming = Incoming {
+                    src: r.src,
+                    src_port: r.src_port,
+                    dst: r.dst,
+                    header: &pkt.header,
+                    payload: pkt.payload,
+                };
                 let answered = lingering.then(|| qp.counters().duplicate_requests);
                 let asks_ack = pkt.header.bth.ack_req;
                 qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
@@ -761,8 +765,7 @@ impl Progress {
         // answers to resends they got this round.
         for cell in std::mem::take(&mut self.answering) {
             let mut qp = lock(&cell.qp);
-            let sent =
-                transmit(&mut qp, &mut self.out, shared, now, usize::MAX, Order::ResponsesFirst);
+            let sent = transmit(&mut qp, &mut self.out, shared, now, usize::MAX, Order::ResponsesFirst);
             busy |= sent > 0;
         }
         while self.linger_until.front().is_some_and(|&(until, _)| until <= now) {
@@ -850,6 +853,7 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
 /// Sets how much later than asked the calling thread's timed waits may end
 /// (`PR_SET_TIMERSLACK`), so that the kernel can end them with another
 /// timer's interrupt; zero restores the thread's default (50 µs).
+#[allow(unsafe_code)]
 fn set_timer_slack(slack: Duration) {
     let ns = libc::c_ulong::try_from(slack.as_nanos()).unwrap_or(libc::c_ulong::MAX);
     // SAFETY: PR_SET_TIMERSLACK takes a value and changes only this thread's slack.

@@ -10,8 +10,8 @@ use tracing::trace;
 
 use crate::net::{Link, Outgoing, Received};
 use crate::transport::{
-    Access, AsyncEvent, CqKind, Incoming, MemoryTable, ModifyError, Qp, QpAttr, QpCap, QpType,
-    Region, Srq, WorkCompletion, TRANSMIT_HEADROOM,
+    Access, AsyncEvent, CqKind, Incoming, MemoryTable, ModifyError, Qp, QpAttr, QpCap, QpType, Region, Srq,
+    WorkCompletion, TRANSMIT_HEADROOM,
 };
 use crate::wire::packet::rxe_source_port;
 use crate::wire::{Bth, Psn, RoceRepr};
@@ -96,7 +96,13 @@ pub struct World<L: Link> {
 impl<L: Link> World<L> {
     /// A world in virtual time (for simulated links).
     pub fn new(net: L) -> World<L> {
-        World { net, now: Duration::ZERO, hosts: Vec::new(), clock: Clock::Virtual, buf: vec![0; 4096 + TRANSMIT_HEADROOM + 64] }
+        World {
+            net,
+            now: Duration::ZERO,
+            hosts: Vec::new(),
+            clock: Clock::Virtual,
+            buf: vec![0; 4096 + TRANSMIT_HEADROOM + 64],
+        }
     }
 
     /// A world in real time (for links to real networks).
@@ -224,12 +230,8 @@ impl<L: Link> World<L> {
                 sent = true;
                 let roce = &mut self.buf[..tx.len];
                 let remote_qpn = Bth::new_unchecked(&*roce).dest_qpn();
-                let out = Outgoing {
-                    src: host.addr,
-                    dst: tx.dest,
-                    src_port: rxe_source_port(qp.qpn(), remote_qpn),
-                    roce,
-                };
+                let out =
+                    Outgoing { src: host.addr, dst: tx.dest, src_port: rxe_source_port(qp.qpn(), remote_qpn), roce };
                 if let Err(e) = self.net.transmit(now, out) {
                     trace!(error = %e, "link refused a packet");
                 }
@@ -251,6 +253,7 @@ fn deliver(host: &mut Host, now: Duration, rx: &Received, roce: &[u8]) {
         return;
     };
     let srq = qp.srq().and_then(|id| host.srqs.get_mut(&id));
-    let incoming = Incoming { src: rx.src, src_port: rx.src_port, dst: rx.dst, header: &pkt.header, payload: pkt.payload };
+    let incoming =
+        Incoming { src: rx.src, src_port: rx.src_port, dst: rx.dst, header: &pkt.header, payload: pkt.payload };
     qp.handle_packet(now, incoming, &mut host.mem, srq);
 }

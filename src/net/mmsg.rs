@@ -52,8 +52,13 @@ struct Message {
 }
 
 impl Message {
-    const EMPTY: Message =
-        Message { dest: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0), start: 0, len: 0, segment: 0, segments: 0 };
+    const EMPTY: Message = Message {
+        dest: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        start: 0,
+        len: 0,
+        segment: 0,
+        segments: 0,
+    };
 
     /// Whether a datagram of `len` bytes to `dest` can be the next segment:
     /// not after a shorter last one, within the kernel's limits.
@@ -194,7 +199,11 @@ impl SendBatch {
                 // the name at wire's own address of the length given.
                 let (name, name_len) = (hdr.msg_name.cast(), hdr.msg_namelen);
                 let r = unsafe { libc::sendto(fd, iov.iov_base, iov.iov_len, libc::MSG_DONTWAIT, name, name_len) };
-                if r >= 0 { 1 } else { -1 }
+                if r >= 0 {
+                    1
+                } else {
+                    -1
+                }
             } else {
                 // SAFETY: the first `n` wire messages point at live buffers
                 // of self.data and at wire's own addresses and control data.
@@ -231,7 +240,6 @@ impl SendBatch {
             None => Ok(sent),
         }
     }
-
 }
 
 /// Calls `reindex` on every segment with index above 0 of `messages`, whose
@@ -412,9 +420,7 @@ impl RecvBatch {
         }
         // SAFETY: each of the first `want` messages points at a live
         // SLOT-sized buffer, address storage and control buffer owned by self.
-        let n = unsafe {
-            libc::recvmmsg(fd, msgs.as_mut_ptr(), want as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
-        };
+        let n = unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), want as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
         for (i, msg) in msgs.iter().enumerate().take(n.max(0) as usize) {
             self.keep(i, &msg.msg_hdr, msg.msg_len as usize);
         }

@@ -9,8 +9,10 @@
 //!
 //! All implement [`Link`], the interface engines drive.
 
-pub mod raw;
+#[allow(unsafe_code)]
 mod mmsg;
+#[allow(unsafe_code)]
+pub mod raw;
 pub mod sim;
 pub mod udp;
 
@@ -26,6 +28,7 @@ pub use udp::UdpLink;
 /// Blocks until one of `fds` is readable or `timeout` passes; returns
 /// which are: bit `i` for `fds[i]` (bit 63 for any from the 64th on), so 0
 /// if none.
+#[allow(unsafe_code)]
 pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> u64 {
     // On the stack for the usual few descriptors: engines wait on every
     // idle turn and must not allocate.

@@ -45,8 +45,8 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use etherparse::{
-    EtherType, Ethernet2Header, Ethernet2HeaderSlice, IpNumber, Ipv4HeaderSlice, Ipv6HeaderSlice,
-    UdpHeader, UdpHeaderSlice,
+    EtherType, Ethernet2Header, Ethernet2HeaderSlice, IpNumber, Ipv4HeaderSlice, Ipv6HeaderSlice, UdpHeader,
+    UdpHeaderSlice,
 };
 use pnet_datalink::{Channel, DataLinkReceiver, DataLinkSender, NetworkInterface};
 
@@ -96,9 +96,7 @@ impl RawLink {
         let interface = pnet_datalink::interfaces()
             .into_iter()
             .find(|i| i.name == interface_name)
-            .ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("no interface named {interface_name}"))
-            })?;
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface named {interface_name}")))?;
         let fd = packet_socket()?;
         let config = pnet_datalink::Config {
             read_buffer_size: MAX_FRAME,

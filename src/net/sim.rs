@@ -218,8 +218,7 @@ impl<W: Write> SimNet<W> {
             1
         };
         for copy in 1..=copies {
-            let mut packet =
-                if copy < copies { packet.clone() } else { std::mem::take(&mut packet) };
+            let mut packet = if copy < copies { packet.clone() } else { std::mem::take(&mut packet) };
             let mut at = now + faults.latency + self.rng.up_to(faults.jitter);
             if self.rng.chance(faults.reorder) {
                 self.stats.reordered += 1;
@@ -292,8 +291,7 @@ impl Route {
     /// and reserved bits), which the ICRC leaves out because switches may
     /// rewrite it. `None` when there is nothing to pick from.
     fn pick_bit(&self, rng: &mut SplitMix64, headers: bool) -> Option<(usize, u8)> {
-        let (start, masked) =
-            if headers { (0, None) } else { (self.body.start, Some(self.body.start + 4)) };
+        let (start, masked) = if headers { (0, None) } else { (self.body.start, Some(self.body.start + 4)) };
         let skip = masked.filter(|m| self.body.contains(m));
         let len = self.body.end - start - usize::from(skip.is_some());
         if len == 0 {
@@ -405,12 +403,7 @@ impl<W: Write> Link for SimNet<W> {
     }
 
     fn transmit(&mut self, now: Duration, out: Outgoing<'_>) -> io::Result<()> {
-        let udp = UdpHeader {
-            source_port: out.src_port,
-            destination_port: ROCE_UDP_PORT,
-            length: 0,
-            checksum: 0,
-        };
+        let udp = UdpHeader { source_port: out.src_port, destination_port: ROCE_UDP_PORT, length: 0, checksum: 0 };
         let packet = ip_header(out.src, out.dst)
             .and_then(|ip| encapsulate(&ip, &udp, out.roce))
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
@@ -482,12 +475,7 @@ mod tests {
     /// length varies with it.
     fn packet(from: IpAddr, to: IpAddr, psn: u32) -> Vec<u8> {
         let ip = ip_header(from, to).expect("same address family");
-        let udp = UdpHeader {
-            source_port: 0xc000,
-            destination_port: ROCE_UDP_PORT,
-            length: 0,
-            checksum: 0,
-        };
+        let udp = UdpHeader { source_port: 0xc000, destination_port: ROCE_UDP_PORT, length: 0, checksum: 0 };
         let roce = RoceRepr::new(BthRepr {
             opcode: Opcode::new(Transport::Rc, Operation::SendOnly).unwrap(),
             solicited: false,
@@ -535,13 +523,7 @@ mod tests {
         let out: Vec<u64> = (0..5).map(|_| rng.next_u64()).collect();
         assert_eq!(
             out,
-            [
-                6457827717110365317,
-                3203168211198807973,
-                9817491932198370423,
-                4593380528125082431,
-                16408922859458223821
-            ]
+            [6457827717110365317, 3203168211198807973, 9817491932198370423, 4593380528125082431, 16408922859458223821]
         );
     }
 
@@ -624,8 +606,7 @@ mod tests {
 
     #[test]
     fn reorder_half() {
-        let faults =
-            Faults { reorder: 0.5, reorder_delay: us(50), latency: us(10), ..Faults::default() };
+        let faults = Faults { reorder: 0.5, reorder_delay: us(50), latency: us(10), ..Faults::default() };
         let mut net = net_ab(3, faults);
         let psns: Vec<u32> = run(&mut net, 1000).iter().map(|d| psn(&d.packet)).collect();
         let overtaken = psns.windows(2).filter(|w| w[0] > w[1]).count();
@@ -644,8 +625,7 @@ mod tests {
         let deliveries = run(&mut net, 1000);
         let psns: Vec<u32> = deliveries.iter().map(|d| psn(&d.packet)).collect();
         assert_eq!(psns, (0..1000).collect::<Vec<_>>());
-        let delays: BTreeSet<Duration> =
-            deliveries.iter().map(|d| d.at - us(u64::from(psn(&d.packet)))).collect();
+        let delays: BTreeSet<Duration> = deliveries.iter().map(|d| d.at - us(u64::from(psn(&d.packet)))).collect();
         assert!(delays.len() > 100, "jitter had little effect");
         assert!(*delays.first().unwrap() >= us(5));
     }
@@ -691,8 +671,7 @@ mod tests {
             net.send(us(i), packet(A, B, i as u32));
             net.send(us(i), packet(B, A, i as u32));
         }
-        let tos: Vec<IpAddr> =
-            std::iter::from_fn(|| net.poll_deliver(us(10))).map(|d| d.to).collect();
+        let tos: Vec<IpAddr> = std::iter::from_fn(|| net.poll_deliver(us(10))).map(|d| d.to).collect();
         assert_eq!(tos, [A; 10]);
         assert_eq!(net.stats().dropped, 10);
     }

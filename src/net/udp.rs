@@ -159,7 +159,6 @@ impl UdpLink {
             }
         }
     }
-
 }
 
 /// The UDP header of a datagram of `roce_len` bytes.
@@ -251,7 +250,7 @@ fn seal(
 ) -> io::Result<u32> {
     let mut crc = icrc_of(cache, src, dest.ip(), dest.port(), queued, id)?;
     stats.sent += 1;
-    if corrupt_every != 0 && stats.sent % u64::from(corrupt_every) == 0 {
+    if corrupt_every != 0 && stats.sent.is_multiple_of(u64::from(corrupt_every)) {
         crc ^= 1 << 24;
         stats.corrupted += 1;
     }
@@ -337,7 +336,14 @@ impl Link for UdpLink {
         batch.room(len)
     }
 
-    fn transmit_built(&mut self, _now: Duration, src: IpAddr, dst: IpAddr, _src_port: u16, len: usize) -> io::Result<()> {
+    fn transmit_built(
+        &mut self,
+        _now: Duration,
+        src: IpAddr,
+        dst: IpAddr,
+        _src_port: u16,
+        len: usize,
+    ) -> io::Result<()> {
         check(src, dst, len)?;
         let (_, batch) = self.sockets.get_mut(&src).ok_or_else(|| no_socket(src))?;
         let dest = SocketAddr::new(dst, self.port);
@@ -393,12 +399,19 @@ impl Link for UdpLink {
 }
 
 /// `SO_RCVBUF` of `socket`.
+#[allow(unsafe_code)]
 fn receive_buffer_of(socket: &UdpSocket) -> Option<usize> {
     let mut value: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: a valid socket fd, and a c_int with its length for the kernel to fill.
     let rc = unsafe {
-        libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, (&mut value as *mut libc::c_int).cast(), &mut len)
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
     };
     (rc == 0).then(|| usize::try_from(value).ok()).flatten()
 }
@@ -407,9 +420,8 @@ fn receive_buffer_of(socket: &UdpSocket) -> Option<usize> {
 /// talk to each other share one RoCE port, so tests and demos that cannot
 /// have 4791 need one free on all their addresses.
 pub fn free_port(addrs: &[IpAddr]) -> io::Result<u16> {
-    let (&first, rest) = addrs
-        .split_first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to probe"))?;
+    let (&first, rest) =
+        addrs.split_first().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to probe"))?;
     loop {
         let probe = UdpSocket::bind((first, 0))?;
         let port = probe.local_addr()?.port();
@@ -448,6 +460,7 @@ fn set_pmtudisc_do(socket: &UdpSocket) -> io::Result<()> {
     set_int_option(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
 }
 
+#[allow(unsafe_code)]
 fn set_int_option(socket: &UdpSocket, level: libc::c_int, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: a valid socket fd and a pointer to a c_int of the given size.
     let rc = unsafe {

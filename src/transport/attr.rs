@@ -150,11 +150,8 @@ impl std::ops::BitOr for AttrMask {
 
 impl fmt::Debug for AttrMask {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut names: Vec<String> = AttrMask::NAMES
-            .iter()
-            .filter(|(m, _)| self.contains(*m))
-            .map(|(_, n)| n.to_string())
-            .collect();
+        let mut names: Vec<String> =
+            AttrMask::NAMES.iter().filter(|(m, _)| self.contains(*m)).map(|(_, n)| n.to_string()).collect();
         let known = AttrMask::NAMES.iter().fold(AttrMask(0), |a, (m, _)| a | *m);
         let unknown = self.minus(known);
         if !unknown.is_empty() {
@@ -397,12 +394,7 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<(
         ),
         (Init, Rtr) => (
             by_type(
-                M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
                 M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
                 none,
             ),
@@ -413,17 +405,9 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<(
             ),
         ),
         (Rtr, Rts) => (
+            by_type(M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC, M::SQ_PSN, M::SQ_PSN),
             by_type(
-                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-                M::SQ_PSN,
-                M::SQ_PSN,
-            ),
-            by_type(
-                M::CUR_STATE
-                    | M::ALT_PATH
-                    | M::ACCESS_FLAGS
-                    | M::MIN_RNR_TIMER
-                    | M::PATH_MIG_STATE,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
                 M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
                 M::CUR_STATE | M::QKEY,
             ),
@@ -431,11 +415,7 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<(
         (Rts, Rts) | (Sqd, Rts) => (
             none,
             by_type(
-                M::CUR_STATE
-                    | M::ACCESS_FLAGS
-                    | M::ALT_PATH
-                    | M::PATH_MIG_STATE
-                    | M::MIN_RNR_TIMER,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
                 M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
                 M::CUR_STATE | M::QKEY,
             ),
@@ -459,10 +439,9 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<(
                 M::PKEY_INDEX | M::QKEY,
             ),
         ),
-        (Sqe, Rts) if qp_type != QpType::Rc => (
-            none,
-            by_type(none, M::CUR_STATE | M::ACCESS_FLAGS, M::CUR_STATE | M::QKEY),
-        ),
+        (Sqe, Rts) if qp_type != QpType::Rc => {
+            (none, by_type(none, M::CUR_STATE | M::ACCESS_FLAGS, M::CUR_STATE | M::QKEY))
+        }
         _ => return None,
     })
 }
@@ -504,19 +483,14 @@ pub fn check_values(attr: &QpAttr, mask: AttrMask) -> Result<(), ModifyError> {
 }
 
 /// Validates a modify against the current state and returns the new state.
-pub fn check_modify(
-    qp_type: QpType,
-    current: QpState,
-    attr: &QpAttr,
-    mask: AttrMask,
-) -> Result<QpState, ModifyError> {
+pub fn check_modify(qp_type: QpType, current: QpState, attr: &QpAttr, mask: AttrMask) -> Result<QpState, ModifyError> {
     if mask.contains(AttrMask::CUR_STATE) && attr.cur_state != current {
         // libibverbs allows CUR_STATE only to tell the driver the state it is in.
         return Err(ModifyError::CurrentStateMismatch { actual: current, given: attr.cur_state });
     }
     let to = if mask.contains(AttrMask::STATE) { attr.state } else { current };
-    let (required, optional) = transition_masks(qp_type, current, to)
-        .ok_or(ModifyError::InvalidTransition { from: current, to })?;
+    let (required, optional) =
+        transition_masks(qp_type, current, to).ok_or(ModifyError::InvalidTransition { from: current, to })?;
     let given = mask.minus(AttrMask::STATE);
     let missing = required.minus(given);
     if !missing.is_empty() {
@@ -547,10 +521,7 @@ mod tests {
             Err(ModifyError::MissingAttributes {
                 from: QpState::Init,
                 to: QpState::Rtr,
-                missing: AttrMask::DEST_QPN
-                    | AttrMask::RQ_PSN
-                    | AttrMask::MAX_DEST_RD_ATOMIC
-                    | AttrMask::MIN_RNR_TIMER,
+                missing: AttrMask::DEST_QPN | AttrMask::RQ_PSN | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER,
             })
         );
     }
@@ -566,11 +537,7 @@ mod tests {
         let rtr = QpAttr { state: QpState::Rtr, ..attr };
         assert_eq!(
             check_modify(QpType::Ud, QpState::Init, &rtr, AttrMask::STATE | AttrMask::AV),
-            Err(ModifyError::UnexpectedAttributes {
-                from: QpState::Init,
-                to: QpState::Rtr,
-                unexpected: AttrMask::AV
-            })
+            Err(ModifyError::UnexpectedAttributes { from: QpState::Init, to: QpState::Rtr, unexpected: AttrMask::AV })
         );
     }
 
@@ -582,10 +549,7 @@ mod tests {
             Err(ModifyError::InvalidTransition { from: QpState::Reset, to: QpState::Rts })
         );
         let any_to_err = QpAttr { state: QpState::Err, ..QpAttr::default() };
-        assert_eq!(
-            check_modify(QpType::Rc, QpState::Rtr, &any_to_err, AttrMask::STATE),
-            Ok(QpState::Err)
-        );
+        assert_eq!(check_modify(QpType::Rc, QpState::Rtr, &any_to_err, AttrMask::STATE), Ok(QpState::Err));
         let bad_port = QpAttr { state: QpState::Init, port: 2, ..QpAttr::default() };
         let mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
         assert_eq!(

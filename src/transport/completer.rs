@@ -40,7 +40,9 @@ impl Qp {
             (Operation::Acknowledge, Some(Syndrome::Ack { .. })) => self.on_ack(now, psn),
             (Operation::Acknowledge, Some(Syndrome::RnrNak { timer })) => self.on_rnr_nak(now, psn, timer),
             (Operation::Acknowledge, Some(Syndrome::Nak(code))) => self.on_nak(now, psn, code),
-            (Operation::AtomicAcknowledge, _) => self.on_atomic_ack(now, psn, hdr.atomic_ack_eth.map(|a| a.original), mem),
+            (Operation::AtomicAcknowledge, _) => {
+                self.on_atomic_ack(now, psn, hdr.atomic_ack_eth.map(|a| a.original), mem)
+            }
             (
                 Operation::ReadResponseFirst
                 | Operation::ReadResponseMiddle
@@ -89,11 +91,7 @@ impl Qp {
         self.comp.rnr_left = self.attr.rnr_retry;
         self.comp.retry_started_at = None;
         self.comp.probing = false;
-        self.comp.timer = if self.comp.psn == self.req.psn {
-            None
-        } else {
-            self.ack_timeout().map(|t| now + t)
-        };
+        self.comp.timer = if self.comp.psn == self.req.psn { None } else { self.ack_timeout().map(|t| now + t) };
         if self.comp.psn == self.req.sent_end {
             // Nothing sent is unacknowledged: nothing to ask for.
             self.req.ask_by = None;
@@ -108,7 +106,7 @@ impl Qp {
             if timed.is_before(psn) {
                 self.comp.timed = None;
                 let round_trip = now.saturating_sub(sent_at);
-                self.comp.fast_peer = self.ack_timeout().map_or(true, |t| round_trip * 4 <= t);
+                self.comp.fast_peer = self.ack_timeout().is_none_or(|t| round_trip * 4 <= t);
                 if !self.comp.fast_peer {
                     self.comp.grown /= 2;
                 }
@@ -184,9 +182,7 @@ impl Qp {
             }
             NakCode::InvalidRequest => self.fail_front(WcStatus::RemInvReqErr),
             NakCode::RemoteAccessError => self.fail_front(WcStatus::RemAccessErr),
-            NakCode::RemoteOperationalError | NakCode::InvalidRdRequest => {
-                self.fail_front(WcStatus::RemOpErr)
-            }
+            NakCode::RemoteOperationalError | NakCode::InvalidRdRequest => self.fail_front(WcStatus::RemOpErr),
         }
     }
 

@@ -185,7 +185,7 @@ impl Memory for MemoryTable {
     }
 
     fn atomic(&mut self, key: u32, pd: u32, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
         let region = self.lookup_mut(key, pd, Access::REMOTE_ATOMIC)?;
@@ -250,14 +250,8 @@ mod tests {
         let mut t = table();
         assert_eq!(t.atomic(7, 1, 0x1008, AtomicOp::FetchAdd { add: 5 }), Ok(0));
         assert_eq!(t.atomic(7, 1, 0x1008, AtomicOp::FetchAdd { add: 5 }), Ok(5));
-        assert_eq!(
-            t.atomic(7, 1, 0x1008, AtomicOp::CompareSwap { compare: 10, swap: 99 }),
-            Ok(10)
-        );
-        assert_eq!(
-            t.atomic(7, 1, 0x1008, AtomicOp::CompareSwap { compare: 10, swap: 1 }),
-            Ok(99)
-        );
+        assert_eq!(t.atomic(7, 1, 0x1008, AtomicOp::CompareSwap { compare: 10, swap: 99 }), Ok(10));
+        assert_eq!(t.atomic(7, 1, 0x1008, AtomicOp::CompareSwap { compare: 10, swap: 1 }), Ok(99));
         assert_eq!(t.atomic(7, 1, 0x1004, AtomicOp::FetchAdd { add: 1 }), Err(MemError::Misaligned));
     }
 

@@ -21,7 +21,7 @@ pub mod types;
 pub use attr::{AttrMask, ModifyError, Mtu, QpAttr, QpState};
 pub use memory::{AtomicOp, MemError, Memory, MemoryTable, Region};
 pub use qp::{
-    CqKind, Counters, Incoming, PostSendError, Qp, QpCap, Transmit, ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS,
+    Counters, CqKind, Incoming, PostSendError, Qp, QpCap, Transmit, ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS,
     MAX_WINDOW_PSNS, PIECED_READS, TRANSMIT_HEADROOM,
 };
 pub use responder::{grh_area, GRH_LEN};

@@ -17,9 +17,7 @@ use super::attr::{check_modify, AttrMask, ModifyError, QpAttr, QpState};
 use super::memory::Memory;
 use super::responder::RespState;
 use super::srq::{PostRecvError, Srq};
-use super::types::{
-    AsyncEvent, PsnRange, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
-};
+use super::types::{AsyncEvent, PsnRange, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::{Psn, RoceRepr};
 
 /// Unacknowledged PSNs a requester may have in flight when it starts, and
@@ -584,10 +582,7 @@ impl Qp {
             return Err(PostSendError::TooManySge { given: wr.sg_list.len(), max: self.cap.max_send_sge });
         }
         if wr.flags.inline && wr.inline_data.len() > self.cap.max_inline_data as usize {
-            return Err(PostSendError::InlineTooLong {
-                given: wr.inline_data.len(),
-                max: self.cap.max_inline_data,
-            });
+            return Err(PostSendError::InlineTooLong { given: wr.inline_data.len(), max: self.cap.max_inline_data });
         }
         let supported = match self.qp_type {
             QpType::Rc => true,
@@ -664,7 +659,7 @@ impl Qp {
     /// Whether a packet for this connected QP comes from its peer: the peer's
     /// address, and its source port when one was configured.
     pub(crate) fn is_from_peer(&self, pkt: &Incoming<'_>) -> bool {
-        Some(pkt.src) == self.attr.dest && self.attr.peer_port.map_or(true, |port| port == pkt.src_port)
+        Some(pkt.src) == self.attr.dest && self.attr.peer_port.is_none_or(|port| port == pkt.src_port)
     }
 
     /// Writes the next packet to send into `buf` (which must hold the path MTU
@@ -679,7 +674,12 @@ impl Qp {
     /// thread that just posted them, since the peer waits for the request
     /// and the answers this QP owes (ACKs) can trail it in the same batch.
     #[inline]
-    pub fn poll_transmit_requests_first(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+    pub fn poll_transmit_requests_first(
+        &mut self,
+        now: Duration,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
         self.transmit_next(now, mem, buf, Turn::RequestsFirst)
     }
 
@@ -897,10 +897,7 @@ impl Qp {
 
     /// SQD: once nothing is in flight, say so (if asked to) once.
     pub(crate) fn check_sq_drained(&mut self) {
-        if self.attr.state == QpState::Sqd
-            && !self.sqd_notified
-            && self.sq.iter().all(|w| w.psn.is_none())
-        {
+        if self.attr.state == QpState::Sqd && !self.sqd_notified && self.sq.iter().all(|w| w.psn.is_none()) {
             self.sqd_notified = true;
             if self.attr.en_sqd_async_notify {
                 self.events.push_back(AsyncEvent::SqDrained { qpn: self.qpn });

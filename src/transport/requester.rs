@@ -19,9 +19,7 @@ use super::qp::{Qp, Transmit};
 #[cfg(doc)]
 use super::qp::{ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
 use super::types::{Access, PsnRange, QpType, SendOp, Sge, WcStatus};
-use crate::wire::{
-    AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, RethRepr, RoceRepr, Transport,
-};
+use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, RethRepr, RoceRepr, Transport};
 
 /// What one request packet carries.
 struct Plan {
@@ -210,9 +208,7 @@ impl Qp {
             SendOp::SendWithImm(_) => (seg(SendFirst, SendMiddle, SendLastImm, SendOnlyImm), 0, last),
             SendOp::SendWithInv(_) => (seg(SendFirst, SendMiddle, SendLastInv, SendOnlyInv), 0, last),
             SendOp::RdmaWrite { .. } => (seg(WriteFirst, WriteMiddle, WriteLast, WriteOnly), 0, last),
-            SendOp::RdmaWriteWithImm { .. } => {
-                (seg(WriteFirst, WriteMiddle, WriteLastImm, WriteOnlyImm), 0, last)
-            }
+            SendOp::RdmaWriteWithImm { .. } => (seg(WriteFirst, WriteMiddle, WriteLastImm, WriteOnlyImm), 0, last),
             SendOp::RdmaRead { .. } => (ReadRequest, usize::MAX, true),
             SendOp::CompareSwap { .. } => (CompareSwap, usize::MAX, true),
             SendOp::FetchAdd { .. } => (FetchAdd, usize::MAX, true),
@@ -297,7 +293,13 @@ impl Qp {
 
     /// Copies `out.len()` bytes of the WQE's data, starting at `offset` of
     /// the message, from its SGEs (or inline data).
-    fn gather(&self, index: usize, offset: u64, out: &mut [u8], mem: &dyn Memory) -> Result<(), super::memory::MemError> {
+    fn gather(
+        &self,
+        index: usize,
+        offset: u64,
+        out: &mut [u8],
+        mem: &dyn Memory,
+    ) -> Result<(), super::memory::MemError> {
         let wqe = &self.sq[index];
         if wqe.wr.flags.inline {
             let start = offset as usize;

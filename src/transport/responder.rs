@@ -18,8 +18,7 @@ use super::srq::Srq;
 use super::types::{Access, AsyncEvent, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::opcode::Position;
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Psn, RoceRepr, Syndrome,
-    Transport,
+    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Psn, RoceRepr, Syndrome, Transport,
 };
 
 /// Bytes of the GRH area at the start of every UD receive buffer.
@@ -43,10 +42,25 @@ pub(crate) enum Resource {
 /// A response waiting to be sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Response {
-    Ack { psn: Psn, syndrome: Syndrome, msn: u32 },
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
     /// READ response packets still to send, from `psn` on.
-    Read { psn: Psn, addr: u64, rkey: u32, remaining: u64, first: bool, msn: u32 },
-    AtomicAck { psn: Psn, original: u64, msn: u32 },
+    Read {
+        psn: Psn,
+        addr: u64,
+        rkey: u32,
+        remaining: u64,
+        first: bool,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: Psn,
+        original: u64,
+        msn: u32,
+    },
 }
 
 /// Responder progress.
@@ -98,7 +112,10 @@ impl Qp {
             let resent = self.qp_type == QpType::Rc
                 && self.is_from_peer(&pkt)
                 && hdr.bth.psn.is_before(self.resp.psn)
-                && !matches!(hdr.bth.opcode.operation(), Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd);
+                && !matches!(
+                    hdr.bth.opcode.operation(),
+                    Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd
+                );
             if resent {
                 self.duplicate(pkt, mem);
             } else {
@@ -159,10 +176,7 @@ impl Qp {
         let d = psn.diff(self.resp.psn);
         if self.qp_type == QpType::Uc {
             if self.resp.drop_msg || d != 0 {
-                let starts = matches!(
-                    pkt.header.bth.opcode.operation().position(),
-                    Position::First | Position::Only
-                );
+                let starts = matches!(pkt.header.bth.opcode.operation().position(), Position::First | Position::Only);
                 self.resp.message = None;
                 if !starts {
                     self.resp.drop_msg = true;
@@ -205,7 +219,10 @@ impl Qp {
         // Opcode sequence: MIDDLE/LAST continue the message in progress,
         // FIRST/ONLY may not interrupt one.
         let continues = matches!(position, Position::Middle | Position::Last);
-        let is_send = matches!(op, SendFirst | SendMiddle | SendLast | SendLastImm | SendOnly | SendOnlyImm | SendLastInv | SendOnlyInv);
+        let is_send = matches!(
+            op,
+            SendFirst | SendMiddle | SendLast | SendLastImm | SendOnly | SendOnlyImm | SendLastInv | SendOnlyInv
+        );
         let is_write = matches!(op, WriteFirst | WriteMiddle | WriteLast | WriteLastImm | WriteOnly | WriteOnlyImm);
         match (self.resp.message, continues) {
             (Some(Message::Send), true) if is_send => {}
@@ -409,9 +426,8 @@ impl Qp {
             Operation::CompareSwap => AtomicOp::CompareSwap { compare: eth.compare, swap: eth.swap_add },
             _ => AtomicOp::FetchAdd { add: eth.swap_add },
         };
-        let original = mem
-            .atomic(eth.rkey, self.pd, eth.va, op)
-            .map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
+        let original =
+            mem.atomic(eth.rkey, self.pd, eth.va, op).map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
         let psn = pkt.header.bth.psn;
         self.remember(Resource::Atomic { psn, original });
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
@@ -440,9 +456,7 @@ impl Qp {
             Operation::ReadRequest => {
                 let Some(reth) = hdr.reth else { return };
                 let found = self.resp.resources.iter().find_map(|r| match *r {
-                    Resource::Read { first, last, addr, rkey, len }
-                        if !psn.is_before(first) && !psn.is_after(last) =>
-                    {
+                    Resource::Read { first, last, addr, rkey, len } if !psn.is_before(first) && !psn.is_after(last) => {
                         Some((first, last, addr, rkey, len))
                     }
                     _ => None,
@@ -463,9 +477,10 @@ impl Qp {
                 // A newer replay of the same READ replaces a queued one where
                 // it stands, so responses stay in PSN order.
                 let replay = Response::Read { psn, addr: reth.va, rkey, remaining: asked, first: true, msn };
-                let queued = self.resp.responses.iter_mut().find(
-                    |r| matches!(r, Response::Read { psn: p, .. } if !p.is_before(first) && !p.is_after(last)),
-                );
+                let queued =
+                    self.resp.responses.iter_mut().find(
+                        |r| matches!(r, Response::Read { psn: p, .. } if !p.is_before(first) && !p.is_after(last)),
+                    );
                 match queued {
                     Some(queued) => *queued = replay,
                     None => self.push_response(replay),

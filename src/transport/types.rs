@@ -78,8 +78,7 @@ impl fmt::Debug for Access {
             (Access::REMOTE_READ, "REMOTE_READ"),
             (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
         ];
-        let set: Vec<&str> =
-            names.iter().filter(|(a, _)| self.contains(*a)).map(|(_, n)| *n).collect();
+        let set: Vec<&str> = names.iter().filter(|(a, _)| self.contains(*a)).map(|(_, n)| *n).collect();
         write!(f, "Access({})", set.join("|"))
     }
 }

@@ -17,8 +17,8 @@ use crate::engine::threaded::{lock, Arm, ChannelShared, CqShared, Engine, QpCell
 use crate::engine::{EventFd, RawRegion};
 use crate::net::{LinkStats, UdpLink};
 use crate::transport::{
-    Access, AsyncEvent, AttrMask, Counters, Mtu, Qp, QpAttr, QpCap, QpState, QpType, RecvWr,
-    SendWr, Sge, Srq, UdDest, WorkCompletion,
+    Access, AsyncEvent, AttrMask, Counters, Mtu, Qp, QpAttr, QpCap, QpState, QpType, RecvWr, SendWr, Sge, Srq, UdDest,
+    WorkCompletion,
 };
 use crate::wire::{Psn, ROCE_UDP_PORT};
 
@@ -101,7 +101,8 @@ impl Context {
         if port.state == super::device::PortState::Active {
             lock(&engine.shared.events).push_back(AsyncEvent::PortActive { port: 1 });
         }
-        let inner = ContextInner { device: device.clone(), engine, next_qpn: AtomicU32::new(0x11), next_id: AtomicU32::new(1) };
+        let inner =
+            ContextInner { device: device.clone(), engine, next_qpn: AtomicU32::new(0x11), next_id: AtomicU32::new(1) };
         Ok(Context { inner: Arc::new(inner) })
     }
 
@@ -247,7 +248,9 @@ impl ProtectionDomain {
             }
         };
         let iova = ptr as u64;
-        registry.insert(key, RawRegion { base: ptr, len, iova, pd: self.pd, access });
+        // SAFETY: the caller promised the range stays valid until the region
+        // is dropped, and `MemoryRegion::drop` removes the key first.
+        unsafe { registry.insert(key, RawRegion { base: ptr, len, iova, pd: self.pd, access }) };
         Ok(MemoryRegion { ctx: Arc::clone(&self.ctx), key, base: ptr, len, map: None })
     }
 
@@ -391,7 +394,7 @@ impl MemoryRegion {
         self.check(offset, 8)?;
         // SAFETY: in bounds; alignment checked first.
         let ptr = unsafe { self.base.add(offset) };
-        if ptr as usize % 8 != 0 {
+        if !(ptr as usize).is_multiple_of(8) {
             return Err(Error::InvalidArgument(format!("offset {offset} is not 8-byte aligned")));
         }
         let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(ptr.cast()) };
@@ -653,7 +656,8 @@ impl QueuePair {
     /// receives can be posted before the peer's endpoint is known, as the
     /// classic examples do; [`QueuePair::connect`] continues from there.
     pub fn init(&self, options: &ConnectOptions) -> Result<()> {
-        let attr = QpAttr { state: QpState::Init, access_flags: options.access, qkey: options.qkey, ..QpAttr::default() };
+        let attr =
+            QpAttr { state: QpState::Init, access_flags: options.access, qkey: options.qkey, ..QpAttr::default() };
         let qp_type = lock(&self.cell.qp).qp_type();
         let (required, _) = crate::transport::attr::transition_masks(qp_type, QpState::Reset, QpState::Init)
             .ok_or(crate::transport::ModifyError::InvalidTransition { from: QpState::Reset, to: QpState::Init })?;
@@ -664,9 +668,9 @@ impl QueuePair {
     /// device.
     pub fn endpoint(&self, gid_index: usize) -> Result<Endpoint> {
         let gids = self.ctx.device.gid_table();
-        let gid = *gids.get(gid_index).ok_or_else(|| {
-            Error::InvalidArgument(format!("GID index {gid_index} (the table has {})", gids.len()))
-        })?;
+        let gid = *gids
+            .get(gid_index)
+            .ok_or_else(|| Error::InvalidArgument(format!("GID index {gid_index} (the table has {})", gids.len())))?;
         Ok(Endpoint { qpn: self.qpn, psn: self.psn, gid })
     }
 

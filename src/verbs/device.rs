@@ -101,14 +101,7 @@ impl Device {
     /// devices on one host (say on 127.0.0.1 and 127.0.0.2). Its GID table is
     /// built as for an interface, with the addresses in the order given.
     pub fn custom(name: &str, addrs: Vec<IpAddr>, mac: [u8; 6], link_mtu: u32) -> Device {
-        Device {
-            name: name.to_owned(),
-            netdev: None,
-            mac,
-            link_mtu,
-            running: true,
-            gids: gid_table(mac, &addrs),
-        }
+        Device { name: name.to_owned(), netdev: None, mac, link_mtu, running: true, gids: gid_table(mac, &addrs) }
     }
 
     /// `ibv_get_device_name`.
@@ -207,9 +200,7 @@ impl Device {
     /// `ibv_query_port`, with kernel rxe's values; the only port is 1.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         if port != PORT {
-            return Err(Error::InvalidArgument(format!(
-                "port {port} (devices have port {PORT} only)"
-            )));
+            return Err(Error::InvalidArgument(format!("port {port} (devices have port {PORT} only)")));
         }
         let (state, phys_state) = if self.running {
             (PortState::Active, PhysState::LinkUp)
@@ -418,10 +409,7 @@ impl DeviceCapFlags {
     /// What a softroce device reports: rxe's flags except
     /// MEM_MGT_EXTENSIONS, since softroce has no fast-registration MRs.
     pub const SOFTROCE: DeviceCapFlags = DeviceCapFlags(
-        Self::UD_AV_PORT_ENFORCE.0
-            | Self::PORT_ACTIVE_EVENT.0
-            | Self::SYS_IMAGE_GUID.0
-            | Self::RC_RNR_NAK_GEN.0,
+        Self::UD_AV_PORT_ENFORCE.0 | Self::PORT_ACTIVE_EVENT.0 | Self::SYS_IMAGE_GUID.0 | Self::RC_RNR_NAK_GEN.0,
     );
 
     /// The `ibv_device_cap_flags` bits.
@@ -437,8 +425,7 @@ impl DeviceCapFlags {
 
 impl fmt::Debug for DeviceCapFlags {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> =
-            Self::NAMES.iter().filter(|(flag, _)| self.contains(*flag)).map(|(_, n)| *n).collect();
+        let names: Vec<&str> = Self::NAMES.iter().filter(|(flag, _)| self.contains(*flag)).map(|(_, n)| *n).collect();
         write!(f, "DeviceCapFlags({})", names.join("|"))
     }
 }
@@ -536,9 +523,7 @@ fn interfaces() -> Vec<NetworkInterface> {
 fn read_link_mtu(ifname: &str) -> io::Result<u32> {
     let path = format!("/sys/class/net/{ifname}/mtu");
     let text = std::fs::read_to_string(&path)?;
-    text.trim()
-        .parse()
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
+    text.trim().parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
 }
 
 #[cfg(test)]

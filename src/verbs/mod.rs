@@ -34,15 +34,15 @@
 //! `rc_pingpong`, `ud_pingpong` and `rdma_write_read`, written after
 //! libibverbs' C examples.
 
+#[allow(unsafe_code)]
 mod context;
 pub mod device;
 mod error;
 pub mod gid;
 
 pub use context::{
-    AddressHandle, CompletionChannel, CompletionQueue, ConnectOptions, Context, ContextOptions,
-    DeviceCounters, Endpoint, MemoryRegion, ProtectionDomain, QpInit, QueuePair, RemoteRegion,
-    SharedReceiveQueue,
+    AddressHandle, CompletionChannel, CompletionQueue, ConnectOptions, Context, ContextOptions, DeviceCounters,
+    Endpoint, MemoryRegion, ProtectionDomain, QpInit, QueuePair, RemoteRegion, SharedReceiveQueue,
 };
 pub use device::Device;
 pub use error::{Error, Result};

@@ -111,8 +111,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
 
     /// Writes SE, M, the pad count and version 0 (byte 1 as a whole).
     pub fn set_flags(&mut self, solicited: bool, mig_req: bool, pad_count: u8) {
-        self.buffer.as_mut()[1] =
-            (u8::from(solicited) << 7) | (u8::from(mig_req) << 6) | ((pad_count & 0x3) << 4);
+        self.buffer.as_mut()[1] = (u8::from(solicited) << 7) | (u8::from(mig_req) << 6) | ((pad_count & 0x3) << 4);
     }
 
     /// Writes the P_Key.
@@ -254,10 +253,7 @@ mod tests {
 
     #[test]
     fn rejects_short_buffer_and_bad_version() {
-        assert_eq!(
-            Bth::new_checked(&BYTES[..11]).unwrap_err(),
-            Error::Truncated { needed: 12, got: 11 }
-        );
+        assert_eq!(Bth::new_checked(&BYTES[..11]).unwrap_err(), Error::Truncated { needed: 12, got: 11 });
         let mut v1 = BYTES;
         v1[1] |= 0x01;
         assert_eq!(BthRepr::parse(&Bth::new_unchecked(&v1[..])), Err(Error::BadVersion(1)));

@@ -66,10 +66,9 @@ impl fmt::Display for Error {
             Error::UnsupportedTransport(op) => {
                 write!(f, "opcode {op:#04x} belongs to an unsupported transport")
             }
-            Error::BadPad { pad, available } => write!(
-                f,
-                "pad count {pad} inconsistent with {available} bytes after the headers"
-            ),
+            Error::BadPad { pad, available } => {
+                write!(f, "pad count {pad} inconsistent with {available} bytes after the headers")
+            }
             Error::UnexpectedPayload { opcode, len } => {
                 write!(f, "opcode {opcode:#04x} carries no payload, found {len} bytes")
             }

@@ -221,9 +221,7 @@ impl Syndrome {
         match byte >> 5 {
             0b000 => Ok(Syndrome::Ack { credits: value }),
             0b001 => Ok(Syndrome::RnrNak { timer: value }),
-            0b011 => NakCode::from_code(value)
-                .map(Syndrome::Nak)
-                .ok_or(Error::ReservedSyndrome(byte)),
+            0b011 => NakCode::from_code(value).map(Syndrome::Nak).ok_or(Error::ReservedSyndrome(byte)),
             _ => Err(Error::ReservedSyndrome(byte)),
         }
     }
@@ -245,9 +243,8 @@ impl Syndrome {
     /// The RNR wait a timer code stands for (IBTA table 45), in microseconds.
     pub const fn rnr_timer_micros(code: u8) -> u32 {
         const TABLE: [u32; 32] = [
-            655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560,
-            3840, 5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
-            163_840, 245_760, 327_680, 491_520,
+            655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840, 5120, 7680,
+            10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
         ];
         TABLE[(code & 0x1f) as usize]
     }
@@ -257,11 +254,7 @@ impl fmt::Display for Syndrome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Syndrome::Ack { credits } => write!(f, "ACK credits={credits}"),
-            Syndrome::RnrNak { timer } => write!(
-                f,
-                "RNR NAK timer={timer} ({} us)",
-                Syndrome::rnr_timer_micros(timer)
-            ),
+            Syndrome::RnrNak { timer } => write!(f, "RNR NAK timer={timer} ({} us)", Syndrome::rnr_timer_micros(timer)),
             Syndrome::Nak(code) => write!(f, "NAK {}", code.name()),
         }
     }
@@ -358,12 +351,7 @@ impl AtomicEthRepr {
     /// Reads an AtomicETH; fails only on a short buffer.
     pub fn parse<T: AsRef<[u8]>>(eth: &AtomicEth<T>) -> Result<AtomicEthRepr> {
         eth.check_len()?;
-        Ok(AtomicEthRepr {
-            va: eth.va(),
-            rkey: eth.rkey(),
-            swap_add: eth.swap_add(),
-            compare: eth.compare(),
-        })
+        Ok(AtomicEthRepr { va: eth.va(), rkey: eth.rkey(), swap_add: eth.swap_add(), compare: eth.compare() })
     }
 
     /// Writes the AtomicETH; fails only on a short buffer.
@@ -576,10 +564,7 @@ mod tests {
 
     #[test]
     fn reth_bytes() {
-        let bytes = [
-            0x00, 0x00, 0x55, 0x55, 0x66, 0x77, 0x80, 0x00, 0x00, 0x00, 0x12, 0x34, 0x00, 0x00,
-            0x13, 0x88,
-        ];
+        let bytes = [0x00, 0x00, 0x55, 0x55, 0x66, 0x77, 0x80, 0x00, 0x00, 0x00, 0x12, 0x34, 0x00, 0x00, 0x13, 0x88];
         let repr = RethRepr::parse(&Reth::new_unchecked(&bytes[..])).unwrap();
         assert_eq!(repr, RethRepr { va: 0x5555_6677_8000, rkey: 0x1234, dma_len: 5000 });
         let mut out = [0u8; 16];

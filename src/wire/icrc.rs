@@ -264,11 +264,7 @@ pub fn verify_ipv4_unknown_id_cached(
 /// The ID that makes the ICRC of `covered` RoCE bytes `icrc`, given how to
 /// compute it with ID 0 and a flags byte: with DF set, or failing that,
 /// clear.
-fn solve_unknown_id(
-    covered: usize,
-    icrc: u32,
-    mut compute_with: impl FnMut(u8) -> Result<u32>,
-) -> Result<Option<u16>> {
+fn solve_unknown_id(covered: usize, icrc: u32, mut compute_with: impl FnMut(u8) -> Result<u32>) -> Result<Option<u16>> {
     // Bytes of ICRC input after the two ID bytes: the rest of the IP header
     // (offset 6..20), the UDP header and the covered RoCE bytes.
     let trailing = (20 - 6) + 8 + covered;
@@ -323,6 +319,7 @@ mod gf2 {
     /// [`mul`] with one carry-less multiplication and a Barrett reduction
     /// where the CPU has PCLMULQDQ: a few nanoseconds against the 32 steps
     /// of the loop, which every received packet of a GSO train needs.
+    #[allow(unsafe_code)]
     pub(super) fn mul_fast(a: u32, b: u32) -> u32 {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("pclmulqdq") {
@@ -333,6 +330,7 @@ mod gf2 {
     }
 
     #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
     mod clmul {
         use std::arch::x86_64::*;
 
@@ -519,13 +517,8 @@ mod tests {
         for id in [0u16, 1, 0x1234, 0x8000, 0xffff, 0xbeef] {
             for flags in [0x40, 0x00] {
                 let (_, udp, roce) = sample(id, flags);
-                let got = verify_ipv4_unknown_id(
-                    Ipv4Addr::new(10, 77, 0, 2),
-                    Ipv4Addr::new(10, 77, 0, 3),
-                    &udp,
-                    &roce,
-                )
-                .unwrap();
+                let got = verify_ipv4_unknown_id(Ipv4Addr::new(10, 77, 0, 2), Ipv4Addr::new(10, 77, 0, 3), &udp, &roce)
+                    .unwrap();
                 assert_eq!(got, Some(id), "id {id:#x} flags {flags:#x}");
             }
         }
@@ -537,13 +530,8 @@ mod tests {
         assert!(verify(&ip, &udp, &roce).unwrap());
         roce[100] ^= 0x10;
         assert!(!verify(&ip, &udp, &roce).unwrap());
-        let got = verify_ipv4_unknown_id(
-            Ipv4Addr::new(10, 77, 0, 2),
-            Ipv4Addr::new(10, 77, 0, 3),
-            &udp,
-            &roce,
-        )
-        .unwrap();
+        let got =
+            verify_ipv4_unknown_id(Ipv4Addr::new(10, 77, 0, 2), Ipv4Addr::new(10, 77, 0, 3), &udp, &roce).unwrap();
         assert_eq!(got, None);
     }
 

@@ -28,8 +28,8 @@ pub mod roce;
 pub use bth::{Bth, BthRepr};
 pub use error::{Error, Result};
 pub use ext::{
-    Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Deth, DethRepr,
-    Feth, FethRepr, Ieth, ImmDt, NakCode, Reth, RethRepr, Syndrome,
+    Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Deth, DethRepr, Feth, FethRepr, Ieth,
+    ImmDt, NakCode, Reth, RethRepr, Syndrome,
 };
 pub use opcode::{Headers, Opcode, Operation, Transport};
 pub use packet::{IpHeader, Packet, ROCE_UDP_PORT};

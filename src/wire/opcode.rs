@@ -107,10 +107,31 @@ pub enum Operation {
 pub const OPERATIONS: [Operation; 25] = {
     use Operation::*;
     [
-        SendFirst, SendMiddle, SendLast, SendLastImm, SendOnly, SendOnlyImm, WriteFirst,
-        WriteMiddle, WriteLast, WriteLastImm, WriteOnly, WriteOnlyImm, ReadRequest,
-        ReadResponseFirst, ReadResponseMiddle, ReadResponseLast, ReadResponseOnly, Acknowledge,
-        AtomicAcknowledge, CompareSwap, FetchAdd, SendLastInv, SendOnlyInv, Flush, AtomicWrite,
+        SendFirst,
+        SendMiddle,
+        SendLast,
+        SendLastImm,
+        SendOnly,
+        SendOnlyImm,
+        WriteFirst,
+        WriteMiddle,
+        WriteLast,
+        WriteLastImm,
+        WriteOnly,
+        WriteOnlyImm,
+        ReadRequest,
+        ReadResponseFirst,
+        ReadResponseMiddle,
+        ReadResponseLast,
+        ReadResponseOnly,
+        Acknowledge,
+        AtomicAcknowledge,
+        CompareSwap,
+        FetchAdd,
+        SendLastInv,
+        SendOnlyInv,
+        Flush,
+        AtomicWrite,
     ]
 };
 
@@ -163,11 +184,7 @@ impl Headers {
 
     /// Total length of these headers in bytes.
     pub fn len(self) -> usize {
-        Headers::ORDER
-            .iter()
-            .filter(|(h, _, _)| self.contains(*h))
-            .map(|(_, _, len)| len)
-            .sum()
+        Headers::ORDER.iter().filter(|(h, _, _)| self.contains(*h)).map(|(_, _, len)| len).sum()
     }
 
     /// Whether the set has no header.
@@ -178,11 +195,8 @@ impl Headers {
 
 impl fmt::Debug for Headers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = Headers::ORDER
-            .iter()
-            .filter(|(h, _, _)| self.contains(*h))
-            .map(|(_, name, _)| *name)
-            .collect();
+        let names: Vec<&str> =
+            Headers::ORDER.iter().filter(|(h, _, _)| self.contains(*h)).map(|(_, name, _)| *name).collect();
         write!(f, "Headers({})", names.join("|"))
     }
 }
@@ -242,8 +256,9 @@ impl Operation {
     pub const fn headers(self) -> Headers {
         use Operation::*;
         match self {
-            SendFirst | SendMiddle | SendLast | SendOnly | WriteMiddle | WriteLast
-            | ReadResponseMiddle => Headers::NONE,
+            SendFirst | SendMiddle | SendLast | SendOnly | WriteMiddle | WriteLast | ReadResponseMiddle => {
+                Headers::NONE
+            }
             SendLastImm | SendOnlyImm | WriteLastImm => Headers::IMM,
             SendLastInv | SendOnlyInv => Headers::IETH,
             WriteFirst | WriteOnly | ReadRequest | AtomicWrite => Headers::RETH,
@@ -258,10 +273,7 @@ impl Operation {
     /// Whether payload follows the headers.
     pub const fn has_payload(self) -> bool {
         use Operation::*;
-        !matches!(
-            self,
-            ReadRequest | Acknowledge | AtomicAcknowledge | CompareSwap | FetchAdd | Flush
-        )
+        !matches!(self, ReadRequest | Acknowledge | AtomicAcknowledge | CompareSwap | FetchAdd | Flush)
     }
 
     /// Position of the packet in its message.
@@ -270,8 +282,7 @@ impl Operation {
         match self {
             SendFirst | WriteFirst | ReadResponseFirst => Position::First,
             SendMiddle | WriteMiddle | ReadResponseMiddle => Position::Middle,
-            SendLast | SendLastImm | SendLastInv | WriteLast | WriteLastImm
-            | ReadResponseLast => Position::Last,
+            SendLast | SendLastImm | SendLastInv | WriteLast | WriteLastImm | ReadResponseLast => Position::Last,
             _ => Position::Only,
         }
     }
@@ -326,9 +337,7 @@ impl Opcode {
             3 => Transport::Ud,
             _ => return Err(Error::UnsupportedTransport(byte)),
         };
-        Operation::from_bits(byte & 0x1f)
-            .and_then(|op| Opcode::new(transport, op))
-            .ok_or(Error::UnknownOpcode(byte))
+        Operation::from_bits(byte & 0x1f).and_then(|op| Opcode::new(transport, op)).ok_or(Error::UnknownOpcode(byte))
     }
 
     /// The opcode byte.
@@ -406,7 +415,8 @@ mod tests {
         assert_eq!(Opcode::from_u8(0x2c), Err(Error::UnknownOpcode(0x2c))); // UC READ
         assert_eq!(Opcode::from_u8(0x60), Err(Error::UnknownOpcode(0x60))); // UD SEND_FIRST
         assert_eq!(Opcode::from_u8(0x44), Err(Error::UnsupportedTransport(0x44))); // RD
-        assert_eq!(Opcode::from_u8(0x81), Err(Error::UnsupportedTransport(0x81))); // CNP
+        assert_eq!(Opcode::from_u8(0x81), Err(Error::UnsupportedTransport(0x81)));
+        // CNP
     }
 
     #[test]

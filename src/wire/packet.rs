@@ -188,8 +188,8 @@ pub fn ip_header(src: std::net::IpAddr, dst: std::net::IpAddr) -> Result<IpHeade
     use std::net::IpAddr;
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let mut h = Ipv4Header::new(0, 64, IpNumber::UDP, s.octets(), d.octets())
-                .map_err(|_| Error::FieldOverflow)?;
+            let mut h =
+                Ipv4Header::new(0, 64, IpNumber::UDP, s.octets(), d.octets()).map_err(|_| Error::FieldOverflow)?;
             h.dont_fragment = true;
             Ok(IpHeader::V4(h))
         }

@@ -4,8 +4,8 @@
 use super::bytes::{get_u32, need, set_u32};
 use super::ext::{Aeth, AtomicAckEth, AtomicEth, Deth, Feth, Reth};
 use super::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr, Error, FethRepr, Headers,
-    Operation, Result, RethRepr,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr, Error, FethRepr, Headers, Operation, Result,
+    RethRepr,
 };
 
 /// Length of the ICRC trailer.
@@ -123,12 +123,9 @@ impl RoceRepr {
                 Headers::FETH => repr.feth = Some(FethRepr::parse(&Feth::new_unchecked(field))?),
                 Headers::RETH => repr.reth = Some(RethRepr::parse(&Reth::new_unchecked(field))?),
                 Headers::AETH => repr.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(field))?),
-                Headers::ATOMIC_ETH => {
-                    repr.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(field))?)
-                }
+                Headers::ATOMIC_ETH => repr.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(field))?),
                 Headers::ATOMIC_ACK_ETH => {
-                    repr.atomic_ack_eth =
-                        Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(field))?)
+                    repr.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(field))?)
                 }
                 Headers::IMM => repr.imm = Some(get_u32(field, 0)),
                 _ => repr.ieth = Some(get_u32(field, 0)),
@@ -138,7 +135,7 @@ impl RoceRepr {
 
         let pad = bth_view.pad_count();
         let available = buf.len() - header_len - ICRC_LEN;
-        if available % 4 != 0 || usize::from(pad) > available {
+        if !available.is_multiple_of(4) || usize::from(pad) > available {
             return Err(Error::BadPad { pad, available });
         }
         // With headers and the total both multiples of four, the pad count
@@ -190,12 +187,8 @@ impl RoceRepr {
                 Headers::FETH => self.feth.map(|f| f.emit(&mut Feth::new_unchecked(field))),
                 Headers::RETH => self.reth.map(|r| r.emit(&mut Reth::new_unchecked(field))),
                 Headers::AETH => self.aeth.map(|a| a.emit(&mut Aeth::new_unchecked(field))),
-                Headers::ATOMIC_ETH => {
-                    self.atomic_eth.map(|a| a.emit(&mut AtomicEth::new_unchecked(field)))
-                }
-                Headers::ATOMIC_ACK_ETH => {
-                    self.atomic_ack_eth.map(|a| a.emit(&mut AtomicAckEth::new_unchecked(field)))
-                }
+                Headers::ATOMIC_ETH => self.atomic_eth.map(|a| a.emit(&mut AtomicEth::new_unchecked(field))),
+                Headers::ATOMIC_ACK_ETH => self.atomic_ack_eth.map(|a| a.emit(&mut AtomicAckEth::new_unchecked(field))),
                 Headers::IMM => self.imm.map(|v| {
                     set_u32(field, 0, v);
                     Ok(())
@@ -249,10 +242,7 @@ mod tests {
         repr.aeth = Some(AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn: 3 });
         let mut buf = [0u8; 20];
         assert_eq!(repr.emit(&mut buf, &[]), Ok(20));
-        assert_eq!(
-            buf,
-            [0x11, 0x00, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 100, 0x1f, 0, 0, 3, 0, 0, 0, 0]
-        );
+        assert_eq!(buf, [0x11, 0x00, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 100, 0x1f, 0, 0, 3, 0, 0, 0, 0]);
         let parsed = RoceRepr::parse(&buf).unwrap();
         assert_eq!(parsed.header, repr);
         assert!(parsed.payload.is_empty());
@@ -284,18 +274,12 @@ mod tests {
         let mut repr = RoceRepr::new(bth(Operation::ReadRequest, Transport::Rc));
         repr.reth = Some(RethRepr { va: 0, rkey: 1, dma_len: 4096 });
         let mut buf = [0u8; 64];
-        assert_eq!(
-            repr.emit(&mut buf, b"x"),
-            Err(Error::UnexpectedPayload { opcode: 0x0c, len: 1 })
-        );
+        assert_eq!(repr.emit(&mut buf, b"x"), Err(Error::UnexpectedPayload { opcode: 0x0c, len: 1 }));
         let n = repr.emit(&mut buf, &[]).unwrap();
         assert_eq!(n, 32);
         let mut longer = buf[..36].to_vec();
         longer[28..32].copy_from_slice(&[1, 2, 3, 4]);
-        assert_eq!(
-            RoceRepr::parse(&longer),
-            Err(Error::UnexpectedPayload { opcode: 0x0c, len: 4 })
-        );
+        assert_eq!(RoceRepr::parse(&longer), Err(Error::UnexpectedPayload { opcode: 0x0c, len: 4 }));
     }
 
     #[test]

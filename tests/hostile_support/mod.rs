@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use softroce::transport::*;
 use softroce::verbs::{Endpoint, Gid};
 use softroce::wire::{
-    icrc, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Headers, Opcode,
-    Operation, Psn, RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT,
+    icrc, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Headers, Opcode, Operation, Psn,
+    RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT,
 };
 
 // ---------------------------------------------------------------------------
@@ -126,13 +126,8 @@ impl Target {
     /// The same QP without memory.
     pub fn bare(qp_type: QpType, attr: QpAttr, sq_psn: u32, rq_psn: u32) -> Target {
         let mut qp = Qp::new(QPN, qp_type, PD, QpCap::default(), None);
-        let at = QpAttr {
-            dest: Some(PEER),
-            dest_qpn: PEER_QPN,
-            rq_psn: Psn::new(rq_psn),
-            sq_psn: Psn::new(sq_psn),
-            ..attr
-        };
+        let at =
+            QpAttr { dest: Some(PEER), dest_qpn: PEER_QPN, rq_psn: Psn::new(rq_psn), sq_psn: Psn::new(sq_psn), ..attr };
         qp.connect(&at).unwrap();
         Target { qp, mem: MemoryTable::new(), now: Duration::from_secs(1), keys: Vec::new(), buf: vec![0; 4096 + 64] }
     }
@@ -195,12 +190,19 @@ impl Target {
     /// difference (regions are too large to print) and `what` did it.
     pub fn assert_memory_is(&self, expected: &Snapshot, what: &str) {
         let now = self.snapshot();
-        assert_eq!(now.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "{what}: registered keys changed");
+        assert_eq!(
+            now.keys().collect::<Vec<_>>(),
+            expected.keys().collect::<Vec<_>>(),
+            "{what}: registered keys changed"
+        );
         for (key, region) in expected {
             let actual = &now[key];
             assert_eq!((actual.pd, actual.addr, actual.access), (region.pd, region.addr, region.access), "{what}");
             if let Some(i) = (0..region.data.len()).find(|&i| actual.data[i] != region.data[i]) {
-                panic!("{what}: byte {i} of region {key:#x} changed: {:#04x} -> {:#04x}", region.data[i], actual.data[i]);
+                panic!(
+                    "{what}: byte {i} of region {key:#x} changed: {:#04x} -> {:#04x}",
+                    region.data[i], actual.data[i]
+                );
             }
         }
     }

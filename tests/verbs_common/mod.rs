@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use softroce::transport::{Access, AsyncEvent, Mtu, QpType, WorkCompletion};
 use softroce::verbs::{
-    CompletionChannel, CompletionQueue, ConnectOptions, Context, ContextOptions, Device,
-    MemoryRegion, ProtectionDomain, QpInit, QueuePair,
+    CompletionChannel, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion,
+    ProtectionDomain, QpInit, QueuePair,
 };
 
 pub const IP_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
@@ -62,14 +62,7 @@ impl Node {
 
     /// QP creation attributes with the node's CQ for both queues.
     pub fn init(&self, qp_type: QpType) -> QpInit<'_> {
-        QpInit {
-            qp_type,
-            send_cq: &self.cq,
-            recv_cq: &self.cq,
-            srq: None,
-            cap: Default::default(),
-            sq_sig_all: false,
-        }
+        QpInit { qp_type, send_cq: &self.cq, recv_cq: &self.cq, srq: None, cap: Default::default(), sq_sig_all: false }
     }
 
     pub fn qp(&self, qp_type: QpType) -> QueuePair {

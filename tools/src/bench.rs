@@ -113,7 +113,8 @@ pub fn run(args: Args) -> ExitCode {
 /// failed (a baseline that fails is only unavailable).
 fn bench(args: &Args) -> Result<bool, String> {
     let timing = Timing { warmup: args.seconds / 5, seconds: args.seconds };
-    let options = ContextOptions { busy_poll: args.busy_poll, socket_buffer: args.socket_buffer, ..ContextOptions::default() };
+    let options =
+        ContextOptions { busy_poll: args.busy_poll, socket_buffer: args.socket_buffer, ..ContextOptions::default() };
     let devices = rdma::Devices::open(args.port, options)?;
     let host = Host::now();
     if !args.json {
@@ -172,8 +173,10 @@ fn bench(args: &Args) -> Result<bool, String> {
         say!("ratios: softroce / baseline (GB/s for streams, msg/s for the write rates, median latency for send-lat; latency above 1 is slower)");
     }
     if let Some(path) = &args.plot {
-        let svg =
-            plot::svg(&rows, &format!("{} cores, Linux {}, {} s per row", host.cores, host.kernel, timing.seconds.as_secs_f64()));
+        let svg = plot::svg(
+            &rows,
+            &format!("{} cores, Linux {}, {} s per row", host.cores, host.kernel, timing.seconds.as_secs_f64()),
+        );
         std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     if failed > 0 {
@@ -519,7 +522,8 @@ impl Baselines {
                 tcp: None,
             },
             Test::SendLat => {
-                let at_size = |lat: &[(usize, f64)]| lat.iter().find(|(size, _)| *size == case.size).map(|(_, p50)| *p50);
+                let at_size =
+                    |lat: &[(usize, f64)]| lat.iter().find(|(size, _)| *size == case.size).map(|(_, p50)| *p50);
                 let p50 = |baseline| figures.p50().and_then(|p50| ratio(p50, baseline));
                 Ratios { udp: p50(at_size(&self.udp_lat)), udp_gso: p50(at_size(&self.udp_gso_lat)), tcp: None }
             }
@@ -542,7 +546,20 @@ struct Row {
 fn table_header() -> String {
     format!(
         "{:<15} {:>7} {:>4} {:>3} {:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
-        "test", "size", "MTU", "QPs", "eng", "GB/s", "msg/s", "CPU s/GB", "p50 µs", "p99 µs", "×udp", "×gso", "×tcp", "retries"
+        "test",
+        "size",
+        "MTU",
+        "QPs",
+        "eng",
+        "GB/s",
+        "msg/s",
+        "CPU s/GB",
+        "p50 µs",
+        "p99 µs",
+        "×udp",
+        "×gso",
+        "×tcp",
+        "retries"
     )
 }
 
@@ -700,8 +717,12 @@ mod tests {
 
     #[test]
     fn figures_come_from_the_window() {
-        let window =
-            Window { bytes: 2_000_000_000, messages: 1000, elapsed: Duration::from_secs(2), cpu: Duration::from_secs(3) };
+        let window = Window {
+            bytes: 2_000_000_000,
+            messages: 1000,
+            elapsed: Duration::from_secs(2),
+            cpu: Duration::from_secs(3),
+        };
         let rtts = vec![Duration::from_micros(10), Duration::from_micros(20), Duration::from_micros(90)];
         let f = Figures::new(&Measured { window, rtts, retries: Some(4) }).unwrap();
         assert_eq!((f.gbytes_per_s, f.msgs_per_s, f.cpu_s_per_gb), (1.0, 500.0, 1.5));
@@ -735,7 +756,10 @@ mod tests {
         );
 
         let rate = Case::softroce(Test::WriteRate, 64, Mtu::Mtu4096, 1);
-        assert_eq!(baselines.ratios(&rate, &figures(0.01, 250_000.0, None)), Ratios { udp: Some(0.5), udp_gso: None, tcp: None });
+        assert_eq!(
+            baselines.ratios(&rate, &figures(0.01, 250_000.0, None)),
+            Ratios { udp: Some(0.5), udp_gso: None, tcp: None }
+        );
 
         let lat = Case::softroce(Test::SendLat, PING_SMALL, Mtu::Mtu4096, 1);
         assert_eq!(

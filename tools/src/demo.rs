@@ -9,7 +9,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use softroce::transport::{Access, Mtu, QpCap, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
-use softroce::verbs::{self, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, QpInit, QueuePair};
+use softroce::verbs::{
+    self, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, QpInit, QueuePair,
+};
 use softroce::wire::ROCE_UDP_PORT;
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
@@ -55,7 +57,8 @@ const LINK_MTU: u32 = 65536;
 /// GID index of the IPv4 address (index 0 is the link-local GID).
 const GID_INDEX: usize = 1;
 /// Every operation is allowed on both the memory regions and the QPs.
-const ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
+const ACCESS: Access =
+    Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
 
 /// Every wait ends after this: a lost completion fails the demo, not hangs it.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -184,7 +187,8 @@ fn open_devices(port: Option<u16>) -> Result<(Context, Context, u16), String> {
     };
     // Another process may take a free port before we bind it: try a few.
     for _ in 0..10 {
-        let port = softroce::net::udp::free_port(&[ADDRESS_A, ADDRESS_B]).map_err(|e| format!("no free UDP port: {e}"))?;
+        let port =
+            softroce::net::udp::free_port(&[ADDRESS_A, ADDRESS_B]).map_err(|e| format!("no free UDP port: {e}"))?;
         if let Ok(opened) = open_both(&devices, port) {
             say!("port {ROCE_UDP_PORT} unavailable ({why}); using free port {port}");
             return Ok(opened);
@@ -212,7 +216,14 @@ impl Side {
     fn new(ctx: &Context) -> verbs::Result<Side> {
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(256, None)?;
-        let init = QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
+        let init = QpInit {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        };
         let qp = pd.create_qp(&init)?;
         let mr = pd.alloc_mr(REGION_LEN, ACCESS)?;
         Ok(Side { device: ctx.device().name().to_owned(), qp, cq, mr })
@@ -368,7 +379,11 @@ impl Pair {
         };
         self.a.post_send(SendWr::new(step.id, op).with_sge(self.a.mr.sge(SOURCE_AT, MESSAGE)))?;
         let len = MESSAGE as u32;
-        step.expect(&self.a, "req", Expected { wr_id: step.id, opcode: WcOpcode::RdmaWrite, byte_len: len, imm: None })?;
+        step.expect(
+            &self.a,
+            "req",
+            Expected { wr_id: step.id, opcode: WcOpcode::RdmaWrite, byte_len: len, imm: None },
+        )?;
         match imm {
             Some(_) => {
                 let want = Expected { wr_id: step.id, opcode: WcOpcode::RecvRdmaWithImm, byte_len: len, imm };
@@ -402,7 +417,12 @@ impl Pair {
         const ORIGINAL: u64 = 0x0123_4567_89ab_cdef;
         const SWAP: u64 = 0xfedc_ba98_7654_3210;
         let compare = if equal { ORIGINAL } else { !ORIGINAL };
-        let op = SendOp::CompareSwap { remote_addr: self.b.mr.addr() + WORD_AT as u64, rkey: self.b.mr.rkey(), compare, swap: SWAP };
+        let op = SendOp::CompareSwap {
+            remote_addr: self.b.mr.addr() + WORD_AT as u64,
+            rkey: self.b.mr.rkey(),
+            compare,
+            swap: SWAP,
+        };
         self.atomic(step, op, ORIGINAL, if equal { SWAP } else { ORIGINAL })
     }
 
@@ -466,7 +486,11 @@ impl Pair {
         let arrived = |side: &Side, round: u64| -> Result<(), String> {
             let wc = side.completion_by(wait)?;
             check_completion(&wc, &Expected { wr_id: 0, opcode: WcOpcode::Recv, byte_len: PING as u32, imm: None })?;
-            check_word("ping-pong data", u64::from_ne_bytes(side.bytes(RECV_AT, PING)?.try_into().expect("8 bytes")), round)
+            check_word(
+                "ping-pong data",
+                u64::from_ne_bytes(side.bytes(RECV_AT, PING)?.try_into().expect("8 bytes")),
+                round,
+            )
         };
         recv(&self.a)?;
         recv(&self.b)?;
@@ -687,7 +711,10 @@ mod tests {
     #[test]
     fn a_wrong_word_fails() {
         assert_eq!(check_word("remote word", 42, 42), Ok(()));
-        assert_eq!(check_word("remote word", 40, 42).unwrap_err(), "remote word 0x0000000000000028 instead of 0x000000000000002a");
+        assert_eq!(
+            check_word("remote word", 40, 42).unwrap_err(),
+            "remote word 0x0000000000000028 instead of 0x000000000000002a"
+        );
     }
 
     #[test]

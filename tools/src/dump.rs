@@ -22,10 +22,8 @@ use json::Origin;
 use ladder::Ladder;
 
 #[derive(clap::Args)]
-#[command(
-    after_help = "The last line counts packets, ICRC results and malformed packets \
-    (a damaged capture file counts as one). Exits non-zero when a file cannot be read whole."
-)]
+#[command(after_help = "The last line counts packets, ICRC results and malformed packets \
+    (a damaged capture file counts as one). Exits non-zero when a file cannot be read whole.")]
 pub struct Args {
     /// pcap or pcapng files (Ethernet, Linux cooked or raw IP).
     #[arg(required = true)]
@@ -100,11 +98,7 @@ impl Dump {
         let mut tracker = Tracker::default();
         let start = frames.first().map(|f| f.timestamp).unwrap_or_default();
         for (index, frame) in frames.iter().enumerate() {
-            let origin = Origin {
-                file: &name,
-                frame: index + 1,
-                time: frame.timestamp.as_secs_f64(),
-            };
+            let origin = Origin { file: &name, frame: index + 1, time: frame.timestamp.as_secs_f64() };
             let seconds = frame.timestamp.saturating_sub(start).as_secs_f64();
             match decode::decode(frame) {
                 Decoded::Roce(pkt) => {
@@ -137,20 +131,11 @@ impl Dump {
         } else {
             self.totals.icrc_bad += 1;
         }
-        let explanation = self
-            .explainer
-            .as_mut()
-            .map(|e| e.packet(pkt, analysis, icrc_ok));
+        let explanation = self.explainer.as_mut().map(|e| e.packet(pkt, analysis, icrc_ok));
         if self.json {
             self.print_json(json::packet(origin, pkt, analysis, icrc_ok), explanation);
         } else {
-            self.print(&text::packet_line(
-                origin.frame,
-                seconds,
-                pkt,
-                analysis,
-                icrc_ok,
-            ));
+            self.print(&text::packet_line(origin.frame, seconds, pkt, analysis, icrc_ok));
             self.print_explanation(explanation);
         }
         if let Some(ladder) = &mut self.ladder {
@@ -161,10 +146,7 @@ impl Dump {
     fn malformed(&mut self, origin: &Origin<'_>, seconds: f64, malformed: &Malformed) {
         self.totals.packets += 1;
         self.totals.malformed += 1;
-        let explanation = self
-            .explainer
-            .as_mut()
-            .map(|e| e.malformed(&malformed.error));
+        let explanation = self.explainer.as_mut().map(|e| e.malformed(&malformed.error));
         if self.json {
             self.print_json(json::malformed(origin, malformed), explanation);
         } else {

@@ -124,12 +124,10 @@ pub enum AtomicType {
 }
 
 #[derive(clap::Args)]
-#[command(
-    after_help = "Without SERVER, waits for a client; with it, connects to the server there. \
+#[command(after_help = "Without SERVER, waits for a client; with it, connects to the server there. \
     The peer may be perftest's ib_<test>_bw (ib_<test>_lat with --lat) or softroce perf. \
     Give both sides the same test options. Use -x with the GID index of an IP address \
-    (without it, the first IPv4 GID, as perftest picks); softroce binds that address alone."
-)]
+    (without it, the first IPv4 GID, as perftest picks); softroce binds that address alone.")]
 pub struct Args {
     /// The test: send, write, read or atomic.
     #[arg(value_enum)]
@@ -137,7 +135,7 @@ pub struct Args {
     /// The server to connect to (host name or IPv4 address).
     #[arg(value_name = "SERVER")]
     server: Option<String>,
-    /// Measure latency (the peer of ib_<test>_lat) instead of bandwidth.
+    /// Measure latency (the peer of `ib_<test>_lat`) instead of bandwidth.
     #[arg(long)]
     lat: bool,
     /// Listen on / connect to this TCP port.
@@ -275,7 +273,12 @@ impl Params {
         if args.atomic_type.is_some() && verb != Verb::Atomic {
             return fail(" -A/--atomic_type is an option of atomic tests only");
         }
-        let iters = check("Iteration num", args.iters.unwrap_or(if bw && verb == Verb::Write { 5000 } else { 1000 }), 5, 100_000_000)?;
+        let iters = check(
+            "Iteration num",
+            args.iters.unwrap_or(if bw && verb == Verb::Write { 5000 } else { 1000 }),
+            5,
+            100_000_000,
+        )?;
         let size = match (verb, args.size) {
             (Verb::Atomic, Some(s)) if s != 8 => return fail("Message size cannot be changed for Atomic tests "),
             (Verb::Atomic, _) => 8,
@@ -288,7 +291,8 @@ impl Params {
             return fail("softroce perf runs latency tests on one QP: leave out -q");
         }
         let mut tx_depth = check("Tx depth", args.tx_depth.unwrap_or(if bw { 128 } else { 1 }), 1, 15000)?;
-        let mut rx_depth = check("Rx depth", args.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }), 1, 16384)?;
+        let mut rx_depth =
+            check("Rx depth", args.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }), 1, 16384)?;
         let requested_cq_mod = args.cq_mod.map(|m| check("CQ moderation", m, 1, 1024)).transpose()?;
         let mut cq_mod = requested_cq_mod.unwrap_or(100);
         if args.duration.is_none() {
@@ -421,8 +425,11 @@ fn open_device(args: &Args) -> Result<(Device, usize, Gid), Fail> {
             };
             Device::custom(&format!("sr_{addr}"), vec![addr], mac, LOCAL_LINK_MTU)
         }
-        (None, Some(name)) => Device::by_name(name).map_err(|e| Fail(format!(" Unable to find the Infiniband/RoCE device {name}: {e}")))?,
-        (None, None) => Device::default_device().map_err(|e| Fail(format!(" Unable to find the Infiniband/RoCE device: {e}")))?,
+        (None, Some(name)) => Device::by_name(name)
+            .map_err(|e| Fail(format!(" Unable to find the Infiniband/RoCE device {name}: {e}")))?,
+        (None, None) => {
+            Device::default_device().map_err(|e| Fail(format!(" Unable to find the Infiniband/RoCE device: {e}")))?
+        }
     };
     let table = device.gid_table();
     let index = match args.gid_index {
@@ -437,16 +444,16 @@ fn open_device(args: &Args) -> Result<(Device, usize, Gid), Fail> {
             best
         }
     };
-    let gid = device
-        .gid(index)
-        .ok_or_else(|| Fail(format!(" GID index {index} does not exist (the table has {})\n Unable to set up socket connection", table.len())))?;
+    let gid = device.gid(index).ok_or_else(|| {
+        Fail(format!(
+            " GID index {index} does not exist (the table has {})\n Unable to set up socket connection",
+            table.len()
+        ))
+    })?;
     let ip = gid.to_ip();
     let bindable = !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
-    let device = if bindable {
-        Device::custom(device.name(), vec![ip], device.mac(), device.link_mtu())
-    } else {
-        device
-    };
+    let device =
+        if bindable { Device::custom(device.name(), vec![ip], device.mac(), device.link_mtu()) } else { device };
     Ok((device, index, gid))
 }
 
@@ -538,7 +545,12 @@ fn print_test_info(p: &Params, device: &str, client: bool, mtu: Mtu, gid_index: 
 fn tcp_connect(args: &Args) -> Result<TcpStream, Fail> {
     match &args.server {
         Some(server) => {
-            let couldnt = || Fail(format!("Couldn't connect to {server}:{}\nUnable to open file descriptor for socket connection", args.port));
+            let couldnt = || {
+                Fail(format!(
+                    "Couldn't connect to {server}:{}\nUnable to open file descriptor for socket connection",
+                    args.port
+                ))
+            };
             let addrs: Vec<SocketAddr> = (server.as_str(), args.port)
                 .to_socket_addrs()
                 .map_err(|e| Fail(format!("Problem in resolving basic address and port: {e}")))?
@@ -563,7 +575,9 @@ fn perf(args: &Args) -> Result<(), Fail> {
     let mut p = Params::new(args)?;
     let client = args.server.is_some();
     let (device, gid_index, gid) = open_device(args)?;
-    let port = device.query_port(p.ib_port).map_err(|e| Fail(format!(" Unable to query port {} attributes: {e}", p.ib_port)))?;
+    let port = device
+        .query_port(p.ib_port)
+        .map_err(|e| Fail(format!(" Unable to query port {} attributes: {e}", p.ib_port)))?;
     let active = device.active_mtu();
     // set_mtu
     let my_mtu = match args.mtu {
@@ -595,7 +609,8 @@ fn perf(args: &Args) -> Result<(), Fail> {
         }
     }
 
-    let options = ContextOptions { port: args.roce_port, socket_buffer: args.socket_buffer, ..ContextOptions::default() };
+    let options =
+        ContextOptions { port: args.roce_port, socket_buffer: args.socket_buffer, ..ContextOptions::default() };
     let mut res = Res::new(&device, options, &p, cycle as usize, cache_line as usize)?;
     let mine = res.key_messages(&p, gid, port.lid)?;
     print_test_info(&p, device.name(), client, mtu, gid_index);
@@ -694,7 +709,8 @@ fn send_bw(comm: &mut Comm, res: &mut Res, p: &Params, mtu: Mtu, mine: &[KeyMsg]
         }
         // The client may not send before the receives are up.
         comm.hand_shake(&mine[0])?;
-        let (times, total) = if client || p.duplex { res.run_bw(p, &theirs, size, !client)? } else { res.run_bw_server(p, size)? };
+        let (times, total) =
+            if client || p.duplex { res.run_bw(p, &theirs, size, !client)? } else { res.run_bw_server(p, size)? };
         let report = times.report(size as u64, total, p.cq_mod.into(), p.gbits);
         if p.duplex && p.duration.is_none() {
             let peer = comm.exchange_bw_reports(&report)?;

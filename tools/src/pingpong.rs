@@ -37,12 +37,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use softroce::transport::{
-    Access, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendOp, SendWr, UdDest, WcStatus,
-    WorkCompletion, GRH_LEN,
+    Access, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
+    GRH_LEN,
 };
 use softroce::verbs::{
-    CompletionChannel, CompletionQueue, Context, ContextOptions, Device, Gid, MemoryRegion,
-    ProtectionDomain, QueuePair, SharedReceiveQueue,
+    CompletionChannel, CompletionQueue, Context, ContextOptions, Device, Gid, MemoryRegion, ProtectionDomain,
+    QueuePair, SharedReceiveQueue,
 };
 use softroce::wire::{Psn, ROCE_UDP_PORT};
 
@@ -66,12 +66,10 @@ const PAGE_SIZE: usize = 4096;
 const LOCAL_LINK_MTU: u32 = 4096 + 80;
 
 #[derive(clap::Args)]
-#[command(
-    after_help = "Without SERVER, waits for a client; with it, connects to the server there. \
+#[command(after_help = "Without SERVER, waits for a client; with it, connects to the server there. \
     The peer may be ibv_rc_pingpong (default), ibv_uc_pingpong (--uc), ibv_ud_pingpong (--ud) \
     or ibv_srq_pingpong (--srq) from rdma-core, or softroce pingpong with the same transport. \
-    Use -g with the GID index of an IP address (1 for the first IPv4 one): RoCE needs GIDs."
-)]
+    Use -g with the GID index of an IP address (1 for the first IPv4 one): RoCE needs GIDs.")]
 pub struct Args {
     /// The server to connect to (host name or address).
     #[arg(value_name = "SERVER")]
@@ -255,13 +253,13 @@ fn inet_ntop6(raw: &[u8; 16]) -> String {
         if w == 0 {
             cur = Some(cur.map_or((i, 1), |(b, l)| (b, l + 1)));
         } else if let Some(run) = cur.take() {
-            if best.map_or(true, |(_, l)| run.1 > l) {
+            if best.is_none_or(|(_, l)| run.1 > l) {
                 best = Some(run);
             }
         }
     }
     if let Some(run) = cur {
-        if best.map_or(true, |(_, l)| run.1 > l) {
+        if best.is_none_or(|(_, l)| run.1 > l) {
             best = Some(run);
         }
     }
@@ -297,13 +295,7 @@ fn inet_ntop6(raw: &[u8; 16]) -> String {
 
 fn print_dest(label: &str, d: &Dest, colon_before_gid: bool) {
     let sep = if colon_before_gid { ":" } else { "," };
-    println!(
-        "  {label} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep} GID {}",
-        d.lid,
-        d.qpn,
-        d.psn,
-        inet_ntop6(&d.gid)
-    );
+    println!("  {label} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep} GID {}", d.lid, d.qpn, d.psn, inet_ntop6(&d.gid));
 }
 
 /// The device: `--local-addr`, `-d`, or the default.
@@ -399,9 +391,7 @@ impl Checker {
         if pp.mr.read(pp.data_offset, &mut self.received).is_err() {
             return;
         }
-        for (page, (got, want)) in
-            self.received.chunks(PAGE_SIZE).zip(self.expected.chunks(PAGE_SIZE)).enumerate()
-        {
+        for (page, (got, want)) in self.received.chunks(PAGE_SIZE).zip(self.expected.chunks(PAGE_SIZE)).enumerate() {
             if got != want {
                 self.bad_pages.insert(page);
             }
@@ -506,8 +496,11 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     if kind == Kind::Ud && size > port_attr.active_mtu.bytes() {
         return fail(format!("Requested size larger than port MTU ({})", port_attr.active_mtu.bytes()));
     }
-    let ctx = Context::open(&device, ContextOptions { port: args.roce_port, corrupt_icrc_every: args.corrupt_icrc, ..ContextOptions::default() })
-        .map_err(|e| Fail(format!("Couldn't get context for {}: {e}", device.name())))?;
+    let ctx = Context::open(
+        &device,
+        ContextOptions { port: args.roce_port, corrupt_icrc_every: args.corrupt_icrc, ..ContextOptions::default() },
+    )
+    .map_err(|e| Fail(format!("Couldn't get context for {}: {e}", device.name())))?;
     if args.odp {
         return fail("The device isn't ODP capable or does not support RC send and receive with ODP");
     }
@@ -522,9 +515,8 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     let pd = ctx.alloc_pd().map_err(|e| Fail(format!("Couldn't allocate PD: {e}")))?;
     let data_offset = if kind == Kind::Ud { GRH_LEN } else { 0 };
     let recv_len = size + data_offset;
-    let mr = pd
-        .alloc_mr(recv_len.max(1), Access::LOCAL_WRITE)
-        .map_err(|e| Fail(format!("Couldn't register MR: {e}")))?;
+    let mr =
+        pd.alloc_mr(recv_len.max(1), Access::LOCAL_WRITE).map_err(|e| Fail(format!("Couldn't register MR: {e}")))?;
     mr.write(0, &vec![kind.fill(); recv_len])?;
     let cqe = rx_depth as usize + if kind == Kind::Srq { num_qp } else { 1 };
     let cq = ctx.create_cq(cqe, channel.as_ref()).map_err(|e| Fail(format!("Couldn't create CQ: {e}")))?;
@@ -562,20 +554,7 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
         qp.modify(&attr, mask).map_err(|e| Fail(format!("Failed to modify QP to INIT: {e}")))?;
         qps.push(qp);
     }
-    let mut pp = Pp {
-        kind,
-        ctx,
-        channel,
-        cq,
-        srq,
-        qps,
-        pd,
-        mr,
-        size,
-        recv_len,
-        data_offset,
-        ud_dest: None,
-    };
+    let mut pp = Pp { kind, ctx, channel, cq, srq, qps, pd, mr, size, recv_len, data_offset, ud_dest: None };
     // Printed however the run ends: a failed run's counters say most.
     let _stats = args.stats.then(|| StatsAtExit(pp.ctx.clone()));
 
@@ -799,13 +778,7 @@ impl Drop for StatsAtExit {
 
 /// `pp_connect_ctx`: RTR then RTS with the C programs' attributes, and for
 /// UD the address handle.
-fn connect(
-    pp: &mut Pp,
-    path_mtu: Mtu,
-    mine: &[Dest],
-    remote: &[Dest],
-    peer: IpAddr,
-) -> Result<(), Fail> {
+fn connect(pp: &mut Pp, path_mtu: Mtu, mine: &[Dest], remote: &[Dest], peer: IpAddr) -> Result<(), Fail> {
     // ibv_srq_pingpong addresses every QP by the first remote GID.
     let dest_ip = if remote[0].has_gid() { Gid::from_bytes(remote[0].gid).to_ip() } else { peer };
     for (i, qp) in pp.qps.iter().enumerate() {
@@ -860,14 +833,10 @@ fn read_timeout(watchdog: &Watchdog) -> Option<Duration> {
 
 /// `pp_client_exch_dest`: send ours, read theirs, send `done`. Returns their
 /// addresses and the address of the server.
-fn client_exchange(
-    server: &str,
-    port: u16,
-    mine: &[Dest],
-    watchdog: &Watchdog,
-) -> Result<(Vec<Dest>, IpAddr), Fail> {
+fn client_exchange(server: &str, port: u16, mine: &[Dest], watchdog: &Watchdog) -> Result<(Vec<Dest>, IpAddr), Fail> {
     let couldnt = || Fail(format!("Couldn't connect to {server}:{port}"));
-    let addrs: Vec<SocketAddr> = (server, port).to_socket_addrs().map_err(|e| Fail(format!("{e} for {server}:{port}")))?.collect();
+    let addrs: Vec<SocketAddr> =
+        (server, port).to_socket_addrs().map_err(|e| Fail(format!("{e} for {server}:{port}")))?.collect();
     let mut stream = addrs.iter().find_map(|a| TcpStream::connect(a).ok()).ok_or_else(couldnt)?;
     stream.set_read_timeout(read_timeout(watchdog))?;
     let peer = stream.peer_addr()?.ip().to_canonical();
@@ -877,9 +846,9 @@ fn client_exchange(
     let mut theirs = Vec::with_capacity(mine.len());
     for _ in mine {
         let mut msg = [0u8; MSG_LEN];
-        stream.read_exact(&mut msg).map_err(|e| {
-            Fail(format!("client read/write: {e}\nCouldn't read/write remote address"))
-        })?;
+        stream
+            .read_exact(&mut msg)
+            .map_err(|e| Fail(format!("client read/write: {e}\nCouldn't read/write remote address")))?;
         theirs.push(parse(&msg)?);
     }
     stream.write_all(DONE).map_err(|e| Fail(format!("client read/write: {e}\nCouldn't read/write remote address")))?;
@@ -914,9 +883,9 @@ fn server_exchange(
     let mut theirs = Vec::with_capacity(wire_mine.len());
     for i in 0..wire_mine.len() {
         let mut msg = [0u8; MSG_LEN];
-        stream.read_exact(&mut msg).map_err(|e| {
-            Fail(format!("server read: {e}\nCouldn't read remote address [{i}]"))
-        })?;
+        stream
+            .read_exact(&mut msg)
+            .map_err(|e| Fail(format!("server read: {e}\nCouldn't read remote address [{i}]")))?;
         theirs.push(parse(&msg)?);
     }
     connect(pp, path_mtu, mine, &theirs, peer.ip().to_canonical())

@@ -29,8 +29,12 @@ const STREAMS: [&str; 3] = ["rc-write", "rc-send", "rc-read"];
 const MIB: u64 = 1 << 20;
 
 fn bench(args: &[&str]) -> String {
-    let Output { status, stdout, stderr } =
-        Command::new(env!("CARGO_BIN_EXE_softroce")).arg("bench").args(args).env_remove("SOFTROCE_LOG").output().unwrap();
+    let Output { status, stdout, stderr } = Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .arg("bench")
+        .args(args)
+        .env_remove("SOFTROCE_LOG")
+        .output()
+        .unwrap();
     let (stdout, stderr) = (String::from_utf8(stdout).unwrap(), String::from_utf8(stderr).unwrap());
     assert!(status.success(), "{status}\nstdout:\n{stdout}\nstderr:\n{stderr}");
     stdout
@@ -65,7 +69,13 @@ fn number(row: &Map<String, Value>, key: &str) -> f64 {
     n
 }
 
-fn find<'a>(rows: &'a [Map<String, Value>], test: &str, size: u64, mtu: Option<u64>, qps: Option<u64>) -> &'a Map<String, Value> {
+fn find<'a>(
+    rows: &'a [Map<String, Value>],
+    test: &str,
+    size: u64,
+    mtu: Option<u64>,
+    qps: Option<u64>,
+) -> &'a Map<String, Value> {
     rows.iter()
         .find(|r| {
             text(r, "test") == test
@@ -141,10 +151,16 @@ fn every_json_row_is_complete_and_sane() {
                 ("ratio_udp_gso", available(rows, "udp-gso-lat", size).is_some()),
                 ("ratio_tcp", false),
             ],
-            "write-rate" | "write-rate-list" => {
-                [("ratio_udp", true), ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()), ("ratio_tcp", false)]
-            }
-            _ => [("ratio_udp", true), ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()), ("ratio_tcp", true)],
+            "write-rate" | "write-rate-list" => [
+                ("ratio_udp", true),
+                ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()),
+                ("ratio_tcp", false),
+            ],
+            _ => [
+                ("ratio_udp", true),
+                ("ratio_udp_gso", available(rows, "udp-gso", 4096).is_some()),
+                ("ratio_tcp", true),
+            ],
         };
         for (key, expected) in baselines {
             if expected {
@@ -181,7 +197,9 @@ fn the_plot_has_a_line_per_series() {
         .collect();
     assert!(series.len() >= 3, "{series:?}");
     assert_eq!(svg.matches("<polyline ").count(), series.len(), "{svg}");
-    for label in ["RC WRITE, MTU 4096, 1 QP", "RC WRITE, MTU 4096, 4 QPs", "RC READ, MTU 4096, 1 QP", "TCP, 64 KiB writes"] {
+    for label in
+        ["RC WRITE, MTU 4096, 1 QP", "RC WRITE, MTU 4096, 4 QPs", "RC READ, MTU 4096, 1 QP", "TCP, 64 KiB writes"]
+    {
         assert!(svg.contains(label), "no {label:?} in the legend");
     }
     for axis in ["message size (log scale)", "throughput (GB/s)", ">1 MiB<"] {
@@ -195,7 +213,8 @@ fn the_table_has_ratios_and_a_line_per_row() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines[0].starts_with("softroce bench: ") && lines[0].contains("load average"), "{stdout}");
     assert!(lines[1].split_whitespace().eq([
-        "test", "size", "MTU", "QPs", "eng", "GB/s", "msg/s", "CPU", "s/GB", "p50", "µs", "p99", "µs", "×udp", "×gso", "×tcp", "retries"
+        "test", "size", "MTU", "QPs", "eng", "GB/s", "msg/s", "CPU", "s/GB", "p50", "µs", "p99", "µs", "×udp", "×gso",
+        "×tcp", "retries"
     ]));
     let rc_write: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with("rc-write ")).collect();
     assert_eq!(rc_write.len(), 6, "{stdout}");

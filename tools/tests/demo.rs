@@ -90,8 +90,10 @@ fn a_taken_default_port_is_replaced_and_verbose_traces_packets() {
     let _holder = UdpSocket::bind((A, 4791));
     let (stdout, stderr) = demo(&["--seconds", "0", "-v"]);
     assert!(stdout.contains("port 4791 unavailable") && stdout.contains("using free port"), "{stdout}");
-    let packets: Vec<&str> =
-        stderr.lines().filter(|l| l.contains("softroce::transport") && l.contains("opcode=") && l.contains("psn=")).collect();
+    let packets: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("softroce::transport") && l.contains("opcode=") && l.contains("psn="))
+        .collect();
     // Requests and responses alike.
     for opcode in ["opcode=RC_SEND_FIRST", "opcode=RC_ACKNOWLEDGE"] {
         assert!(packets.iter().any(|l| l.contains(opcode)), "no {opcode} in the packet trace\n{stderr}");

@@ -99,10 +99,8 @@ fn list_names() -> Vec<String> {
     assert!(run.success, "{}", run.stderr);
     let mut lines = run.stdout.lines();
     let header = lines.next().unwrap();
-    let names: Vec<String> = lines
-        .take_while(|l| !l.is_empty())
-        .map(|l| l.strip_prefix('\t').unwrap().to_owned())
-        .collect();
+    let names: Vec<String> =
+        lines.take_while(|l| !l.is_empty()).map(|l| l.strip_prefix('\t').unwrap().to_owned()).collect();
     let plural = if names.len() == 1 { "" } else { "s" };
     assert_eq!(header, format!("{} HCA{plural} found:", names.len()));
     names

@@ -42,9 +42,7 @@ impl Run {
         let mut blocks: Vec<(&str, Vec<&str>)> = Vec::new();
         for line in self.stdout.lines() {
             match blocks.last_mut() {
-                Some((_, explanation)) if line.starts_with("      ") => {
-                    explanation.push(line.trim())
-                }
+                Some((_, explanation)) if line.starts_with("      ") => explanation.push(line.trim()),
                 _ => blocks.push((line, Vec::new())),
             }
         }
@@ -60,10 +58,7 @@ impl Run {
     }
 
     fn json(&self) -> Vec<Value> {
-        self.stdout
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a JSON object per line"))
-            .collect()
+        self.stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON object per line")).collect()
     }
 }
 
@@ -78,11 +73,7 @@ fn dump(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
         stderr: String::from_utf8(output.stderr).unwrap(),
         success: output.status.success(),
     };
-    assert!(
-        !run.stderr.contains("panicked"),
-        "softroce panicked: {}",
-        run.stderr
-    );
+    assert!(!run.stderr.contains("panicked"), "softroce panicked: {}", run.stderr);
     run
 }
 
@@ -110,11 +101,7 @@ fn last_line_counts_every_capture() {
             format!("packets: {packets}, icrc ok: {packets}, icrc bad: 0, malformed: 0"),
             "{file}"
         );
-        assert_eq!(
-            run.stdout.lines().count(),
-            packets + 1,
-            "{file}: one line per packet"
-        );
+        assert_eq!(run.stdout.lines().count(), packets + 1, "{file}: one line per packet");
     }
 }
 
@@ -122,48 +109,25 @@ fn last_line_counts_every_capture() {
 fn text_line_shows_headers() {
     let run = dump(&[&data("rc_atomic_fadd.pcap")]);
     let (first, _) = run.frame(1);
-    assert!(
-        first.contains("10.77.0.3 > 10.77.0.2 RC_FETCH_ADD qp=0x11 psn=2905357 ack_req=1"),
-        "{first}"
-    );
-    assert!(
-        first.contains("AtomicETH(va=0x5614eaa32000 rkey=0x2aa swap_add=0x1 compare=0x0)"),
-        "{first}"
-    );
+    assert!(first.contains("10.77.0.3 > 10.77.0.2 RC_FETCH_ADD qp=0x11 psn=2905357 ack_req=1"), "{first}");
+    assert!(first.contains("AtomicETH(va=0x5614eaa32000 rkey=0x2aa swap_add=0x1 compare=0x0)"), "{first}");
     assert!(first.ends_with("len=0 icrc=ok"), "{first}");
     let (ack, _) = run.frame(6);
-    assert!(
-        ack.contains("AETH(0x1f ACK credits=invalid msn=1) AtomicAckETH(orig="),
-        "{ack}"
-    );
+    assert!(ack.contains("AETH(0x1f ACK credits=invalid msn=1) AtomicAckETH(orig="), "{ack}");
 
     let run = dump(&[&data("ud_send.pcap")]);
-    assert!(run
-        .frame(1)
-        .0
-        .contains("DETH(qkey=0x11111111 src_qp=0x11) len=512"));
+    assert!(run.frame(1).0.contains("DETH(qkey=0x11111111 src_qp=0x11) len=512"));
 }
 
 #[test]
 fn reads_pcapng_with_linux_cooked_frames() {
     let dir = scratch("pcapng");
     let pcap = std::fs::read(data("rc_read_bw.pcap")).unwrap();
-    let path = write_file(
-        &dir,
-        "cooked.pcapng",
-        &synthetic::ethernet_pcap_to_cooked_pcapng(&pcap),
-    );
+    let path = write_file(&dir, "cooked.pcapng", &synthetic::ethernet_pcap_to_cooked_pcapng(&pcap));
     let run = dump(&[&path]);
     assert!(run.success, "{}", run.stderr);
-    assert_eq!(
-        run.last_line(),
-        "packets: 30, icrc ok: 30, icrc bad: 0, malformed: 0"
-    );
-    assert_eq!(
-        run.stdout,
-        dump(&[&data("rc_read_bw.pcap")]).stdout,
-        "same packets, same times"
-    );
+    assert_eq!(run.last_line(), "packets: 30, icrc ok: 30, icrc bad: 0, malformed: 0");
+    assert_eq!(run.stdout, dump(&[&data("rc_read_bw.pcap")]).stdout, "same packets, same times");
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -186,10 +150,7 @@ fn json_fetch_add_carries_atomic_eth() {
     assert_eq!(fetch_add["payload_len"], 0);
     assert_eq!(fetch_add["pad"], 0);
     assert_eq!(fetch_add["icrc_ok"], true);
-    assert!(
-        fetch_add["time"].as_f64().unwrap() > 1e9,
-        "seconds since the epoch"
-    );
+    assert!(fetch_add["time"].as_f64().unwrap() > 1e9, "seconds since the epoch");
     assert_eq!(
         fetch_add["atomic_eth"],
         serde_json::json!({"va": 0x5614_eaa3_2000u64, "rkey": 0x2aa, "swap_add": 1, "compare": 0})
@@ -207,21 +168,12 @@ fn json_fetch_add_carries_atomic_eth() {
 fn json_read_response_carries_aeth() {
     let run = dump(&[&"--json", &data("rc_read_bw.pcap")]);
     let packets = run.json();
-    assert_eq!(
-        packets[0]["reth"],
-        serde_json::json!({"va": 0x5557_90d9_4388u64, "rkey": 0x202, "dma_len": 5000})
-    );
+    assert_eq!(packets[0]["reth"], serde_json::json!({"va": 0x5557_90d9_4388u64, "rkey": 0x202, "dma_len": 5000}));
     let first = &packets[5];
     assert_eq!(first["opcode_name"], "RC_RDMA_READ_RESPONSE_FIRST");
     assert_eq!(first["payload_len"], 1024);
-    assert_eq!(
-        first["aeth"],
-        serde_json::json!({"syndrome": 0x1f, "kind": "ack", "credits": 31, "msn": 1})
-    );
-    assert!(
-        packets[6].get("aeth").is_none(),
-        "MIDDLE responses have no AETH"
-    );
+    assert_eq!(first["aeth"], serde_json::json!({"syndrome": 0x1f, "kind": "ack", "credits": 31, "msn": 1}));
+    assert!(packets[6].get("aeth").is_none(), "MIDDLE responses have no AETH");
     assert_eq!(packets[9]["aeth"]["msn"], 1);
     assert_eq!(packets[9]["payload_len"], 904);
 }
@@ -232,10 +184,7 @@ fn json_ud_carries_deth() {
     let packets = run.json();
     assert_eq!(packets.len(), 8);
     for packet in &packets {
-        assert_eq!(
-            packet["deth"],
-            serde_json::json!({"qkey": 0x1111_1111u32, "src_qpn": 0x11})
-        );
+        assert_eq!(packet["deth"], serde_json::json!({"qkey": 0x1111_1111u32, "src_qpn": 0x11}));
         assert_eq!(packet["opcode_name"], "UD_SEND_ONLY");
     }
 }
@@ -244,10 +193,7 @@ fn json_ud_carries_deth() {
 fn json_keeps_stdout_pure_and_summary_on_stderr() {
     let run = dump(&[&"--json", &data("rc_write_bw.pcap")]);
     assert_eq!(run.json().len(), 30);
-    assert_eq!(
-        run.stderr.trim_end(),
-        "packets: 30, icrc ok: 30, icrc bad: 0, malformed: 0"
-    );
+    assert_eq!(run.stderr.trim_end(), "packets: 30, icrc ok: 30, icrc bad: 0, malformed: 0");
 }
 
 #[test]
@@ -256,29 +202,16 @@ fn explain_says_ackreq_on_last_packet() {
     assert!(run.success);
     let (last, explanation) = run.frame(3);
     assert!(last.contains("RC_SEND_LAST"), "{last}");
-    assert!(explanation
-        .contains(&"AckReq set: last packet of the message, the responder must acknowledge"));
+    assert!(explanation.contains(&"AckReq set: last packet of the message, the responder must acknowledge"));
     assert!(explanation.contains(&"payload 952 bytes: completes a 3000-byte SEND in 3 packet(s)"));
     let first = explanation_of(&run, 1);
-    assert!(
-        first.contains("AckReq clear: more of the message follows"),
-        "{first}"
-    );
+    assert!(first.contains("AckReq clear: more of the message follows"), "{first}");
     assert!(first.contains("so this QP's path MTU is 1024"), "{first}");
     let middle = explanation_of(&run, 2);
-    assert!(
-        middle.contains("next in sequence for QP 0x11 (previous"),
-        "{middle}"
-    );
+    assert!(middle.contains("next in sequence for QP 0x11 (previous"), "{middle}");
     let ack = explanation_of(&run, 4);
-    assert!(
-        ack.contains("AETH 0x1f: ACK, credit field invalid (rxe never advertises credits); MSN 1"),
-        "{ack}"
-    );
-    assert_eq!(
-        run.last_line(),
-        "packets: 32, icrc ok: 32, icrc bad: 0, malformed: 0"
-    );
+    assert!(ack.contains("AETH 0x1f: ACK, credit field invalid (rxe never advertises credits); MSN 1"), "{ack}");
+    assert_eq!(run.last_line(), "packets: 32, icrc ok: 32, icrc bad: 0, malformed: 0");
 }
 
 #[test]
@@ -293,10 +226,7 @@ fn explain_follows_read_psns() {
         "{second_read}"
     );
     let middle = explanation_of(&run, 7);
-    assert!(
-        middle.contains("PSN 7085921: response packet 2 of 5 to the READ request at PSN 7085920"),
-        "{middle}"
-    );
+    assert!(middle.contains("PSN 7085921: response packet 2 of 5 to the READ request at PSN 7085920"), "{middle}");
     assert!(middle.contains("2048 bytes so far of 5000"), "{middle}");
 }
 
@@ -304,26 +234,11 @@ fn explain_follows_read_psns() {
 fn explain_relates_atomic_ack_to_its_request() {
     let run = dump(&[&"--explain", &data("rc_atomic_fadd.pcap")]);
     let (line, _) = run.frame(6);
-    let original = line
-        .split("orig=0x")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap();
+    let original = line.split("orig=0x").nth(1).unwrap().split(')').next().unwrap();
     let original = u64::from_str_radix(original, 16).unwrap();
     let ack = explanation_of(&run, 6);
-    assert!(
-        ack.contains("answers the FETCH_ADD request with the same PSN"),
-        "{ack}"
-    );
-    assert!(
-        ack.contains(&format!(
-            "the FETCH_ADD of 1 left {:#x} there",
-            original + 1
-        )),
-        "{ack}"
-    );
+    assert!(ack.contains("answers the FETCH_ADD request with the same PSN"), "{ack}");
+    assert!(ack.contains(&format!("the FETCH_ADD of 1 left {:#x} there", original + 1)), "{ack}");
 }
 
 #[test]
@@ -340,35 +255,18 @@ fn assert_xmlish(svg: &str) {
     let mut open = Vec::new();
     let mut rest = svg;
     while let Some(start) = rest.find('<') {
-        assert!(
-            !rest[..start].contains('>'),
-            "stray > before {}",
-            &rest[start..][..40]
-        );
+        assert!(!rest[..start].contains('>'), "stray > before {}", &rest[start..][..40]);
         let end = rest[start..].find('>').expect("unclosed tag") + start;
         let tag = &rest[start + 1..end];
-        let name = tag
-            .trim_start_matches('/')
-            .split([' ', '/'])
-            .next()
-            .unwrap();
+        let name = tag.trim_start_matches('/').split([' ', '/']).next().unwrap();
         if let Some(closing) = tag.strip_prefix('/') {
-            assert_eq!(
-                open.pop(),
-                Some(closing.to_string()),
-                "mismatched </{closing}>"
-            );
+            assert_eq!(open.pop(), Some(closing.to_string()), "mismatched </{closing}>");
         } else if !tag.ends_with('/') {
             open.push(name.to_string());
         }
         for entity in rest[..start].match_indices('&') {
             let after = &rest[entity.0..];
-            assert!(
-                ["&amp;", "&lt;", "&gt;", "&quot;"]
-                    .iter()
-                    .any(|e| after.starts_with(e)),
-                "bare &"
-            );
+            assert!(["&amp;", "&lt;", "&gt;", "&quot;"].iter().any(|e| after.starts_with(e)), "bare &");
         }
         rest = &rest[end + 1..];
     }
@@ -381,20 +279,13 @@ fn ladder_draws_one_arrow_per_packet() {
     let svg_path = dir.join("read.svg");
     let run = dump(&[&"--ladder", &svg_path, &data("rc_read_bw.pcap")]);
     assert!(run.success);
-    assert_eq!(
-        run.last_line(),
-        "packets: 30, icrc ok: 30, icrc bad: 0, malformed: 0",
-        "text output too"
-    );
+    assert_eq!(run.last_line(), "packets: 30, icrc ok: 30, icrc bad: 0, malformed: 0", "text output too");
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert_xmlish(&svg);
     assert_eq!(svg.matches(r#"<g class="pkt "#).count(), 30);
     assert_eq!(svg.matches(r#"<g class="pkt request""#).count(), 5);
     assert_eq!(svg.matches(r#"<g class="pkt read-response""#).count(), 25);
-    assert!(
-        svg.contains(">10.77.0.3</text>") && svg.contains(">10.77.0.2</text>"),
-        "lifelines"
-    );
+    assert!(svg.contains(">10.77.0.3</text>") && svg.contains(">10.77.0.2</text>"), "lifelines");
     assert!(svg.contains(">QP 0x11</text>"));
     assert!(svg.contains(">READ_REQ 7085920</text>"));
     assert!(svg.contains(">READ_RESP_MIDDLE 7085921</text>"));
@@ -410,23 +301,14 @@ fn flipped_payload_byte_fails_icrc() {
     bytes[24 + 16 + 14 + 20 + 8 + 12 + 100] ^= 0x01;
     let path = write_file(&dir, "flipped.pcap", &bytes);
     let run = dump(&[&path]);
-    assert!(
-        run.success,
-        "a bad ICRC is a finding, not a failure to read"
-    );
+    assert!(run.success, "a bad ICRC is a finding, not a failure to read");
     assert!(run.frame(1).0.ends_with("icrc=BAD"), "{}", run.frame(1).0);
     assert!(run.frame(2).0.ends_with("icrc=ok"));
-    assert_eq!(
-        run.last_line(),
-        "packets: 32, icrc ok: 31, icrc bad: 1, malformed: 0"
-    );
+    assert_eq!(run.last_line(), "packets: 32, icrc ok: 31, icrc bad: 1, malformed: 0");
 
     let run = dump(&[&"--explain", &path]);
     let explanation = explanation_of(&run, 1);
-    assert!(
-        explanation.contains("ICRC BAD: the packet carries 0x"),
-        "{explanation}"
-    );
+    assert!(explanation.contains("ICRC BAD: the packet carries 0x"), "{explanation}");
     let json = dump(&[&"--json", &path]).json();
     assert_eq!(json[0]["icrc_ok"], false);
     assert_eq!(json[1]["icrc_ok"], true);
@@ -436,32 +318,18 @@ fn flipped_payload_byte_fails_icrc() {
 #[test]
 fn garbage_file_is_malformed_not_a_panic() {
     let dir = scratch("garbage");
-    let garbage: Vec<u8> = (0..4000u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
+    let garbage: Vec<u8> = (0..4000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let path = write_file(&dir, "garbage.pcap", &garbage);
     let run = dump(&[&path]);
     assert!(!run.success);
-    assert_eq!(
-        run.last_line(),
-        "packets: 0, icrc ok: 0, icrc bad: 0, malformed: 1"
-    );
-    assert!(
-        run.stderr.contains("garbage.pcap") && run.stderr.contains("not a pcap or pcapng file"),
-        "{}",
-        run.stderr
-    );
+    assert_eq!(run.last_line(), "packets: 0, icrc ok: 0, icrc bad: 0, malformed: 1");
+    assert!(run.stderr.contains("garbage.pcap") && run.stderr.contains("not a pcap or pcapng file"), "{}", run.stderr);
 
     let empty = write_file(&dir, "empty.pcap", &[]);
     let run = dump(&[&"--json", &empty]);
     assert!(!run.success);
     assert!(run.stdout.is_empty());
-    assert!(
-        run.stderr
-            .ends_with("packets: 0, icrc ok: 0, icrc bad: 0, malformed: 1\n"),
-        "{}",
-        run.stderr
-    );
+    assert!(run.stderr.ends_with("packets: 0, icrc ok: 0, icrc bad: 0, malformed: 1\n"), "{}", run.stderr);
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -472,8 +340,7 @@ fn truncated_file_keeps_earlier_packets_and_fails() {
     // Walk the records (16-byte header, captured length at +8) to the last one.
     let mut last_record = 24;
     loop {
-        let captured =
-            u32::from_le_bytes(bytes[last_record + 8..last_record + 12].try_into().unwrap());
+        let captured = u32::from_le_bytes(bytes[last_record + 8..last_record + 12].try_into().unwrap());
         let next = last_record + 16 + captured as usize;
         if next >= bytes.len() {
             break;
@@ -483,26 +350,14 @@ fn truncated_file_keeps_earlier_packets_and_fails() {
     let path = write_file(&dir, "cut.pcap", &bytes[..last_record + 16 + 10]);
     let run = dump(&[&path]);
     assert!(!run.success);
-    assert_eq!(
-        run.last_line(),
-        "packets: 31, icrc ok: 31, icrc bad: 0, malformed: 1"
-    );
-    assert!(
-        run.stderr
-            .contains("cut.pcap: damaged capture, stopped after frame 31"),
-        "{}",
-        run.stderr
-    );
+    assert_eq!(run.last_line(), "packets: 31, icrc ok: 31, icrc bad: 0, malformed: 1");
+    assert!(run.stderr.contains("cut.pcap: damaged capture, stopped after frame 31"), "{}", run.stderr);
     // Every cut of the file header and first records is handled.
     for cut in (0..1200).step_by(7) {
         let path = write_file(&dir, "short.pcap", &bytes[..cut]);
         let run = dump(&[&path]);
         assert!(!run.success, "cut at {cut}");
-        assert!(
-            run.last_line().ends_with("malformed: 1"),
-            "cut at {cut}: {}",
-            run.last_line()
-        );
+        assert!(run.last_line().ends_with("malformed: 1"), "cut at {cut}: {}", run.last_line());
     }
     std::fs::remove_dir_all(dir).ok();
 }
@@ -512,14 +367,8 @@ fn missing_file_fails_but_others_are_read() {
     let run = dump(&[&"/nonexistent/softroce.pcap", &data("ud_send.pcap")]);
     assert!(!run.success);
     assert!(run.stderr.contains("/nonexistent/softroce.pcap"));
-    assert!(
-        run.stdout.contains("==> "),
-        "files are announced when there are several"
-    );
-    assert_eq!(
-        run.last_line(),
-        "packets: 8, icrc ok: 8, icrc bad: 0, malformed: 0"
-    );
+    assert!(run.stdout.contains("==> "), "files are announced when there are several");
+    assert_eq!(run.last_line(), "packets: 8, icrc ok: 8, icrc bad: 0, malformed: 0");
 }
 
 fn lossy_capture(test: &str) -> (PathBuf, PathBuf) {
@@ -533,51 +382,21 @@ fn lossy_conversation_is_counted_and_flagged() {
     let (dir, path) = lossy_capture("lossy-text");
     let run = dump(&[&path]);
     assert!(run.success);
-    assert_eq!(
-        run.last_line(),
-        "packets: 18, icrc ok: 16, icrc bad: 1, malformed: 1"
-    );
-    let frames: Vec<&str> = run
-        .blocks()
-        .iter()
-        .filter_map(|(l, _)| l.split_whitespace().next())
-        .collect();
-    assert!(
-        !frames.contains(&"18"),
-        "the DNS frame is skipped: {frames:?}"
-    );
+    assert_eq!(run.last_line(), "packets: 18, icrc ok: 16, icrc bad: 1, malformed: 1");
+    let frames: Vec<&str> = run.blocks().iter().filter_map(|(l, _)| l.split_whitespace().next()).collect();
+    assert!(!frames.contains(&"18"), "the DNS frame is skipped: {frames:?}");
     let line = |frame| run.frame(frame).0;
-    assert!(
-        line(3).contains("AETH(0x60 NAK PSN sequence error msn=0)"),
-        "{}",
-        line(3)
-    );
+    assert!(line(3).contains("AETH(0x60 NAK PSN sequence error msn=0)"), "{}", line(3));
     assert!(line(4).ends_with("icrc=ok [retransmission]"), "{}", line(4));
     assert!(line(5).ends_with("[retransmission]"));
     assert!(!line(6).contains("retransmission"));
-    assert!(
-        line(7).contains("ImmDt(0xdeadbeef) len=1022 pad=2 icrc=ok"),
-        "{}",
-        line(7)
-    );
-    assert!(
-        line(8).contains("AETH(0x2e RNR NAK timer=14 (1280 us) msn=1)"),
-        "{}",
-        line(8)
-    );
-    assert!(
-        line(11).ends_with("RETH(va=0x7000 rkey=0x99 len=64) len=64 icrc=BAD"),
-        "{}",
-        line(11)
-    );
+    assert!(line(7).contains("ImmDt(0xdeadbeef) len=1022 pad=2 icrc=ok"), "{}", line(7));
+    assert!(line(8).contains("AETH(0x2e RNR NAK timer=14 (1280 us) msn=1)"), "{}", line(8));
+    assert!(line(11).ends_with("RETH(va=0x7000 rkey=0x99 len=64) len=64 icrc=BAD"), "{}", line(11));
     assert!(line(12).ends_with("icrc=ok [retransmission]"));
+    assert!(!line(15).contains("retransmission"), "a duplicate ACK is not resent data");
     assert!(
-        !line(15).contains("retransmission"),
-        "a duplicate ACK is not resent data"
-    );
-    assert!(
-        line(19)
-            .ends_with("10.77.0.3 > 10.77.0.2 malformed RoCEv2 packet: BTH version 1, expected 0"),
+        line(19).ends_with("10.77.0.3 > 10.77.0.2 malformed RoCEv2 packet: BTH version 1, expected 0"),
         "{}",
         line(19)
     );
@@ -590,55 +409,25 @@ fn lossy_conversation_is_explained() {
     let run = dump(&[&"--explain", &path]);
     let expect = |frame: usize, needle: &str| {
         let explanation = explanation_of(&run, frame);
-        assert!(
-            explanation.contains(needle),
-            "frame {frame}: no {needle:?} in\n{explanation}"
-        );
+        assert!(explanation.contains(needle), "frame {frame}: no {needle:?} in\n{explanation}");
     };
-    expect(
-        2,
-        "PSN 102 skips ahead of the expected 101: 1 PSN(s) missing",
-    );
-    expect(
-        2,
-        "an RC responder answers a gap with a NAK (PSN sequence error)",
-    );
+    expect(2, "PSN 102 skips ahead of the expected 101: 1 PSN(s) missing");
+    expect(2, "an RC responder answers a gap with a NAK (PSN sequence error)");
     expect(3, "AETH 0x60: NAK, PSN sequence error");
-    expect(
-        3,
-        "PSN 101: the PSN the responder expected; the requester must resend from here",
-    );
-    expect(
-        4,
-        "PSN 101 seen before on this flow: retransmission (the flow had reached 103)",
-    );
+    expect(3, "PSN 101: the PSN the responder expected; the requester must resend from here");
+    expect(4, "PSN 101 seen before on this flow: retransmission (the flow had reached 103)");
     expect(5, "PSN 102: next after 101, but sent before");
-    expect(
-        6,
-        "PSN 102: acknowledges every request up to and including PSN 102 (ACKs are cumulative)",
-    );
+    expect(6, "PSN 102: acknowledges every request up to and including PSN 102 (ACKs are cumulative)");
     expect(7, "pad 2: 1022-byte payload padded to a multiple of 4");
     expect(7, "ImmDt 0xdeadbeef");
     expect(8, "RNR NAK (receiver not ready)");
     expect(8, "timer code 14 = 1280 us (1.28 ms)");
-    expect(
-        8,
-        "PSN 103: the request that found no receive request posted",
-    );
-    expect(
-        10,
-        "covers the 1 PSN(s) after the previous acknowledgement at 102",
-    );
+    expect(8, "PSN 103: the request that found no receive request posted");
+    expect(10, "covers the 1 PSN(s) after the previous acknowledgement at 102");
     expect(11, "ICRC BAD: the packet carries 0x");
     expect(12, "PSN 104 seen before on this flow: retransmission");
-    expect(
-        15,
-        "same PSN as the previous acknowledgement: a duplicate ACK",
-    );
-    expect(
-        16,
-        "if the 8 bytes at remote address 0x8000 (R_Key 0x42) equal 0x5, replace them with 0x7",
-    );
+    expect(15, "same PSN as the previous acknowledgement: a duplicate ACK");
+    expect(16, "if the 8 bytes at remote address 0x8000 (R_Key 0x42) equal 0x5, replace them with 0x7");
     expect(17, "answers the COMPARE_SWAP request with the same PSN");
     expect(17, "it equals the compare value, so 0x7 was stored");
     expect(19, "does not decode (BTH version 1, expected 0)");
@@ -678,17 +467,12 @@ fn lossy_conversation_as_json() {
         by_frame(16)["atomic_eth"],
         serde_json::json!({"va": 0x8000, "rkey": 0x42, "swap_add": 7, "compare": 5})
     );
-    assert_eq!(
-        by_frame(17)["atomic_ack_eth"],
-        serde_json::json!({"original": 5})
-    );
+    assert_eq!(by_frame(17)["atomic_ack_eth"], serde_json::json!({"original": 5}));
     let malformed = by_frame(19);
     assert_eq!(malformed["malformed"], "BTH version 1, expected 0");
     assert!(malformed.get("opcode").is_none());
     let explain = by_frame(1)["explain"].as_array().unwrap();
-    assert!(explain
-        .iter()
-        .any(|l| l.as_str().unwrap().starts_with("PSN 100: first request")));
+    assert!(explain.iter().any(|l| l.as_str().unwrap().starts_with("PSN 100: first request")));
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -705,11 +489,7 @@ fn lossy_conversation_ladder_styles() {
     assert_eq!(svg.matches(r#"<g class="pkt "#).count(), 18);
     assert_eq!(arrows("nak"), 1);
     assert_eq!(arrows("rnr-nak"), 1);
-    assert_eq!(
-        arrows("request retransmission"),
-        5,
-        "frames 4, 5, 9, 12 and 14"
-    );
+    assert_eq!(arrows("request retransmission"), 5, "frames 4, 5, 9, 12 and 14");
     assert_eq!(arrows("request broken"), 1, "the ICRC failure");
     assert_eq!(arrows("malformed broken"), 1);
     assert_eq!(arrows("ack"), 5, "four ACKs and an ATOMIC ACK");
@@ -718,10 +498,7 @@ fn lossy_conversation_ladder_styles() {
     assert!(svg.contains(">ACK 103 [RNR 0x2e 1280us]</text>"));
     assert!(svg.contains(">SEND_MIDDLE 101 retransmitted</text>"));
     assert!(svg.contains(">WRITE_ONLY 104 ICRC BAD</text>"));
-    assert!(
-        svg.contains(r#"stroke-dasharray="7 4""#),
-        "retransmissions are dashed"
-    );
+    assert!(svg.contains(r#"stroke-dasharray="7 4""#), "retransmissions are dashed");
     assert!(svg.contains(">QP 0x11</text>") && svg.contains(">QP 0x12</text>"));
     std::fs::remove_dir_all(dir).ok();
 }
@@ -747,10 +524,7 @@ fn cut_short_frame_is_malformed_with_its_reason() {
         "{}",
         run.frame(2).0
     );
-    assert_eq!(
-        run.last_line(),
-        "packets: 2, icrc ok: 1, icrc bad: 0, malformed: 1"
-    );
+    assert_eq!(run.last_line(), "packets: 2, icrc ok: 1, icrc bad: 0, malformed: 1");
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -760,10 +534,7 @@ fn ladder_stops_at_its_limit_on_large_captures() {
     let path = write_file(&dir, "large.pcap", &synthetic::many_ud_sends(2100));
     let svg_path = dir.join("large.svg");
     let run = dump(&[&"--ladder", &svg_path, &path]);
-    assert_eq!(
-        run.last_line(),
-        "packets: 2100, icrc ok: 2100, icrc bad: 0, malformed: 0"
-    );
+    assert_eq!(run.last_line(), "packets: 2100, icrc ok: 2100, icrc bad: 0, malformed: 0");
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert_xmlish(&svg);
     assert_eq!(svg.matches(r#"<g class="pkt "#).count(), 2000);
@@ -774,21 +545,10 @@ fn ladder_stops_at_its_limit_on_large_captures() {
 
 #[test]
 fn unwritable_ladder_fails() {
-    let run = dump(&[
-        &"--ladder",
-        &"/nonexistent/dir/out.svg",
-        &data("ud_send.pcap"),
-    ]);
+    let run = dump(&[&"--ladder", &"/nonexistent/dir/out.svg", &data("ud_send.pcap")]);
     assert!(!run.success);
-    assert!(
-        run.stderr.contains("/nonexistent/dir/out.svg"),
-        "{}",
-        run.stderr
-    );
-    assert_eq!(
-        run.last_line(),
-        "packets: 8, icrc ok: 8, icrc bad: 0, malformed: 0"
-    );
+    assert!(run.stderr.contains("/nonexistent/dir/out.svg"), "{}", run.stderr);
+    assert_eq!(run.last_line(), "packets: 8, icrc ok: 8, icrc bad: 0, malformed: 0");
 }
 
 #[test]

@@ -77,10 +77,7 @@ fn pair(args: &[&str]) -> (Run, Run) {
 fn rows(run: &Run, header: &str) -> Vec<Vec<String>> {
     let mut lines = run.stdout.lines().skip_while(|l| !l.starts_with(header));
     assert!(lines.next().is_some(), "no table in:\n{}\n{}", run.stdout, run.stderr);
-    lines
-        .take_while(|l| !l.starts_with("-----"))
-        .map(|l| l.split_whitespace().map(str::to_owned).collect())
-        .collect()
+    lines.take_while(|l| !l.starts_with("-----")).map(|l| l.split_whitespace().map(str::to_owned).collect()).collect()
 }
 
 const BW: &str = " #bytes     #iterations    BW peak[MB/sec]";
@@ -119,7 +116,11 @@ fn write_bw_with_post_lists() {
     let (server, client) = bw(&args, &["64"], "3200");
     assert_eq!(server, client);
     let (_, run) = pair(&args);
-    assert!(run.stdout.contains("Post List requested - CQ moderation will be the size of the post list"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("Post List requested - CQ moderation will be the size of the post list"),
+        "{}",
+        run.stdout
+    );
     assert!(run.stdout.contains(" Post List       : 16\n CQ Moderation   : 16\n"), "{}", run.stdout);
     assert!(run.stdout.contains("                    RDMA_Write Post List BW Test\n"), "{}", run.stdout);
     // Not a multiple, and not for latency tests: perftest's refusals.
@@ -242,7 +243,8 @@ fn against_fake_server(reply: Vec<u8>) -> Run {
         let mut sink = Vec::new();
         let _ = s.read_to_end(&mut sink);
     });
-    let mut client = perf(CLIENT_IP, tcp, free_udp_port(), &["write", "-n", "5"]).arg(SERVER_IP.to_string()).spawn().unwrap();
+    let mut client =
+        perf(CLIENT_IP, tcp, free_udp_port(), &["write", "-n", "5"]).arg(SERVER_IP.to_string()).spawn().unwrap();
     let stdout = client.stdout.take().unwrap();
     let run = collect(client, String::new(), stdout);
     fake.join().unwrap();

@@ -16,12 +16,7 @@ fn free_udp_port() -> u16 {
 }
 
 fn free_tcp_port() -> u16 {
-    TcpListener::bind(("::", 0))
-        .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind(("::", 0)).or_else(|_| TcpListener::bind(("0.0.0.0", 0))).unwrap().local_addr().unwrap().port()
 }
 
 fn pingpong(local: IpAddr, tcp: u16, udp: u16, extra: &[&str]) -> Command {
@@ -49,11 +44,7 @@ struct Server {
 
 /// Starts a server and waits until it listens (it prints its address then).
 fn start_server(tcp: u16, udp: u16, extra: &[&str]) -> Server {
-    let mut child = pingpong(SERVER_IP, tcp, udp, extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = pingpong(SERVER_IP, tcp, udp, extra).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut first_line = String::new();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     stdout.read_line(&mut first_line).unwrap();
@@ -203,7 +194,8 @@ fn packets_sent_with_a_broken_icrc_are_dropped_counted_and_retransmitted() {
     let client_args = ["-n", "40", "-c", "--stats", "--corrupt-icrc", "5", "127.0.0.1"];
     let client = to_run(pingpong(CLIENT_IP, tcp, udp, &client_args).output().unwrap());
     let server = server.finish();
-    let context = format!("--- client\n{}{}\n--- server\n{}{}", client.stdout, client.stderr, server.stdout, server.stderr);
+    let context =
+        format!("--- client\n{}{}\n--- server\n{}{}", client.stdout, client.stderr, server.stdout, server.stderr);
     assert!(client.success && server.success, "{context}");
     // sent, broken, received, ICRC errors, malformed, retries, timeouts, NAKs, duplicates
     let (mine, theirs) = (stats(&client), stats(&server));
@@ -227,7 +219,8 @@ const UNUSED: [u8; 52] = *b"0000:000000:000000:00000000000000000000000000000000\
 /// A C-style message: `%04x:%06x:%06x:` and the wire GID, NUL-terminated.
 fn c_message(qpn: u32, psn: u32, ip: Ipv4Addr) -> [u8; 52] {
     let o = ip.octets();
-    let text = format!("0000:{qpn:06x}:{psn:06x}:00000000000000000000ffff{:02x}{:02x}{:02x}{:02x}", o[0], o[1], o[2], o[3]);
+    let text =
+        format!("0000:{qpn:06x}:{psn:06x}:00000000000000000000ffff{:02x}{:02x}{:02x}{:02x}", o[0], o[1], o[2], o[3]);
     let mut msg = [0u8; 52];
     msg[..51].copy_from_slice(text.as_bytes());
     msg

@@ -183,7 +183,8 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
         for socket in [&pinger, &answerer] {
             set_option(socket, libc::SOL_UDP, libc::UDP_SEGMENT, packet as libc::c_int)
                 .map_err(|e| format!("the kernel refuses UDP_SEGMENT: {e}"))?;
-            set_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1).map_err(|e| format!("the kernel refuses UDP_GRO: {e}"))?;
+            set_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1)
+                .map_err(|e| format!("the kernel refuses UDP_GRO: {e}"))?;
         }
     }
     // A ping and its ACK, or the ping alone.
@@ -332,7 +333,9 @@ impl Batch {
         let mut iovs = self.iovecs();
         let mut msgs = self.headers(&mut iovs, true);
         // SAFETY: as in `send`; the kernel writes at most the lengths given.
-        let n = unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), msgs.len() as u32, libc::MSG_WAITFORONE, std::ptr::null_mut()) };
+        let n = unsafe {
+            libc::recvmmsg(fd, msgs.as_mut_ptr(), msgs.len() as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }

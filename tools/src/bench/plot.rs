@@ -116,8 +116,11 @@ pub fn svg(rows: &[Row], note: &str) -> String {
     let x_of = |size: usize| LEFT + ((size as f64).log2() - lo) / (hi - lo) * (RIGHT - LEFT);
 
     // y: GB/s from 0, in steps of 1, 2 or 5 times a power of ten.
-    let top =
-        series.iter().flat_map(|s| s.points.iter().map(|&(_, g)| g)).chain(baselines.iter().map(|b| b.2)).fold(0.0, f64::max);
+    let top = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|&(_, g)| g))
+        .chain(baselines.iter().map(|b| b.2))
+        .fold(0.0, f64::max);
     let step = nice_step((top * 1.05).max(1e-3) / 5.0);
     let y_max = (top * 1.05 / step).ceil().max(1.0) * step;
     let y_of = |g: f64| BOTTOM - g / y_max * (BOTTOM - TOP);
@@ -139,7 +142,8 @@ pub fn svg(rows: &[Row], note: &str) -> String {
     while tick <= y_max + step / 2.0 {
         let y = y_of(tick);
         let _ = writeln!(out, r##"<line x1="{LEFT}" y1="{y:.1}" x2="{RIGHT}" y2="{y:.1}" stroke="#e4e4e4"/>"##);
-        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 8.0, y + 4.0, trim(tick));
+        let _ =
+            writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 8.0, y + 4.0, trim(tick));
         tick += step;
     }
     // A tick per power of 2, labelled at powers of 4 when crowded.
@@ -177,13 +181,15 @@ pub fn svg(rows: &[Row], note: &str) -> String {
             out,
             r#"<line x1="{LEFT}" y1="{y:.1}" x2="{RIGHT}" y2="{y:.1}" stroke="{color}" stroke-width="1.5" stroke-dasharray="2 4"><title>{label}: {gbytes:.3} GB/s</title></line>"#
         );
-        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" fill="{color}">{gbytes:.2} GB/s</text>"#, LEFT + 6.0, y - 5.0);
+        let _ =
+            writeln!(out, r#"<text x="{:.1}" y="{:.1}" fill="{color}">{gbytes:.2} GB/s</text>"#, LEFT + 6.0, y - 5.0);
     }
 
     // The series.
     for s in &series {
         let (color, dash) = s.style();
-        let points: Vec<String> = s.points.iter().map(|&(size, g)| format!("{:.1},{:.1}", x_of(size), y_of(g))).collect();
+        let points: Vec<String> =
+            s.points.iter().map(|&(size, g)| format!("{:.1},{:.1}", x_of(size), y_of(g))).collect();
         let _ = writeln!(out, r#"<g><title>{}</title>"#, s.label());
         let _ = writeln!(
             out,

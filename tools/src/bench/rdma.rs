@@ -22,8 +22,10 @@ use softroce::verbs::{
 use super::{Case, Conn, Measured, Meter, Test, Timing};
 
 /// The requester's and the responder's address of each pair of devices.
-const ADDRESSES: [(Ipv4Addr, Ipv4Addr); MAX_ENGINES] =
-    [(Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)), (Ipv4Addr::new(127, 0, 0, 3), Ipv4Addr::new(127, 0, 0, 4))];
+const ADDRESSES: [(Ipv4Addr, Ipv4Addr); MAX_ENGINES] = [
+    (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)),
+    (Ipv4Addr::new(127, 0, 0, 3), Ipv4Addr::new(127, 0, 0, 4)),
+];
 /// Pairs of devices, so engine threads per side, a row can use.
 pub const MAX_ENGINES: usize = 2;
 /// Loopback's MTU, so that the active RoCE MTU is 4096.
@@ -137,7 +139,7 @@ impl Devices {
     /// `case.conn`'s QPs, counted as the requester's completions arrive.
     pub fn stream(&self, case: &Case, timing: &Timing) -> Result<Measured, String> {
         let conn = case.conn.expect("a softroce row");
-        let pairs = self.pairs.get(..conn.engines).filter(|p| !p.is_empty() && conn.qps % p.len() == 0);
+        let pairs = self.pairs.get(..conn.engines).filter(|p| !p.is_empty() && conn.qps.is_multiple_of(p.len()));
         let pairs = pairs.ok_or_else(|| format!("{} QPs over {} engines per side", conn.qps, conn.engines))?;
         let links = pairs
             .iter()
@@ -310,9 +312,12 @@ const SEQ_BITS: u32 = 40;
 
 impl Link {
     fn connect(devices: &Pair, conn: Conn) -> Result<Link, String> {
-        let failed = |e: softroce::verbs::Error| format!("connecting {} QPs at MTU {}: {e}", conn.qps, conn.mtu.bytes());
-        let (a_cq, b_cq) =
-            (devices.a.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?, devices.b.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?);
+        let failed =
+            |e: softroce::verbs::Error| format!("connecting {} QPs at MTU {}: {e}", conn.qps, conn.mtu.bytes());
+        let (a_cq, b_cq) = (
+            devices.a.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?,
+            devices.b.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?,
+        );
         let options = ConnectOptions {
             access: ACCESS,
             mtu: Some(conn.mtu),
@@ -324,8 +329,14 @@ impl Link {
         let mut qps = Vec::with_capacity(conn.qps);
         for _ in 0..conn.qps {
             let qp = |side: &Side, cq: &CompletionQueue| {
-                let init =
-                    QpInit { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
+                let init = QpInit {
+                    qp_type: QpType::Rc,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap::default(),
+                    sq_sig_all: false,
+                };
                 side.pd.create_qp(&init)
             };
             let (qp_a, qp_b) = (qp(&devices.a, &a_cq).map_err(failed)?, qp(&devices.b, &b_cq).map_err(failed)?);

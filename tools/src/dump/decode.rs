@@ -46,9 +46,7 @@ pub fn decode(frame: &Frame) -> Decoded<'_> {
     Decoded::Malformed(Malformed {
         src: fields.src,
         dst: fields.dst,
-        error: fields
-            .problem(ip.len())
-            .unwrap_or_else(|| error.to_string()),
+        error: fields.problem(ip.len()).unwrap_or_else(|| error.to_string()),
     })
 }
 

@@ -9,13 +9,11 @@ use std::net::IpAddr;
 
 use softroce::wire::opcode::Position;
 use softroce::wire::{
-    AethRepr, AtomicEthRepr, BthRepr, NakCode, Operation, Packet, Psn, RethRepr, Syndrome,
-    Transport,
+    AethRepr, AtomicEthRepr, BthRepr, NakCode, Operation, Packet, Psn, RethRepr, Syndrome, Transport,
 };
 
 use super::flow::{
-    read_span, Analysis, Answered, Awaiting, AwaitingRequest, Message, MessageKind, Role, Sequence,
-    PATH_MTUS,
+    read_span, Analysis, Answered, Awaiting, AwaitingRequest, Message, MessageKind, Role, Sequence, PATH_MTUS,
 };
 use super::text::aeth_byte;
 
@@ -71,9 +69,7 @@ impl Topic {
                  registered that memory; a wrong key, an address outside the region or missing \
                  access rights earns a NAK remote access error"
             }
-            Topic::Msn => {
-                "The MSN counts the request messages the responder has finished, modulo 2^24"
-            }
+            Topic::Msn => "The MSN counts the request messages the responder has finished, modulo 2^24",
             Topic::Icrc => {
                 "The ICRC is a CRC-32 over the IP, UDP and transport headers (with the fields \
                  routers may change, such as TTL, TOS and checksums, counted as all ones), \
@@ -171,12 +167,7 @@ impl Explainer {
 
     fn opcode(&mut self, bth: &BthRepr) -> String {
         let op = bth.opcode.operation();
-        let mut line = format!(
-            "{} (opcode {:#04x}): {}",
-            bth.opcode,
-            bth.opcode.to_u8(),
-            meaning(op)
-        );
+        let mut line = format!("{} (opcode {:#04x}): {}", bth.opcode, bth.opcode.to_u8(), meaning(op));
         if MessageKind::of(op).is_some() {
             line.push_str(match op.position() {
                 Position::First => "; first packet of a multi-packet message",
@@ -190,31 +181,17 @@ impl Explainer {
 
     fn dest_qp(&mut self, bth: &BthRepr, dst: IpAddr, request: bool) -> String {
         let whose = if request { "" } else { "requester's " };
-        let line = format!(
-            "dest QP {:#x}: the {whose}queue pair on {dst} this packet is for",
-            bth.dest_qpn
-        );
+        let line = format!("dest QP {:#x}: the {whose}queue pair on {dst} this packet is for", bth.dest_qpn);
         self.with_background(Topic::QpNumbers, line)
     }
 
-    fn psn(
-        &mut self,
-        bth: &BthRepr,
-        aeth_syndrome: Option<Syndrome>,
-        analysis: &Analysis,
-    ) -> String {
+    fn psn(&mut self, bth: &BthRepr, aeth_syndrome: Option<Syndrome>, analysis: &Analysis) -> String {
         let psn = bth.psn;
         let op = bth.opcode.operation();
         match analysis.role {
             Role::Request(sequence) => {
                 let transport = bth.opcode.transport();
-                let mut line = request_psn(
-                    psn,
-                    bth.dest_qpn,
-                    transport,
-                    sequence,
-                    analysis.retransmission,
-                );
+                let mut line = request_psn(psn, bth.dest_qpn, transport, sequence, analysis.retransmission);
                 if sequence == Sequence::Start {
                     line = self.with_background(Topic::StartPsn, line);
                 }
@@ -223,10 +200,7 @@ impl Explainer {
                 }
                 line
             }
-            Role::Response {
-                acknowledged,
-                answers,
-            } => match op {
+            Role::Response { acknowledged, answers } => match op {
                 Operation::Acknowledge => match aeth_syndrome {
                     Some(Syndrome::Ack { .. }) | None => ack_psn(psn, acknowledged),
                     Some(Syndrome::RnrNak { .. }) => format!(
@@ -239,20 +213,14 @@ impl Explainer {
                     ),
                     Some(Syndrome::Nak(_)) => format!("PSN {psn}: the request that failed"),
                 },
-                Operation::AtomicAcknowledge => {
-                    atomic_ack_psn(psn, answers, analysis.retransmission)
-                }
+                Operation::AtomicAcknowledge => atomic_ack_psn(psn, answers, analysis.retransmission),
                 _ => read_response_psn(psn, answers, analysis),
             },
         }
     }
 
     fn pkey(&mut self, pkey: u16) -> Option<String> {
-        let membership = if pkey & 0x8000 != 0 {
-            "full"
-        } else {
-            "limited"
-        };
+        let membership = if pkey & 0x8000 != 0 { "full" } else { "limited" };
         let partition = match pkey & 0x7fff {
             0x7fff => "the default partition".to_string(),
             other => format!("partition {other:#06x}"),
@@ -267,9 +235,7 @@ impl Explainer {
         let RethRepr { va, rkey, dma_len } = *reth;
         let line = match op {
             Operation::ReadRequest => {
-                format!(
-                    "RETH: read {dma_len} bytes from remote address {va:#x} under R_Key {rkey:#x}"
-                )
+                format!("RETH: read {dma_len} bytes from remote address {va:#x} under R_Key {rkey:#x}")
             }
             Operation::Flush => format!(
                 "RETH: the range to flush, {dma_len} bytes at remote address {va:#x} under \
@@ -282,18 +248,16 @@ impl Explainer {
                 "RETH: write {dma_len} bytes to remote address {va:#x} under R_Key {rkey:#x}; \
                  the later packets of the message carry no RETH and continue where this one ends"
             ),
-            _ => format!(
-                "RETH: write {dma_len} bytes to remote address {va:#x} under R_Key {rkey:#x}"
-            ),
+            _ => format!("RETH: write {dma_len} bytes to remote address {va:#x} under R_Key {rkey:#x}"),
         };
         self.with_background(Topic::RKey, line)
     }
 
     fn aeth(&mut self, op: Operation, aeth: &AethRepr) -> String {
         let verdict = match aeth.syndrome {
-            Syndrome::Ack {
-                credits: Syndrome::INVALID_CREDITS,
-            } => "ACK, credit field invalid (rxe never advertises credits)".to_string(),
+            Syndrome::Ack { credits: Syndrome::INVALID_CREDITS } => {
+                "ACK, credit field invalid (rxe never advertises credits)".to_string()
+            }
             Syndrome::Ack { credits } => format!(
                 "ACK with credit code {credits}: end-to-end flow control, the responder tells \
                  how many receive requests it has posted"
@@ -377,21 +341,13 @@ fn meaning(op: Operation) -> &'static str {
             "COMPARE_SWAP: atomically replace 8 bytes of remote memory if they equal a compare \
              value"
         }
-        FetchAdd => {
-            "FETCH_ADD: atomically add to 8 bytes of remote memory and return what they held"
-        }
+        FetchAdd => "FETCH_ADD: atomically add to 8 bytes of remote memory and return what they held",
         Flush => "FLUSH: make earlier RDMA WRITEs to a memory range globally visible or persistent",
         AtomicWrite => "ATOMIC_WRITE: store 8 bytes of remote memory as one indivisible write",
     }
 }
 
-fn request_psn(
-    psn: Psn,
-    dest_qpn: u32,
-    transport: Transport,
-    sequence: Sequence,
-    retransmission: bool,
-) -> String {
+fn request_psn(psn: Psn, dest_qpn: u32, transport: Transport, sequence: Sequence, retransmission: bool) -> String {
     match sequence {
         Sequence::Start => format!("PSN {psn}: first request seen on this flow"),
         Sequence::InOrder { previous } if retransmission => format!(
@@ -401,14 +357,8 @@ fn request_psn(
         Sequence::InOrder { previous } => {
             format!("PSN {psn}: next in sequence for QP {dest_qpn:#x} (previous {previous})")
         }
-        Sequence::AfterRead {
-            read,
-            dma_len,
-            reserved,
-        } => {
-            let mut fitting = PATH_MTUS
-                .iter()
-                .filter(|mtu| read_span(dma_len, **mtu) == reserved);
+        Sequence::AfterRead { read, dma_len, reserved } => {
+            let mut fitting = PATH_MTUS.iter().filter(|mtu| read_span(dma_len, **mtu) == reserved);
             let at_mtu = match (fitting.next(), fitting.next()) {
                 (Some(mtu), None) => format!(" at path MTU {mtu}"),
                 _ => String::new(),
@@ -474,13 +424,7 @@ fn read_response_psn(psn: Psn, answers: Option<Answered>, analysis: &Analysis) -
         return format!("PSN {psn}: the READ request it answers is not in the capture");
     };
     let total = match (request.request, analysis.message) {
-        (
-            AwaitingRequest::Read { dma_len },
-            Some(Message {
-                path_mtu: Some(mtu),
-                ..
-            }),
-        ) => {
+        (AwaitingRequest::Read { dma_len }, Some(Message { path_mtu: Some(mtu), .. })) => {
             format!(" of {}", read_span(dma_len, mtu))
         }
         _ => String::new(),
@@ -504,10 +448,7 @@ fn read_response_psn(psn: Psn, answers: Option<Answered>, analysis: &Analysis) -
 fn atomic_ack_psn(psn: Psn, answers: Option<Answered>, retransmission: bool) -> String {
     let mut line = match answers.map(|a| a.request.request) {
         Some(AwaitingRequest::Atomic { operation, .. }) => {
-            format!(
-                "PSN {psn}: answers the {} request with the same PSN",
-                operation.name()
-            )
+            format!("PSN {psn}: answers the {} request with the same PSN", operation.name())
         }
         _ => format!("PSN {psn}: the atomic request it answers is not in the capture"),
     };
@@ -521,11 +462,7 @@ fn atomic_ack_psn(psn: Psn, answers: Option<Answered>, retransmission: bool) -> 
 }
 
 fn ack_req(transport: Transport, op: Operation, ack_req: bool) -> String {
-    let bit = if ack_req {
-        "AckReq set"
-    } else {
-        "AckReq clear"
-    };
+    let bit = if ack_req { "AckReq set" } else { "AckReq clear" };
     if !op.is_request() {
         return format!("{bit}: responses are never acknowledged");
     }
@@ -578,10 +515,7 @@ fn flags(bth: &BthRepr) -> Vec<String> {
             "FECN set: congestion was met on the way here (RoCEv2 normally signals it with IP \
              ECN bits instead)",
         ),
-        (
-            bth.becn,
-            "BECN set: the receiver of earlier packets reports congestion back to the sender",
-        ),
+        (bth.becn, "BECN set: the receiver of earlier packets reports congestion back to the sender"),
     ]
     .into_iter()
     .filter(|(set, _)| *set)
@@ -590,12 +524,7 @@ fn flags(bth: &BthRepr) -> Vec<String> {
 }
 
 fn atomic_eth(op: Operation, eth: &AtomicEthRepr) -> String {
-    let AtomicEthRepr {
-        va,
-        rkey,
-        swap_add,
-        compare,
-    } = *eth;
+    let AtomicEthRepr { va, rkey, swap_add, compare } = *eth;
     let mut line = if op == Operation::FetchAdd {
         format!(
             "AtomicETH: add {swap_add} ({swap_add:#x}) to the 8 bytes at remote address {va:#x} \
@@ -623,14 +552,7 @@ fn answered_atomic(analysis: &Analysis) -> Option<(Operation, AtomicEthRepr)> {
     match analysis.role {
         Role::Response {
             answers:
-                Some(Answered {
-                    request:
-                        Awaiting {
-                            request: AwaitingRequest::Atomic { operation, eth },
-                            ..
-                        },
-                    ..
-                }),
+                Some(Answered { request: Awaiting { request: AwaitingRequest::Atomic { operation, eth }, .. }, .. }),
             ..
         } => Some((operation, eth)),
         _ => None,
@@ -639,21 +561,15 @@ fn answered_atomic(analysis: &Analysis) -> Option<(Operation, AtomicEthRepr)> {
 
 fn atomic_ack_eth(original: u64, request: Option<(Operation, AtomicEthRepr)>) -> String {
     let outcome = match request {
-        Some((Operation::FetchAdd, eth)) => format!(
-            "; the FETCH_ADD of {} left {:#x} there",
-            eth.swap_add,
-            original.wrapping_add(eth.swap_add)
-        ),
-        Some((_, eth)) if original == eth.compare => {
-            format!(
-                "; it equals the compare value, so {:#x} was stored",
-                eth.swap_add
-            )
+        Some((Operation::FetchAdd, eth)) => {
+            format!("; the FETCH_ADD of {} left {:#x} there", eth.swap_add, original.wrapping_add(eth.swap_add))
         }
-        Some((_, eth)) => format!(
-            "; it differs from the compare value {:#x}, so memory was left unchanged",
-            eth.compare
-        ),
+        Some((_, eth)) if original == eth.compare => {
+            format!("; it equals the compare value, so {:#x} was stored", eth.swap_add)
+        }
+        Some((_, eth)) => {
+            format!("; it differs from the compare value {:#x}, so memory was left unchanged", eth.compare)
+        }
         None => String::new(),
     };
     format!(
@@ -671,9 +587,7 @@ fn deth_line(qkey: u32, src_qpn: u32) -> String {
         line.push_str(" (0x11111111 is the Q_Key of ibv_ud_pingpong and many examples)");
     }
     if qkey & 0x8000_0000 != 0 {
-        line.push_str(
-            "; the top bit marks a controlled Q_Key, which only privileged senders may use",
-        );
+        line.push_str("; the top bit marks a controlled Q_Key, which only privileged senders may use");
     }
     line
 }
@@ -714,10 +628,7 @@ fn payload(op: Operation, len: usize, message: Option<Message>) -> Option<String
         return (len != 0).then(|| format!("payload {len} bytes"));
     };
     let kind = m.kind.name();
-    let of_announced = m
-        .announced
-        .map(|total| format!(" of {total}"))
-        .unwrap_or_default();
+    let of_announced = m.announced.map(|total| format!(" of {total}")).unwrap_or_default();
     Some(match op.position() {
         Position::First => format!(
             "payload {len} bytes: a FIRST packet carries exactly one path MTU, so this QP's path \
@@ -767,9 +678,7 @@ fn nak_meaning(code: NakCode) -> &'static str {
             "the responder could not complete a valid request (a local error on its side); fatal \
              for the QP"
         }
-        NakCode::InvalidRdRequest => {
-            "a Reliable Datagram error; rxe does not implement RD and never sends it"
-        }
+        NakCode::InvalidRdRequest => "a Reliable Datagram error; rxe does not implement RD and never sends it",
     }
 }
 

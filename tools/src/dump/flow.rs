@@ -50,11 +50,7 @@ pub enum Sequence {
     InOrder { previous: Psn },
     /// In order after a READ request, which reserves one PSN per response
     /// packet: `reserved` of them.
-    AfterRead {
-        read: Psn,
-        dma_len: u32,
-        reserved: u32,
-    },
+    AfterRead { read: Psn, dma_len: u32, reserved: u32 },
     /// Earlier than the flow had got to.
     Behind { expected: Psn },
     /// Later than expected: `missing` PSNs were skipped (at least that many
@@ -71,13 +67,8 @@ pub struct Awaiting {
 
 #[derive(Debug, Clone, Copy)]
 pub enum AwaitingRequest {
-    Read {
-        dma_len: u32,
-    },
-    Atomic {
-        operation: Operation,
-        eth: AtomicEthRepr,
-    },
+    Read { dma_len: u32 },
+    Atomic { operation: Operation, eth: AtomicEthRepr },
 }
 
 /// The request a response answers and where the response sits in its answer.
@@ -115,11 +106,10 @@ impl MessageKind {
     pub fn of(op: Operation) -> Option<MessageKind> {
         use Operation::*;
         match op {
-            SendFirst | SendMiddle | SendLast | SendLastImm | SendOnly | SendOnlyImm
-            | SendLastInv | SendOnlyInv => Some(MessageKind::Send),
-            WriteFirst | WriteMiddle | WriteLast | WriteLastImm | WriteOnly | WriteOnlyImm => {
-                Some(MessageKind::Write)
+            SendFirst | SendMiddle | SendLast | SendLastImm | SendOnly | SendOnlyImm | SendLastInv | SendOnlyInv => {
+                Some(MessageKind::Send)
             }
+            WriteFirst | WriteMiddle | WriteLast | WriteLastImm | WriteOnly | WriteOnlyImm => Some(MessageKind::Write),
             ReadResponseFirst | ReadResponseMiddle | ReadResponseLast | ReadResponseOnly => {
                 Some(MessageKind::ReadResponse)
             }
@@ -183,12 +173,7 @@ impl Tracker {
             self.find_request(dst, src, bth.psn, op)
         };
 
-        let key = FlowKey {
-            src,
-            dst,
-            dest_qpn: bth.dest_qpn,
-            requests: op.is_request(),
-        };
+        let key = FlowKey { src, dst, dest_qpn: bth.dest_qpn, requests: op.is_request() };
         let flow = self.flows.entry(key).or_default();
         // ACKs legitimately repeat a PSN; anything else that goes back is resent.
         let resendable = op != Operation::Acknowledge && bth.opcode.transport() == Transport::Rc;
@@ -198,28 +183,17 @@ impl Tracker {
                 None => Sequence::Start,
                 Some(previous) => sequence(previous, flow.previous_read_len, bth.psn),
             };
-            flow.previous_read_len = header
-                .reth
-                .filter(|_| op == Operation::ReadRequest)
-                .map(|r| r.dma_len);
+            flow.previous_read_len = header.reth.filter(|_| op == Operation::ReadRequest).map(|r| r.dma_len);
             (Role::Request(sequence), header.reth.map(|r| r.dma_len))
         } else {
             let announced = answers.and_then(|a| match a.request.request {
                 AwaitingRequest::Read { dma_len } => Some(dma_len),
                 AwaitingRequest::Atomic { .. } => None,
             });
-            (
-                Role::Response {
-                    acknowledged: flow.previous,
-                    answers,
-                },
-                announced,
-            )
+            (Role::Response { acknowledged: flow.previous, answers }, announced)
         };
 
-        let negative = header
-            .aeth
-            .is_some_and(|a| !matches!(a.syndrome, Syndrome::Ack { .. }));
+        let negative = header.aeth.is_some_and(|a| !matches!(a.syndrome, Syndrome::Ack { .. }));
         if !negative {
             flow.previous = Some(bth.psn);
         }
@@ -229,11 +203,7 @@ impl Tracker {
             _ => next,
         });
         let message = advance(&mut flow.message, op, pkt.roce.payload.len(), announced);
-        Analysis {
-            role,
-            retransmission,
-            message,
-        }
+        Analysis { role, retransmission, message }
     }
 
     /// Keeps READ and atomic requests for matching their responses.
@@ -241,9 +211,7 @@ impl Tracker {
         let header = &pkt.roce.header;
         let (psn, op) = (header.bth.psn, header.bth.opcode.operation());
         let request = match (op, header.reth, header.atomic_eth) {
-            (Operation::ReadRequest, Some(reth), _) => AwaitingRequest::Read {
-                dma_len: reth.dma_len,
-            },
+            (Operation::ReadRequest, Some(reth), _) => AwaitingRequest::Read { dma_len: reth.dma_len },
             (Operation::CompareSwap | Operation::FetchAdd, _, Some(eth)) => {
                 AwaitingRequest::Atomic { operation: op, eth }
             }
@@ -259,13 +227,7 @@ impl Tracker {
 
     /// The newest request from `requester` to `responder` whose PSN span
     /// holds `psn`, for READ responses and ATOMIC ACKs.
-    fn find_request(
-        &self,
-        requester: IpAddr,
-        responder: IpAddr,
-        psn: Psn,
-        op: Operation,
-    ) -> Option<Answered> {
+    fn find_request(&self, requester: IpAddr, responder: IpAddr, psn: Psn, op: Operation) -> Option<Answered> {
         let read_response = matches!(
             op,
             Operation::ReadResponseFirst
@@ -280,15 +242,10 @@ impl Tracker {
         queue.iter().rev().find_map(|awaiting| {
             let index = u32::try_from(psn.diff(awaiting.psn)).ok()?;
             let fits = match awaiting.request {
-                AwaitingRequest::Read { dma_len } => {
-                    read_response && index < read_span(dma_len, PATH_MTUS[0])
-                }
+                AwaitingRequest::Read { dma_len } => read_response && index < read_span(dma_len, PATH_MTUS[0]),
                 AwaitingRequest::Atomic { .. } => !read_response && index == 0,
             };
-            fits.then_some(Answered {
-                request: *awaiting,
-                index,
-            })
+            fits.then_some(Answered { request: *awaiting, index })
         })
     }
 }
@@ -300,20 +257,11 @@ fn sequence(previous: Psn, previous_read_len: Option<u32>, psn: Psn) -> Sequence
     };
     let step = psn.diff(previous);
     if step < min_step as i32 {
-        Sequence::Behind {
-            expected: previous.wrapping_add(min_step),
-        }
+        Sequence::Behind { expected: previous.wrapping_add(min_step) }
     } else if step > max_step as i32 {
-        Sequence::Ahead {
-            expected: previous.wrapping_add(max_step),
-            missing: step as u32 - max_step,
-        }
+        Sequence::Ahead { expected: previous.wrapping_add(max_step), missing: step as u32 - max_step }
     } else if let Some(dma_len) = previous_read_len {
-        Sequence::AfterRead {
-            read: previous,
-            dma_len,
-            reserved: step as u32,
-        }
+        Sequence::AfterRead { read: previous, dma_len, reserved: step as u32 }
     } else {
         Sequence::InOrder { previous }
     }
@@ -338,17 +286,15 @@ fn advance(
             from_start: true,
             complete: false,
         },
-        Position::Middle | Position::Last => current
-            .filter(|m| m.kind == kind && !m.complete)
-            .unwrap_or(Message {
-                kind,
-                packets: 0,
-                bytes: 0,
-                announced: None,
-                path_mtu: None,
-                from_start: false,
-                complete: false,
-            }),
+        Position::Middle | Position::Last => current.filter(|m| m.kind == kind && !m.complete).unwrap_or(Message {
+            kind,
+            packets: 0,
+            bytes: 0,
+            announced: None,
+            path_mtu: None,
+            from_start: false,
+            complete: false,
+        }),
     };
     message.packets += 1;
     message.bytes += payload_len as u64;

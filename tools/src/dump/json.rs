@@ -69,8 +69,7 @@ pub fn packet(origin: &Origin<'_>, pkt: &Packet<'_>, analysis: &Analysis, icrc_o
         object["deth"] = json!({"qkey": d.qkey, "src_qpn": d.src_qpn});
     }
     if let Some(a) = h.atomic_eth {
-        object["atomic_eth"] =
-            json!({"va": a.va, "rkey": a.rkey, "swap_add": a.swap_add, "compare": a.compare});
+        object["atomic_eth"] = json!({"va": a.va, "rkey": a.rkey, "swap_add": a.swap_add, "compare": a.compare});
     }
     if let Some(a) = h.atomic_ack_eth {
         object["atomic_ack_eth"] = json!({"original": a.original});

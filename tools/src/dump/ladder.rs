@@ -38,14 +38,7 @@ enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [
-        Kind::Request,
-        Kind::ReadResponse,
-        Kind::Ack,
-        Kind::Nak,
-        Kind::RnrNak,
-        Kind::Malformed,
-    ];
+    const ALL: [Kind; 6] = [Kind::Request, Kind::ReadResponse, Kind::Ack, Kind::Nak, Kind::RnrNak, Kind::Malformed];
 
     fn of(pkt: &Packet<'_>) -> Kind {
         let op = pkt.roce.header.bth.opcode.operation();
@@ -132,14 +125,7 @@ pub struct Ladder {
 }
 
 impl Ladder {
-    pub fn packet(
-        &mut self,
-        frame: usize,
-        seconds: f64,
-        pkt: &Packet<'_>,
-        analysis: &Analysis,
-        icrc_ok: bool,
-    ) {
+    pub fn packet(&mut self, frame: usize, seconds: f64, pkt: &Packet<'_>, analysis: &Analysis, icrc_ok: bool) {
         let header = &pkt.roce.header;
         let from = self.host(pkt.ip.source());
         let to = self.host(pkt.ip.destination());
@@ -153,9 +139,7 @@ impl Ladder {
                 short_name(header.bth.opcode.transport(), header.bth.opcode.operation()),
                 header.bth.psn
             );
-            if let (Operation::Acknowledge, Some(aeth)) =
-                (header.bth.opcode.operation(), header.aeth)
-            {
+            if let (Operation::Acknowledge, Some(aeth)) = (header.bth.opcode.operation(), header.aeth) {
                 let _ = write!(label, " [{}]", syndrome_label(aeth.syndrome));
             }
             if analysis.retransmission {
@@ -205,10 +189,7 @@ impl Ladder {
         match self.hosts.iter().position(|h| h.address == address) {
             Some(index) => index,
             None => {
-                self.hosts.push(Host {
-                    address,
-                    qpns: BTreeSet::new(),
-                });
+                self.hosts.push(Host { address, qpns: BTreeSet::new() });
                 self.hosts.len() - 1
             }
         }
@@ -246,10 +227,7 @@ impl Ladder {
             );
         }
         svg.push_str("</defs>\n");
-        let _ = writeln!(
-            svg,
-            r#"<rect width="{width}" height="{height}" fill="white"/>"#
-        );
+        let _ = writeln!(svg, r#"<rect width="{width}" height="{height}" fill="white"/>"#);
         self.render_header(&mut svg, width, rows_end);
         // Bands go underneath everything, so no arrow is hidden by its neighbour's.
         for (index, row) in self.rows.iter().enumerate() {
@@ -292,20 +270,13 @@ impl Ladder {
         if drawn < self.packets {
             let _ = write!(title, ", showing the first {drawn}");
         }
-        let _ = writeln!(
-            svg,
-            r#"<text x="10" y="20" font-size="14" font-weight="bold">{title}</text>"#
-        );
+        let _ = writeln!(svg, r#"<text x="10" y="20" font-size="14" font-weight="bold">{title}</text>"#);
         let _ = writeln!(
             svg,
             r##"<text x="44" y="{HEADER}" text-anchor="end" fill="#777777">frame</text><text x="54" y="{HEADER}" fill="#777777">time (s)</text>"##
         );
         if self.hosts.is_empty() {
-            let _ = writeln!(
-                svg,
-                r#"<text x="{}" y="{HEADER}">no RoCEv2 packets</text>"#,
-                width / 2.0
-            );
+            let _ = writeln!(svg, r#"<text x="{}" y="{HEADER}">no RoCEv2 packets</text>"#, width / 2.0);
         }
         for (index, host) in self.hosts.iter().enumerate() {
             let x = lane_x(index);
@@ -314,11 +285,7 @@ impl Ladder {
                 svg,
                 r##"<text x="{x}" y="50" text-anchor="middle" font-weight="bold" font-size="12">{}</text><text x="{x}" y="66" text-anchor="middle" fill="#444444">QP {}</text><line x1="{x}" y1="{}" x2="{x}" y2="{rows_end}" stroke="#999999" stroke-width="1.5"/>"##,
                 host.address,
-                if qpns.is_empty() {
-                    "-".to_string()
-                } else {
-                    qpns.join(", ")
-                },
+                if qpns.is_empty() { "-".to_string() } else { qpns.join(", ") },
                 HEADER - 12.0,
             );
         }
@@ -360,11 +327,7 @@ fn render_arrow(svg: &mut String, arrow: &Arrow, y: f64) {
     if arrow.broken {
         classes.push_str(" broken");
     }
-    let _ = writeln!(
-        svg,
-        r#"<g class="{classes}"><title>{}</title>"#,
-        escape(&arrow.details)
-    );
+    let _ = writeln!(svg, r#"<g class="{classes}"><title>{}</title>"#, escape(&arrow.details));
     let _ = writeln!(
         svg,
         r##"<text x="44" y="{}" text-anchor="end" fill="#777777">{}</text><text x="54" y="{}" fill="#777777">{:.6}</text>"##,
@@ -390,11 +353,7 @@ fn render_arrow(svg: &mut String, arrow: &Arrow, y: f64) {
         let _ = writeln!(svg, r#"<path d="M{x1},{y} h40 v{SLANT} h-40" {stroke}/>"#);
         (x1 + 40.0, x1 + 46.0, "start")
     } else {
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{x1}" y1="{y}" x2="{x2}" y2="{}" {stroke}/>"#,
-            y + SLANT
-        );
+        let _ = writeln!(svg, r#"<line x1="{x1}" y1="{y}" x2="{x2}" y2="{}" {stroke}/>"#, y + SLANT);
         ((x1 + x2) / 2.0, (x1 + x2) / 2.0, "middle")
     };
     let _ = writeln!(
@@ -428,10 +387,7 @@ fn cross(svg: &mut String, x: f64, y: f64) {
 }
 
 fn render_legend(svg: &mut String, top: f64) {
-    let _ = writeln!(
-        svg,
-        r#"<text x="10" y="{top}" font-weight="bold" font-size="12">Legend</text>"#
-    );
+    let _ = writeln!(svg, r#"<text x="10" y="{top}" font-weight="bold" font-size="12">Legend</text>"#);
     let line = |svg: &mut String, y: f64, kind: Kind, dash: &str, text: &str| {
         let _ = writeln!(
             svg,
@@ -443,22 +399,14 @@ fn render_legend(svg: &mut String, top: f64) {
     };
     let mut y = top + 20.0;
     for kind in Kind::ALL {
-        let dash = if kind == Kind::Malformed {
-            r#" stroke-dasharray="2 3""#
-        } else {
-            ""
-        };
+        let dash = if kind == Kind::Malformed { r#" stroke-dasharray="2 3""# } else { "" };
         if kind == Kind::Malformed {
             cross(svg, 55.0, y);
         }
         line(svg, y, kind, dash, kind.legend());
         y += 20.0;
     }
-    let _ = writeln!(
-        svg,
-        r##"<rect x="14" y="{}" width="82" height="16" fill="#fff3b0"/>"##,
-        y - 8.0
-    );
+    let _ = writeln!(svg, r##"<rect x="14" y="{}" width="82" height="16" fill="#fff3b0"/>"##, y - 8.0);
     line(
         svg,
         y,
@@ -467,18 +415,8 @@ fn render_legend(svg: &mut String, top: f64) {
         "retransmission: a PSN sent before (dashed, yellow band)",
     );
     y += 20.0;
-    let _ = writeln!(
-        svg,
-        r##"<rect x="14" y="{}" width="82" height="16" fill="#ffd9d9"/>"##,
-        y - 8.0
-    );
-    line(
-        svg,
-        y,
-        Kind::Request,
-        "",
-        "ICRC failure (red cross, pink band)",
-    );
+    let _ = writeln!(svg, r##"<rect x="14" y="{}" width="82" height="16" fill="#ffd9d9"/>"##, y - 8.0);
+    line(svg, y, Kind::Request, "", "ICRC failure (red cross, pink band)");
     cross(svg, 55.0, y);
 }
 
@@ -494,9 +432,7 @@ fn short_name(transport: Transport, op: Operation) -> String {
         ("COMPARE", "CMP"),
     ]
     .iter()
-    .fold(op.name().to_string(), |name, (long, short)| {
-        name.replace(long, short)
-    });
+    .fold(op.name().to_string(), |name, (long, short)| name.replace(long, short));
     match transport {
         Transport::Rc => name,
         other => format!("{} {name}", other.name()),

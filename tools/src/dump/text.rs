@@ -9,13 +9,7 @@ use super::flow::Analysis;
 
 /// `frame time src > dst OPCODE qp= psn= ack_req= [headers] len= icrc=`, with
 /// rarely set BTH fields (SE, M, FECN, BECN, a non-default P_Key) only when set.
-pub fn packet_line(
-    frame: usize,
-    seconds: f64,
-    pkt: &Packet<'_>,
-    analysis: &Analysis,
-    icrc_ok: bool,
-) -> String {
+pub fn packet_line(frame: usize, seconds: f64, pkt: &Packet<'_>, analysis: &Analysis, icrc_ok: bool) -> String {
     let h = &pkt.roce.header;
     let bth = &h.bth;
     let mut line = format!(
@@ -27,12 +21,7 @@ pub fn packet_line(
         bth.psn,
         u8::from(bth.ack_req),
     );
-    for (set, flag) in [
-        (bth.solicited, "se"),
-        (bth.mig_req, "mig_req"),
-        (bth.fecn, "fecn"),
-        (bth.becn, "becn"),
-    ] {
+    for (set, flag) in [(bth.solicited, "se"), (bth.mig_req, "mig_req"), (bth.fecn, "fecn"), (bth.becn, "becn")] {
         if set {
             let _ = write!(line, " {flag}");
         }
@@ -44,27 +33,13 @@ pub fn packet_line(
         let _ = write!(line, " DETH(qkey={:#010x} src_qp={:#x})", d.qkey, d.src_qpn);
     }
     if let Some(f) = h.feth {
-        let _ = write!(
-            line,
-            " FETH(selectivity={} placement={})",
-            f.selectivity, f.placement_type
-        );
+        let _ = write!(line, " FETH(selectivity={} placement={})", f.selectivity, f.placement_type);
     }
     if let Some(r) = h.reth {
-        let _ = write!(
-            line,
-            " RETH(va={:#x} rkey={:#x} len={})",
-            r.va, r.rkey, r.dma_len
-        );
+        let _ = write!(line, " RETH(va={:#x} rkey={:#x} len={})", r.va, r.rkey, r.dma_len);
     }
     if let Some(a) = h.aeth {
-        let _ = write!(
-            line,
-            " AETH({:#04x} {} msn={})",
-            aeth_byte(a.syndrome),
-            syndrome_text(a.syndrome),
-            a.msn
-        );
+        let _ = write!(line, " AETH({:#04x} {} msn={})", aeth_byte(a.syndrome), syndrome_text(a.syndrome), a.msn);
     }
     if let Some(a) = h.atomic_eth {
         let _ = write!(
@@ -109,9 +84,7 @@ pub fn aeth_byte(syndrome: Syndrome) -> u8 {
 /// `ACK credits=invalid`, `RNR NAK timer=14 (1280 us)`, `NAK PSN sequence error`.
 fn syndrome_text(syndrome: Syndrome) -> String {
     match syndrome {
-        Syndrome::Ack {
-            credits: Syndrome::INVALID_CREDITS,
-        } => "ACK credits=invalid".to_string(),
+        Syndrome::Ack { credits: Syndrome::INVALID_CREDITS } => "ACK credits=invalid".to_string(),
         other => other.to_string(),
     }
 }

@@ -321,7 +321,16 @@ mod tests {
     fn sample() -> KeyMsg {
         let mut gid = [0u8; 16];
         gid[10..].copy_from_slice(&[0xff, 0xff, 10, 77, 0, 20]);
-        KeyMsg { lid: 0, out_reads: 0x80, qpn: 0x11, psn: 0xabcdef, rkey: 0x1234, vaddr: 0x7f00_1234_5000, gid, srqn: 0 }
+        KeyMsg {
+            lid: 0,
+            out_reads: 0x80,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            rkey: 0x1234,
+            vaddr: 0x7f00_1234_5000,
+            gid,
+            srqn: 0,
+        }
     }
 
     #[test]

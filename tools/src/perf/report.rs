@@ -48,7 +48,10 @@ pub fn bw_sum_line(mine: &BwReport, theirs: &BwReport, gbits: bool) -> String {
 
 fn row(r: &BwReport, six_decimals: bool) -> String {
     if six_decimals {
-        format!(" {:<7}    {}           {:<7.6}            {:<7.6}            {:<7.6}", r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate)
+        format!(
+            " {:<7}    {}           {:<7.6}            {:<7.6}            {:<7.6}",
+            r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate
+        )
     } else {
         format!(
             " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
@@ -133,7 +136,7 @@ impl BwTimes {
                     opt = opt.min(per_message(i, j));
                     j += cq_mod;
                 }
-                if n % cq_mod != 0 {
+                if !n.is_multiple_of(cq_mod) {
                     opt = opt.min(per_message(i, n - 1));
                 }
             }
@@ -158,7 +161,7 @@ pub fn lat_line(size: u64, posted: &[u64], rtt: bool) -> String {
     // perftest drops the two largest.
     let n = delta.len().saturating_sub(2).max(1);
     let us = |d: u64| d as f64 / 1000.0 / factor;
-    let median = if (n - 1) % 2 != 0 { (delta[n / 2] + delta[n / 2 - 1]) / 2 } else { delta[n / 2] };
+    let median = if !(n - 1).is_multiple_of(2) { (delta[n / 2] + delta[n / 2 - 1]) / 2 } else { delta[n / 2] };
     let average = delta[..n].iter().map(|&d| us(d)).sum::<f64>() / n as f64;
     // perftest squares integer-truncated differences.
     let var: f64 = delta[..n].iter().map(|&d| ((average - us(d)) as i64).pow(2) as f64).sum::<f64>() / n as f64;
@@ -186,10 +189,7 @@ mod tests {
     #[test]
     fn bw_lines_are_perftests_format() {
         let r = BwReport { size: 65536, iters: 5000, bw_peak: 1234.567, bw_avg: 1200.0, msg_rate: 0.0192 };
-        assert_eq!(
-            bw_line(&r, false),
-            " 65536      5000             1234.57            1200.00\t\t   0.019200"
-        );
+        assert_eq!(bw_line(&r, false), " 65536      5000             1234.57            1200.00\t\t   0.019200");
         let small = BwReport { size: 2, iters: 1000, bw_peak: 0.01, bw_avg: 0.001, msg_rate: 0.0625 };
         assert_eq!(
             bw_line(&small, true),

@@ -12,8 +12,7 @@
 use std::time::{Duration, Instant};
 
 use softroce::transport::{
-    Access, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendOp, SendWr, UdDest, WcStatus,
-    WorkCompletion,
+    Access, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{
     CompletionQueue, Context, ContextOptions, Device, Gid, MemoryRegion, ProtectionDomain, QueuePair,
@@ -72,9 +71,15 @@ pub struct Res {
 impl Res {
     /// Opens the device and creates the PD, buffer, CQs and QPs in INIT
     /// (`ctx_init`), for messages up to `p.size` bytes.
-    pub fn new(device: &Device, options: ContextOptions, p: &Params, cycle: usize, cache_line: usize) -> Result<Res, Fail> {
-        let ctx = Context::open(device, options)
-            .map_err(|e| Fail(format!("Couldn't get context for the device: {e}")))?;
+    pub fn new(
+        device: &Device,
+        options: ContextOptions,
+        p: &Params,
+        cycle: usize,
+        cache_line: usize,
+    ) -> Result<Res, Fail> {
+        let ctx =
+            Context::open(device, options).map_err(|e| Fail(format!("Couldn't get context for the device: {e}")))?;
         let pd = ctx.alloc_pd().map_err(|e| Fail(format!("Couldn't allocate PD: {e}")))?;
         let n = p.num_qps;
         let slot = p.size.max(cycle);
@@ -217,7 +222,9 @@ impl Res {
                         | AttrMask::RNR_RETRY
                         | AttrMask::MAX_QP_RD_ATOMIC,
                 ),
-                Conn::Uc => (AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN, AttrMask::SQ_PSN),
+                Conn::Uc => {
+                    (AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN, AttrMask::SQ_PSN)
+                }
                 Conn::Ud => (AttrMask::empty(), AttrMask::SQ_PSN),
             };
             qp.modify(&QpAttr { state: QpState::Rtr, ..attr }, AttrMask::STATE | rtr)
@@ -531,7 +538,7 @@ impl Res {
         let mut spins = 0u32;
         while (self.mr.load_u64(word)? >> shift) as u8 != value {
             spins += 1;
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 // Two cores on a busy host: leave room for the engine.
                 std::thread::yield_now();
                 self.check_progress(last, || format!("waiting for the peer's WRITE {count}"))?;
@@ -554,7 +561,9 @@ impl Res {
             if rcnt < iters && !(scnt < 1 && client) {
                 let last = Instant::now();
                 let wc = loop {
-                    if let Some(wc) = self.recv_cq.poll_one().or_else(|| self.recv_cq.wait_one(Duration::from_millis(100))) {
+                    if let Some(wc) =
+                        self.recv_cq.poll_one().or_else(|| self.recv_cq.wait_one(Duration::from_millis(100)))
+                    {
                         break wc;
                     }
                     self.check_progress(last, || format!("waiting for message {}", rcnt + 1))?;

@@ -10,8 +10,8 @@ use std::time::Duration;
 use softroce::capture::{self, IpPcapWriter};
 use softroce::wire::packet::{build, IpHeader};
 use softroce::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, Opcode, Operation,
-    Packet, Psn, RethRepr, RoceRepr, Syndrome, Transport,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, Opcode, Operation, Packet, Psn, RethRepr,
+    RoceRepr, Syndrome, Transport,
 };
 
 pub const REQUESTER_QPN: u32 = 0x12;
@@ -36,20 +36,11 @@ pub struct Capture {
 
 impl Capture {
     pub fn new() -> Capture {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/data/rc_send_mtu1024.pcap"
-        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/rc_send_mtu1024.pcap");
         let (frames, err) = capture::read(&std::fs::read(path).unwrap());
         assert!(err.is_none());
-        let template = capture::ip_bytes(frames[0].link, &frames[0].data)
-            .unwrap()
-            .to_vec();
-        Capture {
-            writer: IpPcapWriter::new(Vec::new()).unwrap(),
-            template,
-            frames: 0,
-        }
+        let template = capture::ip_bytes(frames[0].link, &frames[0].data).unwrap().to_vec();
+        Capture { writer: IpPcapWriter::new(Vec::new()).unwrap(), template, frames: 0 }
     }
 
     /// The IP bytes of a packet with valid lengths and ICRC.
@@ -71,12 +62,7 @@ impl Capture {
 
     pub fn push_bytes(&mut self, ip_packet: &[u8]) {
         self.frames += 1;
-        self.writer
-            .write(
-                Duration::from_micros(1_000_000 + 10 * self.frames),
-                ip_packet,
-            )
-            .unwrap();
+        self.writer.write(Duration::from_micros(1_000_000 + 10 * self.frames), ip_packet).unwrap();
     }
 
     pub fn finish(self) -> Vec<u8> {
@@ -105,20 +91,12 @@ pub fn request(op: Operation, psn: u32, ack_req: bool) -> RoceRepr {
 
 /// An ACKNOWLEDGE to the requester's QP.
 pub fn acknowledge(psn: u32, syndrome: Syndrome, msn: u32) -> RoceRepr {
-    let mut roce = RoceRepr::new(bth(
-        Transport::Rc,
-        Operation::Acknowledge,
-        REQUESTER_QPN,
-        psn,
-        false,
-    ));
+    let mut roce = RoceRepr::new(bth(Transport::Rc, Operation::Acknowledge, REQUESTER_QPN, psn, false));
     roce.aeth = Some(AethRepr { syndrome, msn });
     roce
 }
 
-pub const ACK: Syndrome = Syndrome::Ack {
-    credits: Syndrome::INVALID_CREDITS,
-};
+pub const ACK: Syndrome = Syndrome::Ack { credits: Syndrome::INVALID_CREDITS };
 
 /// An RC conversation with a loss, a NAK, an RNR NAK, retransmissions, a
 /// spoilt ICRC, a duplicate ACK, a COMPARE_SWAP, a DNS packet and an
@@ -147,42 +125,22 @@ pub const ACK: Syndrome = Syndrome::Ack {
 pub fn lossy_rc() -> Vec<u8> {
     use Direction::{Backward, Forward};
     let mut c = Capture::new();
-    c.push(
-        Forward,
-        &request(Operation::SendFirst, 100, false),
-        &[1; 1024],
-    );
+    c.push(Forward, &request(Operation::SendFirst, 100, false), &[1; 1024]);
     c.push(Forward, &request(Operation::SendLast, 102, true), &[2; 500]);
-    c.push(
-        Backward,
-        &acknowledge(101, Syndrome::Nak(NakCode::PsnSequenceError), 0),
-        &[],
-    );
-    c.push(
-        Forward,
-        &request(Operation::SendMiddle, 101, false),
-        &[1; 1024],
-    );
+    c.push(Backward, &acknowledge(101, Syndrome::Nak(NakCode::PsnSequenceError), 0), &[]);
+    c.push(Forward, &request(Operation::SendMiddle, 101, false), &[1; 1024]);
     c.push(Forward, &request(Operation::SendLast, 102, true), &[2; 500]);
     c.push(Backward, &acknowledge(102, ACK, 1), &[]);
 
     let mut with_imm = request(Operation::SendOnlyImm, 103, true);
     with_imm.imm = Some(0xdead_beef);
     c.push(Forward, &with_imm, &[3; 1022]);
-    c.push(
-        Backward,
-        &acknowledge(103, Syndrome::RnrNak { timer: 14 }, 1),
-        &[],
-    );
+    c.push(Backward, &acknowledge(103, Syndrome::RnrNak { timer: 14 }, 1), &[]);
     c.push(Forward, &with_imm, &[3; 1022]);
     c.push(Backward, &acknowledge(103, ACK, 2), &[]);
 
     let mut write = request(Operation::WriteOnly, 104, true);
-    write.reth = Some(RethRepr {
-        va: 0x7000,
-        rkey: 0x99,
-        dma_len: 64,
-    });
+    write.reth = Some(RethRepr { va: 0x7000, rkey: 0x99, dma_len: 64 });
     let mut spoilt = c.packet(Forward, &write, &[4; 64]);
     *spoilt.last_mut().unwrap() ^= 0xff;
     c.push_bytes(&spoilt);
@@ -192,12 +150,7 @@ pub fn lossy_rc() -> Vec<u8> {
     c.push(Backward, &acknowledge(104, ACK, 3), &[]);
 
     let mut swap = request(Operation::CompareSwap, 105, true);
-    swap.atomic_eth = Some(AtomicEthRepr {
-        va: 0x8000,
-        rkey: 0x42,
-        swap_add: 7,
-        compare: 5,
-    });
+    swap.atomic_eth = Some(AtomicEthRepr { va: 0x8000, rkey: 0x42, swap_add: 7, compare: 5 });
     c.push(Forward, &swap, &[]);
     let mut atomic_ack = acknowledge(105, ACK, 4);
     atomic_ack.bth.opcode = Opcode::new(Transport::Rc, Operation::AtomicAcknowledge).unwrap();
@@ -218,17 +171,8 @@ pub fn lossy_rc() -> Vec<u8> {
 pub fn many_ud_sends(count: u32) -> Vec<u8> {
     let mut c = Capture::new();
     for psn in 0..count {
-        let mut roce = RoceRepr::new(bth(
-            Transport::Ud,
-            Operation::SendOnly,
-            RESPONDER_QPN,
-            psn,
-            false,
-        ));
-        roce.deth = Some(DethRepr {
-            qkey: 0x1111_1111,
-            src_qpn: REQUESTER_QPN,
-        });
+        let mut roce = RoceRepr::new(bth(Transport::Ud, Operation::SendOnly, RESPONDER_QPN, psn, false));
+        roce.deth = Some(DethRepr { qkey: 0x1111_1111, src_qpn: REQUESTER_QPN });
         c.push(Direction::Forward, &roce, &[0; 16]);
     }
     c.finish()
@@ -241,11 +185,7 @@ fn pcap_records(pcap: &[u8]) -> Vec<(u32, u32, &[u8])> {
     let mut at = 24;
     while at < pcap.len() {
         let captured = u32_at(at + 8) as usize;
-        records.push((
-            u32_at(at),
-            u32_at(at + 4),
-            &pcap[at + 16..at + 16 + captured],
-        ));
+        records.push((u32_at(at), u32_at(at + 4), &pcap[at + 16..at + 16 + captured]));
         at += 16 + captured;
     }
     records

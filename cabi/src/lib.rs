@@ -1,0 +1,1 @@
+//! softroce as `libibverbs.so.1`.
