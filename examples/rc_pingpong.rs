@@ -16,8 +16,10 @@ mod common;
 use std::time::Instant;
 
 use common::{OutOfBand, Result};
-use softroce::transport::{Access, Mtu, QpCap, QpType, RecvWr, SendOp, SendWr, WcStatus};
-use softroce::verbs::{ConnectOptions, Context, ContextOptions, MemoryRegion, QpInit, QueuePair};
+use softroce::verbs::{
+    Access, ConnectOptions, Context, ContextOptions, MemoryRegion, Mtu, QpCap, QpType, QueuePair, RecvWr, SendOp,
+    SendWr, WcStatus,
+};
 
 /// Work request ids: a completion's `wr_id` says which kind it is.
 const RECV_WRID: u64 = 1;
@@ -79,8 +81,7 @@ fn run() -> Result<()> {
     // One CQ for both queues, with room for every receive and the send.
     let cq = ctx.create_cq(rx_depth as usize + 1, channel.as_ref())?;
     let cap = QpCap { max_send_wr: 1, max_recv_wr: rx_depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qp =
-        pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
+    let qp = pd.create_qp(QpType::Rc, &cq).cap(cap).build()?;
     if channel.is_some() {
         // Ask for an event on the next completion (each wait re-arms).
         cq.req_notify(false);

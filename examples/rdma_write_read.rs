@@ -20,10 +20,9 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use common::{OutOfBand, Result};
-use softroce::transport::{Access, QpCap, QpType, SendOp, SendWr, WcOpcode, WcStatus};
 use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Context, ContextOptions, Endpoint, MemoryRegion, ProtectionDomain, QpInit,
-    QueuePair,
+    Access, CompletionQueue, ConnectOptions, Context, ContextOptions, Endpoint, MemoryRegion, ProtectionDomain, QpCap,
+    QpType, QueuePair, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
 /// The server's buffer: an 8-byte counter, then the data.
@@ -55,8 +54,7 @@ fn run() -> Result<()> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(16, None)?;
     let cap = QpCap { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qp =
-        pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
+    let qp = pd.create_qp(QpType::Rc, &cq).cap(cap).build()?;
 
     let oob = OutOfBand::listen(&opts)?;
     let local = qp.endpoint(opts.gid_index)?;

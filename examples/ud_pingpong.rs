@@ -17,8 +17,10 @@ mod common;
 use std::time::Instant;
 
 use common::{OutOfBand, Result};
-use softroce::transport::{Access, QpCap, QpType, RecvWr, SendOp, SendWr, UdDest, WcStatus, GRH_LEN};
-use softroce::verbs::{ConnectOptions, Context, ContextOptions, MemoryRegion, QpInit, QueuePair};
+use softroce::verbs::{
+    Access, Context, ContextOptions, MemoryRegion, QpCap, QpType, QueuePair, RecvWr, SendOp, SendWr,
+    UdDest, WcStatus, GRH_LEN,
+};
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
@@ -73,8 +75,7 @@ fn run() -> Result<()> {
 
     let cq = ctx.create_cq(rx_depth as usize + 1, None)?;
     let cap = QpCap { max_send_wr: 1, max_recv_wr: rx_depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qp =
-        pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &cq, recv_cq: &cq, srq: None, cap, sq_sig_all: false })?;
+    let qp = pd.create_qp(QpType::Ud, &cq).cap(cap).build()?;
 
     let oob = OutOfBand::listen(&opts)?;
     let local = qp.endpoint(opts.gid_index)?;
@@ -84,9 +85,9 @@ fn run() -> Result<()> {
     let remote = local.exchange(&mut stream)?;
     common::print_address("remote address:", &remote);
 
-    // For UD, `connect` only makes the QP ready (INIT with the Q_Key, RTR,
+    // A UD QP has no peer: it is only made ready (INIT with the Q_Key, RTR,
     // RTS); where datagrams go is the address handle's business.
-    qp.connect(&remote, &ConnectOptions { qkey: QKEY, ..ConnectOptions::default() })?;
+    qp.activate(QKEY)?;
     let ah = pd.create_ah(remote.gid);
     let dest = ah.ud_dest(remote.qpn, QKEY);
     let mut routs = post_receives(&qp, &mr, size, rx_depth)?;

@@ -27,8 +27,7 @@
 //! use std::net::{IpAddr, Ipv4Addr};
 //! use std::time::Duration;
 //!
-//! use softroce::transport::{Access, QpCap, QpType, SendOp, SendWr, WcStatus};
-//! use softroce::verbs::{ConnectOptions, Context, ContextOptions, Device, QpInit};
+//! use softroce::verbs::{Access, ConnectOptions, Context, ContextOptions, Device, QpType, SendOp, SendWr, WcStatus};
 //!
 //! # /// A UDP port free on both addresses.
 //! # fn free_port(a: IpAddr, b: IpAddr) -> u16 {
@@ -56,8 +55,7 @@
 //! let target = pd_b.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
 //!
 //! let (cq_a, cq_b) = (ctx_a.create_cq(16, None)?, ctx_b.create_cq(16, None)?);
-//! let init = |cq| QpInit { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
-//! let (qp_a, qp_b) = (pd_a.create_qp(&init(&cq_a))?, pd_b.create_qp(&init(&cq_b))?);
+//! let (qp_a, qp_b) = (pd_a.create_qp(QpType::Rc, &cq_a).build()?, pd_b.create_qp(QpType::Rc, &cq_b).build()?);
 //!
 //! // Each QP connects to the other's endpoint (QP number, first PSN, GID).
 //! // B's QP must also allow remote writes.

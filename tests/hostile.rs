@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use hostile_support::*;
 use softroce::transport::memory::offset_in;
 use softroce::transport::*;
-use softroce::verbs::{ConnectOptions, ContextOptions, MemoryRegion, QpInit, QueuePair};
+use softroce::verbs::{ConnectOptions, ContextOptions, MemoryRegion, QueuePair};
 use softroce::wire::{
     AtomicAckEthRepr, NakCode, Opcode, Operation as Op, Psn, RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT,
 };
@@ -1479,7 +1479,7 @@ fn a_dropped_cq_gets_no_more_completions_or_events() {
     let (a, b) = nodes(false);
     let channel = a.ctx.create_comp_channel().unwrap();
     let cq = a.ctx.create_cq(16, Some(&channel)).unwrap();
-    let qp = a.pd.create_qp(&QpInit { send_cq: &cq, recv_cq: &cq, ..a.init(QpType::Rc) }).unwrap();
+    let qp = a.pd.create_qp(QpType::Rc, &cq).build().unwrap();
     let peer = b.qp(QpType::Rc);
     connect(&qp, &peer, &options(Mtu::Mtu1024), &options(Mtu::Mtu1024));
     let mr = a.mr(4096);
@@ -1495,7 +1495,7 @@ fn a_dropped_cq_gets_no_more_completions_or_events() {
     assert_eq!(channel.get_event(QUIET), None, "an event for a destroyed CQ");
     // Another CQ on the channel still gets its events.
     let other = a.ctx.create_cq(16, Some(&channel)).unwrap();
-    let qp2 = a.pd.create_qp(&QpInit { send_cq: &other, recv_cq: &other, ..a.init(QpType::Rc) }).unwrap();
+    let qp2 = a.pd.create_qp(QpType::Rc, &other).build().unwrap();
     let peer2 = b.qp(QpType::Rc);
     connect(&qp2, &peer2, &options(Mtu::Mtu1024), &options(Mtu::Mtu1024));
     other.req_notify(false);

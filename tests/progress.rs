@@ -11,7 +11,7 @@ use roce_build::{bth, Build};
 use softroce::net::udp::UdpLink;
 use softroce::net::{Link, Outgoing};
 use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
-use softroce::verbs::{ConnectOptions, ContextOptions, Endpoint, Gid, QpInit};
+use softroce::verbs::{AckTimeout, ConnectOptions, ContextOptions, Endpoint, Gid};
 use softroce::wire::{Opcode, Operation, Psn, RoceRepr, Transport};
 use verbs_common::*;
 
@@ -22,7 +22,7 @@ fn lossy_pair() -> Pair {
     let a = Node::open("lossy_a", IP_A, lossy);
     let b = Node::open("lossy_b", IP_B, ContextOptions { port, ..ContextOptions::default() });
     // The shortest ACK timeout that is not "wait forever": 8.4 ms.
-    let quick = ConnectOptions { timeout: 11, ..options(Mtu::Mtu1024) };
+    let quick = ConnectOptions { timeout: AckTimeout::from_exponent(11).unwrap(), ..options(Mtu::Mtu1024) };
     Pair::new((a, b), QpType::Rc, &quick, &quick)
 }
 
@@ -52,7 +52,7 @@ fn waiters_on_two_cqs_of_one_context_both_get_their_completions() {
     let (a, b) = nodes(false);
     let second_cq = a.ctx.create_cq(64, None).unwrap();
     let qp_1 = a.qp(QpType::Rc);
-    let qp_2 = a.pd.create_qp(&QpInit { send_cq: &second_cq, recv_cq: &second_cq, ..a.init(QpType::Rc) }).unwrap();
+    let qp_2 = a.pd.create_qp(QpType::Rc, &second_cq).build().unwrap();
     let (peer_1, peer_2) = (b.qp(QpType::Rc), b.qp(QpType::Rc));
     connect(&qp_1, &peer_1, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
     connect(&qp_2, &peer_2, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));

@@ -21,7 +21,8 @@ use softroce::transport::{
     Mtu, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Context, ContextOptions, Device, DeviceCounters, MemoryRegion, QpInit, QueuePair,
+    AckTimeout, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, DeviceCounters, MemoryRegion,
+    QueuePair,
 };
 use softroce::wire::{NakCode, Operation, Syndrome};
 use verbs_common::{connect, free_port, pattern, wait_for, Node, ALL_ACCESS, IP_A, IP_B, WAIT};
@@ -91,8 +92,8 @@ impl Pair {
     fn new(a: &Node, b: &Node, rng: &mut Rng) -> Pair {
         let (cq_a, cq_b) =
             (a.ctx.create_cq(64, Some(&a.channel)).unwrap(), b.ctx.create_cq(64, Some(&b.channel)).unwrap());
-        let qp_a = a.pd.create_qp(&QpInit { send_cq: &cq_a, recv_cq: &cq_a, ..a.init(QpType::Rc) }).unwrap();
-        let qp_b = b.pd.create_qp(&QpInit { send_cq: &cq_b, recv_cq: &cq_b, ..b.init(QpType::Rc) }).unwrap();
+        let qp_a = a.pd.create_qp(QpType::Rc, &cq_a).build().unwrap();
+        let qp_b = b.pd.create_qp(QpType::Rc, &cq_b).build().unwrap();
         let options = pair_options(random_mtu(rng));
         connect(&qp_a, &qp_b, &options, &options);
         let (mr_a, mr_b) = (a.mr(MR_LEN), b.mr(MR_LEN));
@@ -306,22 +307,14 @@ fn churn_a_context(a: &Node, options: ContextOptions, rng: &mut Rng, graves: &mu
     let c = Context::open(&device, options).unwrap();
     let pd = c.alloc_pd().unwrap();
     let cq = c.create_cq(64, None).unwrap();
-    let qp_c = pd
-        .create_qp(&QpInit {
-            qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            cap: Default::default(),
-            sq_sig_all: true,
-        })
-        .unwrap();
+    let qp_c = pd.create_qp(QpType::Rc, &cq).sig_all(true).build().unwrap();
     let mr_c = pd.alloc_mr(1 << 20, ALL_ACCESS).unwrap();
     let qp_a = a.qp(QpType::Rc);
     let mr_a = a.mr(1 << 20);
     let mtu = random_mtu(rng);
     // A finds C dead after 3 timeouts of 4 ms.
-    let a_options = ConnectOptions { timeout: 10, retry_cnt: 2, ..pair_options(mtu) };
+    let a_options =
+        ConnectOptions { timeout: AckTimeout::from_exponent(10).unwrap(), retry_cnt: 2, ..pair_options(mtu) };
     connect(&qp_a, &qp_c, &a_options, &pair_options(mtu));
 
     let data = pattern(4096, rng.next_u32());

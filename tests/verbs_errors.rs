@@ -10,7 +10,7 @@ use softroce::transport::{
     Access, AsyncEvent, AttrMask, ModifyError, Mtu, PostRecvError, PostSendError, QpAttr, QpCap, QpState, QpType,
     RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
-use softroce::verbs::{ConnectOptions, Error, MemoryRegion, QpInit, QueuePair};
+use softroce::verbs::{AckTimeout, ConnectOptions, Error, MemoryRegion, QueuePair};
 use verbs_common::*;
 
 /// A completion without data, as errors and flushes have.
@@ -175,8 +175,8 @@ fn ud_sends_with_the_wrong_qkey_are_dropped() {
     const QKEY: u32 = 0x0bad_cafe;
     let (node_a, node_b) = nodes(false);
     let (qp_a, qp_b) = (node_a.qp(QpType::Ud), node_b.qp(QpType::Ud));
-    let ud_options = ConnectOptions { qkey: QKEY, ..ConnectOptions::default() };
-    connect(&qp_a, &qp_b, &ud_options, &ud_options);
+    qp_a.activate(QKEY).unwrap();
+    qp_b.activate(QKEY).unwrap();
     let (mr_a, mr_b) = (node_a.mr(4096), node_b.mr(4096));
     let ah = node_a.pd.create_ah(node_b.ctx.device().gid(1).unwrap());
     let send_with = |wr_id, qkey| {
@@ -280,7 +280,7 @@ fn flushes_reach_the_cq_of_their_queue() {
     // The flushes of a move to ERR wait in the QP until the engine or the
     // next post hands them out: that post must not send them to its own CQ.
     for round in 0..10 {
-        let qp = node_a.pd.create_qp(&QpInit { recv_cq: &recv_cq, ..node_a.init(QpType::Rc) }).unwrap();
+        let qp = node_a.init(QpType::Rc).recv_cq(&recv_cq).build().unwrap();
         qp.connect(&peer.endpoint(1).unwrap(), &options(Mtu::Mtu1024)).unwrap();
         qp.post_recv(RecvWr { wr_id: 100 + round, sg_list: vec![mr.sge(0, 64)] }).unwrap();
         move_to(&qp, QpState::Err).unwrap();
@@ -314,7 +314,8 @@ fn dead_peer_exhausts_transport_retries_in_time() {
     const TIMEOUT: u8 = 12;
     // 4.096 µs × 2^timeout, waited once for the request and once per retry.
     let ack_timeout = Duration::from_nanos(4096 << TIMEOUT);
-    let requester = ConnectOptions { timeout: TIMEOUT, retry_cnt: 1, ..options(Mtu::Mtu1024) };
+    let requester =
+        ConnectOptions { timeout: AckTimeout::from_exponent(TIMEOUT).unwrap(), retry_cnt: 1, ..options(Mtu::Mtu1024) };
     let pair = Pair::new(nodes(false), QpType::Rc, &requester, &options(Mtu::Mtu1024));
     // Everything of B goes: its engine stops and its socket closes.
     drop(pair.qp_b);
@@ -335,7 +336,7 @@ fn dead_peer_exhausts_transport_retries_in_time() {
 fn overflowing_a_cq_is_reported() {
     let (node_a, node_b) = nodes(false);
     let small = node_a.ctx.create_cq(2, None).unwrap();
-    let qp_a = node_a.pd.create_qp(&QpInit { send_cq: &small, ..node_a.init(QpType::Rc) }).unwrap();
+    let qp_a = node_a.pd.create_qp(QpType::Rc, &small).recv_cq(&node_a.cq).build().unwrap();
     let qp_b = node_b.qp(QpType::Rc);
     connect(&qp_a, &qp_b, &options(Mtu::Mtu1024), &options(Mtu::Mtu1024));
     let (mr_a, mr_b) = (node_a.mr(4096), node_b.mr(4096));
@@ -438,7 +439,7 @@ fn malformed_requests_are_refused_at_post_time() {
     assert!(matches!(refused, Error::PostSend(PostSendError::UnsupportedOp(QpType::Uc))), "{refused:?}");
 
     let srq = pair.b.pd.create_srq(4, 1).unwrap();
-    let on_srq = pair.b.pd.create_qp(&QpInit { srq: Some(&srq), ..pair.b.init(QpType::Rc) }).unwrap();
+    let on_srq = pair.b.init(QpType::Rc).srq(&srq).build().unwrap();
     let refused = on_srq.post_recv(RecvWr { wr_id: 6, sg_list: vec![] }).unwrap_err();
     assert!(matches!(refused, Error::PostRecv(PostRecvError::InvalidState)), "{refused:?}");
 
@@ -460,21 +461,23 @@ fn queue_pair_capacities_beyond_the_device_limits_are_refused() {
     let node = Node::open("limits", ip, options);
     let limits = node.ctx.device().query_device();
     let too_many = QpCap { max_send_wr: limits.max_qp_wr + 1, ..QpCap::default() };
-    let init = QpInit {
-        qp_type: QpType::Rc,
-        send_cq: &node.cq,
-        recv_cq: &node.cq,
-        srq: None,
-        cap: too_many,
-        sq_sig_all: false,
-    };
-    match node.pd.create_qp(&init) {
+    let init = node.init(QpType::Rc);
+    match init.cap(too_many).build() {
         Err(Error::Limit { what: "max_send_wr", max }) => assert_eq!(max, u64::from(limits.max_qp_wr)),
         other => panic!("expected a max_send_wr limit error, got {other:?}"),
     }
     let inline = QpCap { max_inline_data: limits.max_inline_data + 1, ..QpCap::default() };
-    assert!(matches!(
-        node.pd.create_qp(&QpInit { cap: inline, ..init }),
-        Err(Error::Limit { what: "max_inline_data", .. })
-    ));
+    assert!(matches!(init.cap(inline).build(), Err(Error::Limit { what: "max_inline_data", .. })));
+}
+
+#[test]
+fn ud_qps_activate_and_connected_qps_connect_and_not_the_other_way_round() {
+    let (node_a, node_b) = nodes(false);
+    let (ud, rc) = (node_a.qp(QpType::Ud), node_a.qp(QpType::Rc));
+    let peer = node_b.qp(QpType::Rc).endpoint(1).unwrap();
+    assert!(matches!(ud.connect(&peer, &ConnectOptions::default()), Err(Error::InvalidArgument(_))));
+    assert!(matches!(rc.activate(0x1234), Err(Error::InvalidArgument(_))));
+    assert_eq!((ud.state(), rc.state()), (QpState::Reset, QpState::Reset));
+    ud.activate(0x1234).unwrap();
+    assert_eq!((ud.state(), ud.query().qkey), (QpState::Rts, 0x1234));
 }

@@ -11,7 +11,7 @@ use softroce::transport::{
     WcStatus, WorkCompletion, GRH_LEN,
 };
 use softroce::verbs::{
-    AddressHandle, CompletionQueue, ConnectOptions, ContextOptions, Error, MemoryRegion, QpInit, QueuePair,
+    AckTimeout, AddressHandle, CompletionQueue, ConnectOptions, ContextOptions, Error, MemoryRegion, QueuePair,
 };
 use verbs_common::*;
 
@@ -276,7 +276,7 @@ fn an_unsignaled_send_alone_is_acknowledged_without_a_retry() {
 #[test]
 fn sq_sig_all_signals_every_send() {
     let (node_a, node_b) = nodes(false);
-    let qp_a = node_a.pd.create_qp(&QpInit { sq_sig_all: true, ..node_a.init(QpType::Rc) }).unwrap();
+    let qp_a = node_a.init(QpType::Rc).sig_all(true).build().unwrap();
     let qp_b = node_b.qp(QpType::Rc);
     connect(&qp_a, &qp_b, &options(Mtu::Mtu1024), &options(Mtu::Mtu1024));
     let (mr_a, mr_b) = (node_a.mr(4096), node_b.mr(4096));
@@ -384,8 +384,8 @@ fn ud_sends(a: &End<'_>, b: &End<'_>, ah: &AddressHandle, (a_ip, b_ip): (IpAddr,
 fn ud_send_and_send_with_imm_through_an_address_handle() {
     let (node_a, node_b) = nodes(false);
     let (qp_a, qp_b) = (node_a.qp(QpType::Ud), node_b.qp(QpType::Ud));
-    let ud_options = ConnectOptions { qkey: QKEY, ..ConnectOptions::default() };
-    connect(&qp_a, &qp_b, &ud_options, &ud_options);
+    qp_a.activate(QKEY).unwrap();
+    qp_b.activate(QKEY).unwrap();
     let (mr_a, mr_b) = (node_a.mr(8192), node_b.mr(8192));
     let ah = node_a.pd.create_ah(node_b.ctx.device().gid(1).unwrap());
     let a = End { qp: &qp_a, cq: &node_a.cq, mr: &mr_a };
@@ -398,9 +398,9 @@ fn srq_shared_by_two_qps_raises_its_limit_event() {
     const SLOT: usize = 4096;
     let (node_a, node_b) = nodes(false);
     let srq = node_b.pd.create_srq(16, 1).unwrap();
-    let shared = QpInit { srq: Some(&srq), ..node_b.init(QpType::Rc) };
+    let shared = node_b.init(QpType::Rc).srq(&srq);
     let senders = [node_a.qp(QpType::Rc), node_a.qp(QpType::Rc)];
-    let receivers = [node_b.pd.create_qp(&shared).unwrap(), node_b.pd.create_qp(&shared).unwrap()];
+    let receivers = [shared.build().unwrap(), shared.build().unwrap()];
     for (sender, receiver) in senders.iter().zip(&receivers) {
         connect(sender, receiver, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
     }
@@ -530,7 +530,7 @@ fn ipv6_loopback_between_two_qps_of_one_device() {
         ContextOptions { port: free_port(&[ip]), busy_poll: false, ..ContextOptions::default() },
     );
     let cq_2 = node.ctx.create_cq(64, None).unwrap();
-    let second = |qp_type| node.pd.create_qp(&QpInit { send_cq: &cq_2, recv_cq: &cq_2, ..node.init(qp_type) }).unwrap();
+    let second = |qp_type| node.pd.create_qp(qp_type, &cq_2).build().unwrap();
     let (mr_1, mr_2) = (node.mr(MR_LEN), node.mr(MR_LEN));
 
     let (rc_1, rc_2) = (node.qp(QpType::Rc), second(QpType::Rc));
@@ -546,8 +546,8 @@ fn ipv6_loopback_between_two_qps_of_one_device() {
     }
 
     let (ud_1, ud_2) = (node.qp(QpType::Ud), second(QpType::Ud));
-    let ud_options = ConnectOptions { qkey: QKEY, ..ConnectOptions::default() };
-    connect(&ud_1, &ud_2, &ud_options, &ud_options);
+    ud_1.activate(QKEY).unwrap();
+    ud_2.activate(QKEY).unwrap();
     let ah = node.pd.create_ah(node.ctx.device().gid(1).unwrap());
     let one = End { qp: &ud_1, cq: &node.cq, mr: &mr_1 };
     let two = End { qp: &ud_2, cq: &cq_2, mr: &mr_2 };
@@ -560,7 +560,8 @@ fn a_qp_destroyed_right_after_its_last_receive_still_acknowledges_it() {
     // completes; the ACK of that message is still queued in the engine and
     // must go out, or the peer retries into a QP that is gone.
     for round in 0..20 {
-        let options = ConnectOptions { timeout: 14, retry_cnt: 1, ..options(Mtu::Mtu1024) };
+        let options =
+            ConnectOptions { timeout: AckTimeout::from_exponent(14).unwrap(), retry_cnt: 1, ..options(Mtu::Mtu1024) };
         let Pair { a, b, qp_a, qp_b, mr_a, mr_b } = Pair::connected(QpType::Rc, &options);
         qp_b.post_recv(RecvWr { wr_id: 1, sg_list: vec![mr_b.sge(0, 64)] }).unwrap();
         qp_a.post_send(SendWr::new(2, SendOp::Send).with_sge(mr_a.sge(0, 64))).unwrap();

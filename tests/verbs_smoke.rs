@@ -3,7 +3,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use softroce::transport::{Access, QpCap, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use softroce::transport::{Access, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use softroce::verbs::*;
 
 #[test]
@@ -21,16 +21,8 @@ fn rc_verbs_over_loopback() {
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let (mr_a, mr_b) = (pd_a.alloc_mr(1 << 20, access).unwrap(), pd_b.alloc_mr(1 << 20, access).unwrap());
     let (cq_a, cq_b) = (ctx_a.create_cq(64, None).unwrap(), ctx_b.create_cq(64, None).unwrap());
-    let init = |cq| QpInit {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
-        cap: QpCap::default(),
-        sq_sig_all: false,
-    };
-    let qp_a = pd_a.create_qp(&init(&cq_a)).unwrap();
-    let qp_b = pd_b.create_qp(&init(&cq_b)).unwrap();
+    let qp_a = pd_a.create_qp(QpType::Rc, &cq_a).build().unwrap();
+    let qp_b = pd_b.create_qp(QpType::Rc, &cq_b).build().unwrap();
     let (ep_a, ep_b) = (qp_a.endpoint(1).unwrap(), qp_b.endpoint(1).unwrap());
     assert_eq!(ep_a.gid.to_ip(), ip_a);
     let opts = ConnectOptions { access, max_rd_atomic: 4, max_dest_rd_atomic: 4, ..ConnectOptions::default() };

@@ -12,8 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::str::FromStr;
 use std::time::Duration;
 
-use softroce::transport::WorkCompletion;
-use softroce::verbs::{CompletionChannel, CompletionQueue, Device, Endpoint};
+use softroce::verbs::{CompletionChannel, CompletionQueue, Device, Endpoint, WorkCompletion};
 use softroce::wire::ROCE_UDP_PORT;
 
 /// The result type of the examples: any error ends the program with a message.

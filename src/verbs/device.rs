@@ -104,6 +104,32 @@ impl Device {
         Device { name: name.to_owned(), netdev: None, mac, link_mtu, running: true, gids: gid_table(mac, &addrs) }
     }
 
+    /// A device on `addr` alone, for programs that each take one address of
+    /// a host (two processes on one host, say on 127.0.0.1 and 127.0.0.2).
+    /// It is named `sr_<addr>`, has a locally administered MAC made from the
+    /// address, so that each such device has its own link-local GID, and a
+    /// link MTU that makes its active MTU 4096.
+    pub fn for_address(addr: IpAddr) -> Device {
+        let mac = match addr {
+            IpAddr::V4(v4) => {
+                let o = v4.octets();
+                [0x02, 0x00, o[0], o[1], o[2], o[3]]
+            }
+            IpAddr::V6(v6) => {
+                let o = v6.octets();
+                [0x02, o[11], o[12], o[13], o[14], o[15]]
+            }
+        };
+        Device::custom(&format!("{NAME_PREFIX}{addr}"), vec![addr], mac, 4096 + MAX_HDR_LENGTH)
+    }
+
+    /// This device with `addr` as its only address (the one a program's GID
+    /// names), so that its socket binds that address alone: other programs
+    /// may hold the RoCE port on the interface's other addresses.
+    pub fn narrowed_to(&self, addr: IpAddr) -> Device {
+        Device { gids: gid_table(self.mac, &[addr]), ..self.clone() }
+    }
+
     /// `ibv_get_device_name`.
     pub fn name(&self) -> &str {
         &self.name

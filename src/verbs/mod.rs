@@ -34,16 +34,35 @@
 //! `rc_pingpong`, `ud_pingpong` and `rdma_write_read`, written after
 //! libibverbs' C examples.
 
-#[allow(unsafe_code)]
+mod ah;
 mod context;
+mod cq;
 pub mod device;
+mod endpoint;
 mod error;
 pub mod gid;
+#[allow(unsafe_code)]
+mod mr;
+#[allow(unsafe_code)]
+mod pd;
+mod qp;
+mod srq;
 
-pub use context::{
-    AddressHandle, CompletionChannel, CompletionQueue, ConnectOptions, Context, ContextOptions, DeviceCounters,
-    Endpoint, MemoryRegion, ProtectionDomain, QpInit, QueuePair, RemoteRegion, SharedReceiveQueue,
-};
-pub use device::Device;
+pub use ah::AddressHandle;
+pub use context::{Context, ContextOptions, DeviceCounters};
+pub use cq::{CompletionChannel, CompletionQueue};
+pub use device::{Device, DeviceAttr, PortAttr};
+pub use endpoint::Endpoint;
 pub use error::{Error, Result};
 pub use gid::Gid;
+pub use mr::{MemoryRegion, RemoteRegion};
+pub use pd::{ProtectionDomain, QpBuilder};
+pub use qp::{AckTimeout, ConnectOptions, QueuePair};
+pub use srq::SharedReceiveQueue;
+// The transport's value types that verbs calls take and return, so that a
+// program imports everything from here.
+pub use crate::transport::{
+    Access, AsyncEvent, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
+    WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+};
+pub use crate::wire::Psn;

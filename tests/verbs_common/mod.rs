@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use softroce::transport::{Access, AsyncEvent, Mtu, QpType, WorkCompletion};
 use softroce::verbs::{
     CompletionChannel, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion,
-    ProtectionDomain, QpInit, QueuePair,
+    ProtectionDomain, QpBuilder, QueuePair,
 };
 
 pub const IP_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
@@ -60,13 +60,13 @@ impl Node {
         Node { ctx, pd, channel, cq }
     }
 
-    /// QP creation attributes with the node's CQ for both queues.
-    pub fn init(&self, qp_type: QpType) -> QpInit<'_> {
-        QpInit { qp_type, send_cq: &self.cq, recv_cq: &self.cq, srq: None, cap: Default::default(), sq_sig_all: false }
+    /// A QP builder with the node's CQ for both queues.
+    pub fn init(&self, qp_type: QpType) -> QpBuilder<'_> {
+        self.pd.create_qp(qp_type, &self.cq)
     }
 
     pub fn qp(&self, qp_type: QpType) -> QueuePair {
-        self.pd.create_qp(&self.init(qp_type)).unwrap()
+        self.init(qp_type).build().unwrap()
     }
 
     /// A region with every access right.

@@ -8,9 +8,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use softroce::transport::{Access, Mtu, QpCap, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use softroce::transport::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use softroce::verbs::{
-    self, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, QpInit, QueuePair,
+    self, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, QueuePair,
 };
 use softroce::wire::ROCE_UDP_PORT;
 use tracing_subscriber::{reload, EnvFilter, Registry};
@@ -216,15 +216,7 @@ impl Side {
     fn new(ctx: &Context) -> verbs::Result<Side> {
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(256, None)?;
-        let init = QpInit {
-            qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            cap: QpCap::default(),
-            sq_sig_all: false,
-        };
-        let qp = pd.create_qp(&init)?;
+        let qp = pd.create_qp(QpType::Rc, &cq).build()?;
         let mr = pd.alloc_mr(REGION_LEN, ACCESS)?;
         Ok(Side { device: ctx.device().name().to_owned(), qp, cq, mr })
     }

@@ -59,8 +59,6 @@ const MAX_SIZE: usize = 8 << 20;
 /// with the peer and keeps the larger of.
 const CYCLE_BUFFER: u32 = 4096;
 const CACHE_LINE: u32 = 64;
-/// The link MTU of a `--local-addr` device: room for 4096-byte RoCE packets.
-const LOCAL_LINK_MTU: u32 = 4096 + 80;
 
 /// The operation a test measures (perftest's `VerbType`, in its order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -412,19 +410,7 @@ pub fn run(args: Args) -> ExitCode {
 /// hold the RoCE port on the interface's other addresses).
 fn open_device(args: &Args) -> Result<(Device, usize, Gid), Fail> {
     let device = match (args.local_addr, &args.device) {
-        (Some(addr), _) => {
-            let mac = match addr {
-                IpAddr::V4(v4) => {
-                    let o = v4.octets();
-                    [0x02, 0x00, o[0], o[1], o[2], o[3]]
-                }
-                IpAddr::V6(v6) => {
-                    let o = v6.octets();
-                    [0x02, o[11], o[12], o[13], o[14], o[15]]
-                }
-            };
-            Device::custom(&format!("sr_{addr}"), vec![addr], mac, LOCAL_LINK_MTU)
-        }
+        (Some(addr), _) => Device::for_address(addr),
         (None, Some(name)) => Device::by_name(name)
             .map_err(|e| Fail(format!(" Unable to find the Infiniband/RoCE device {name}: {e}")))?,
         (None, None) => {
@@ -452,8 +438,7 @@ fn open_device(args: &Args) -> Result<(Device, usize, Gid), Fail> {
     })?;
     let ip = gid.to_ip();
     let bindable = !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
-    let device =
-        if bindable { Device::custom(device.name(), vec![ip], device.mac(), device.link_mtu()) } else { device };
+    let device = if bindable { device.narrowed_to(ip) } else { device };
     Ok((device, index, gid))
 }
 

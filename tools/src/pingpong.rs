@@ -62,8 +62,6 @@ const UD_QKEY: u32 = 0x1111_1111;
 const FILL: u8 = 0x7b;
 /// The page size `-c` marks pages by: x86-64's, as on both sides of a pair.
 const PAGE_SIZE: usize = 4096;
-/// The link MTU of a `--local-addr` device: room for 4096-byte RoCE packets.
-const LOCAL_LINK_MTU: u32 = 4096 + 80;
 
 #[derive(clap::Args)]
 #[command(after_help = "Without SERVER, waits for a client; with it, connects to the server there. \
@@ -301,17 +299,7 @@ fn print_dest(label: &str, d: &Dest, colon_before_gid: bool) {
 /// The device: `--local-addr`, `-d`, or the default.
 fn open_device(args: &Args) -> Result<Device, Fail> {
     if let Some(addr) = args.local_addr {
-        let mac = match addr {
-            IpAddr::V4(v4) => {
-                let o = v4.octets();
-                [0x02, 0x00, o[0], o[1], o[2], o[3]]
-            }
-            IpAddr::V6(v6) => {
-                let o = v6.octets();
-                [0x02, o[11], o[12], o[13], o[14], o[15]]
-            }
-        };
-        return Ok(Device::custom(&format!("sr_{addr}"), vec![addr], mac, LOCAL_LINK_MTU));
+        return Ok(Device::for_address(addr));
     }
     match &args.device {
         Some(name) => Device::by_name(name).map_err(|e| match e {
@@ -534,15 +522,11 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     };
     let mut qps = Vec::with_capacity(num_qp);
     for i in 0..num_qp {
-        let init = softroce::verbs::QpInit {
-            qp_type: kind.qp_type(),
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: srq.as_ref(),
-            cap,
-            sq_sig_all: false,
-        };
-        let qp = pd.create_qp(&init).map_err(|e| Fail(format!("Couldn't create QP[{i}]: {e}")))?;
+        let mut init = pd.create_qp(kind.qp_type(), &cq).cap(cap);
+        if let Some(srq) = &srq {
+            init = init.srq(srq);
+        }
+        let qp = init.build().map_err(|e| Fail(format!("Couldn't create QP[{i}]: {e}")))?;
         let mut attr = QpAttr { state: QpState::Init, port: ib_port, pkey_index: 0, ..QpAttr::default() };
         let mask = if kind == Kind::Ud {
             attr.qkey = UD_QKEY;

@@ -14,9 +14,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use softroce::transport::{Access, QpCap, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+use softroce::transport::{Access, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
 use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, ProtectionDomain, QpInit, QueuePair,
+    AckTimeout, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, ProtectionDomain,
+    QueuePair,
 };
 
 use super::{Case, Conn, Measured, Meter, Test, Timing};
@@ -321,24 +322,14 @@ impl Link {
         let options = ConnectOptions {
             access: ACCESS,
             mtu: Some(conn.mtu),
-            timeout: ACK_TIMEOUT,
+            timeout: AckTimeout::from_exponent(ACK_TIMEOUT).expect("an exponent"),
             max_rd_atomic: RD_ATOMIC,
             max_dest_rd_atomic: RD_ATOMIC,
             ..ConnectOptions::default()
         };
         let mut qps = Vec::with_capacity(conn.qps);
         for _ in 0..conn.qps {
-            let qp = |side: &Side, cq: &CompletionQueue| {
-                let init = QpInit {
-                    qp_type: QpType::Rc,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    srq: None,
-                    cap: QpCap::default(),
-                    sq_sig_all: false,
-                };
-                side.pd.create_qp(&init)
-            };
+            let qp = |side: &Side, cq: &CompletionQueue| side.pd.create_qp(QpType::Rc, cq).build();
             let (qp_a, qp_b) = (qp(&devices.a, &a_cq).map_err(failed)?, qp(&devices.b, &b_cq).map_err(failed)?);
             qp_a.connect(&qp_b.endpoint(GID_INDEX).map_err(failed)?, &options).map_err(failed)?;
             qp_b.connect(&qp_a.endpoint(GID_INDEX).map_err(failed)?, &options).map_err(failed)?;

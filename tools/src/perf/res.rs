@@ -126,15 +126,13 @@ impl Res {
         };
         let mut qps = Vec::with_capacity(n);
         for _ in 0..n {
-            let init = softroce::verbs::QpInit {
-                qp_type,
-                send_cq: &send_cq,
-                recv_cq: if p.verb == Verb::Send { &recv_cq } else { &send_cq },
-                srq: None,
-                cap,
-                sq_sig_all: false,
-            };
-            let qp = pd.create_qp(&init).map_err(|e| Fail(format!("Couldn't create QP: {e}")))?;
+            let recv = if p.verb == Verb::Send { &recv_cq } else { &send_cq };
+            let qp = pd
+                .create_qp(qp_type, &send_cq)
+                .recv_cq(recv)
+                .cap(cap)
+                .build()
+                .map_err(|e| Fail(format!("Couldn't create QP: {e}")))?;
             let mut attr = QpAttr { state: QpState::Init, port: p.ib_port, pkey_index: 0, ..QpAttr::default() };
             let mask = if p.conn == Conn::Ud {
                 attr.qkey = QKEY;

@@ -1,0 +1,112 @@
+//! Completion queues (`ibv_cq`) and completion channels (`ibv_comp_channel`).
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::context::ContextInner;
+use crate::engine::threaded::{Arm, ChannelShared, CqShared};
+use crate::transport::WorkCompletion;
+
+/// A completion queue (`ibv_cq`).
+#[derive(Debug)]
+pub struct CompletionQueue {
+    pub(super) ctx: Arc<ContextInner>,
+    pub(super) shared: Arc<CqShared>,
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // QPs may still point at the queue: from now on nothing reaches it
+        // and no event fires for it.
+        self.shared.destroyed.store(true, Ordering::Release);
+        self.shared.arm.store(Arm::Off as u8, Ordering::Release);
+        while self.shared.entries.1.try_recv().is_ok() {}
+    }
+}
+
+impl CompletionQueue {
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        if self.shared.entries.1.is_empty() {
+            self.ctx.engine.poll_progress(&self.shared);
+        }
+        let mut n = 0;
+        while n < out.len() {
+            match self.shared.entries.1.try_recv() {
+                Ok(wc) => {
+                    out[n] = wc;
+                    n += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        n
+    }
+
+    /// The next completion, if one is queued.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        if self.shared.entries.1.is_empty() {
+            self.ctx.engine.poll_progress(&self.shared);
+        }
+        self.shared.entries.1.try_recv().ok()
+    }
+
+    /// Waits up to `timeout` for a completion (blocking mode).
+    pub fn wait_one(&self, timeout: Duration) -> Option<WorkCompletion> {
+        self.ctx.engine.wait_completion(&self.shared, timeout)
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (or, with `solicited_only`,
+    /// the next solicited or failed one) raises one event on the channel.
+    pub fn req_notify(&self, solicited_only: bool) {
+        // As in libibverbs, completions already queued raise no event: poll
+        // after arming to catch them.
+        let arm = if solicited_only { Arm::Solicited } else { Arm::Next };
+        self.shared.arm.store(arm as u8, Ordering::Release);
+    }
+
+    /// Completions were lost because the queue was full.
+    pub fn overflowed(&self) -> bool {
+        self.shared.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Identifies this CQ in channel events.
+    pub fn id(&self) -> u32 {
+        self.shared.id
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): its file descriptor is
+/// readable while events wait, so it works with poll, epoll and async runtimes.
+#[derive(Debug)]
+pub struct CompletionChannel {
+    pub(super) ctx: Arc<ContextInner>,
+    pub(super) shared: Arc<ChannelShared>,
+}
+
+impl CompletionChannel {
+    /// The next event: the id of the CQ that fired. Waits up to `timeout`.
+    pub fn get_event(&self, timeout: Duration) -> Option<u32> {
+        let events = &self.shared.events.1;
+        if events.is_empty() {
+            // Drives progress meanwhile, if nobody else does.
+            self.ctx.engine.wait_event(&self.shared, timeout);
+        }
+        // Drain before taking an event and signal again while more wait, so
+        // the descriptor is readable exactly while events wait.
+        self.shared.fd.drain();
+        let id = events.try_recv().ok();
+        if !events.is_empty() {
+            self.shared.fd.signal();
+        }
+        id
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.shared.fd.as_raw_fd()
+    }
+}

@@ -1,0 +1,201 @@
+//! Protection domains (`ibv_pd`): what memory regions, queue pairs, SRQs
+//! and address handles are created in.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use memmap2::MmapMut;
+
+use super::context::{random_u32, ContextInner};
+use super::error::{Error, Result};
+use super::gid::Gid;
+use super::{AddressHandle, CompletionQueue, MemoryRegion, QueuePair, SharedReceiveQueue};
+use crate::engine::threaded::{lock, QpCell};
+use crate::engine::RawRegion;
+use crate::transport::{Access, Qp, QpCap, QpType, Srq};
+use crate::wire::Psn;
+
+/// A protection domain (`ibv_pd`).
+#[derive(Debug)]
+pub struct ProtectionDomain {
+    pub(super) ctx: Arc<ContextInner>,
+    pd: u32,
+}
+
+impl ProtectionDomain {
+    pub(super) fn new(ctx: Arc<ContextInner>) -> ProtectionDomain {
+        let pd = ctx.id();
+        ProtectionDomain { ctx, pd }
+    }
+
+    /// Allocates `len` zeroed, page-aligned bytes and registers them.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("memory region length 0".into()));
+        }
+        let mut map = MmapMut::map_anon(len)?;
+        let base = map.as_mut_ptr();
+        // SAFETY: the mapping lives in the MemoryRegion, which deregisters
+        // before unmapping.
+        let mut mr = unsafe { self.reg_mr(base, len, access)? };
+        mr.map = Some(map);
+        Ok(mr)
+    }
+
+    /// Registers `len` bytes at `ptr` (`ibv_reg_mr`); their address is the VA
+    /// peers use.
+    ///
+    /// # Safety
+    /// The memory must stay valid until the returned region is dropped, and
+    /// the caller must accept that the engine and remote peers read and write
+    /// it at any time, as an RDMA NIC would: access it only through raw
+    /// pointers or the region's copy methods, never through `&`/`&mut`
+    /// references that assume nobody else writes.
+    pub unsafe fn reg_mr(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.reg_mr_iova(ptr, len, ptr as u64, access) }
+    }
+
+    /// Registers `len` bytes at `ptr` that peers and SGEs address as
+    /// `iova ..= iova + len - 1` (`ibv_reg_mr_iova`).
+    ///
+    /// # Safety
+    /// As for [`ProtectionDomain::reg_mr`].
+    pub unsafe fn reg_mr_iova(&self, ptr: *mut u8, len: usize, iova: u64, access: Access) -> Result<MemoryRegion> {
+        if iova.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument(format!("{len} bytes at iova {iova:#x} wrap around 2^64")));
+        }
+        if ptr.is_null() || len == 0 {
+            return Err(Error::InvalidArgument("null or empty memory region".into()));
+        }
+        // libibverbs: remote write or atomic rights need local write.
+        let remote_writes = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        if remote_writes && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE".into()));
+        }
+        let mut registry = self.ctx.engine.shared.registry.write().unwrap_or_else(|e| e.into_inner());
+        let key = loop {
+            let k = random_u32();
+            if k != 0 && !registry.contains(k) {
+                break k;
+            }
+        };
+        // SAFETY: the caller promised the range stays valid until the region
+        // is dropped, and `MemoryRegion::drop` removes the key first.
+        unsafe { registry.insert(key, RawRegion { base: ptr, len, iova, pd: self.pd, access }) };
+        Ok(MemoryRegion { ctx: Arc::clone(&self.ctx), key, base: ptr, iova, len, access, map: None })
+    }
+
+    /// `ibv_create_qp`: the start of a QP of `qp_type` whose send and receive
+    /// completions go to `cq` (see [`QpBuilder`] for the rest).
+    pub fn create_qp<'a>(&'a self, qp_type: QpType, cq: &'a CompletionQueue) -> QpBuilder<'a> {
+        QpBuilder { pd: self, qp_type, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sig_all: false }
+    }
+
+    /// A QP in RESET, with a random first PSN. Its CQs and SRQ must belong to
+    /// this context.
+    fn build_qp(&self, init: &QpBuilder<'_>) -> Result<QueuePair> {
+        let ours = |ctx: &Arc<ContextInner>| Arc::ptr_eq(ctx, &self.ctx);
+        if !ours(&init.send_cq.ctx) || !ours(&init.recv_cq.ctx) || init.srq.is_some_and(|s| !ours(&s.ctx)) {
+            return Err(Error::InvalidArgument("CQ or SRQ of another context".into()));
+        }
+        let limits = self.ctx.device.query_device();
+        let cap = init.cap;
+        let sig_all = init.sig_all;
+        for (what, value, max) in [
+            ("max_send_wr", cap.max_send_wr, limits.max_qp_wr),
+            ("max_recv_wr", cap.max_recv_wr, limits.max_qp_wr),
+            ("max_send_sge", cap.max_send_sge, limits.max_sge),
+            ("max_recv_sge", cap.max_recv_sge, limits.max_sge),
+            ("max_inline_data", cap.max_inline_data, limits.max_inline_data),
+        ] {
+            if value > max {
+                return Err(Error::Limit { what, max: max.into() });
+            }
+        }
+        let qpn = self.ctx.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+        let mut qp = Qp::new(qpn, init.qp_type, self.pd, init.cap, init.srq.map(|s| s.id));
+        qp.set_peer_buffer(self.ctx.engine.shared.receive_buffer);
+        if init.qp_type == QpType::Ud {
+            // UD has no path MTU attribute: it uses the port's, as rxe does.
+            qp.set_ud_mtu(self.ctx.device.active_mtu());
+        }
+        let cell = Arc::new(QpCell {
+            qp: Mutex::new(qp),
+            send_cq: Arc::clone(&init.send_cq.shared),
+            recv_cq: Arc::clone(&init.recv_cq.shared),
+            srq: init.srq.map(|s| Arc::clone(&s.srq)),
+        });
+        let shared = &self.ctx.engine.shared;
+        lock(&shared.qps).insert(qpn, Arc::clone(&cell));
+        shared.qps_version.fetch_add(1, Ordering::Release);
+        let psn = Psn::new(random_u32());
+        Ok(QueuePair { ctx: Arc::clone(&self.ctx), cell, qpn, psn, sig_all })
+    }
+
+    /// `ibv_create_srq`: an SRQ of `max_wr` receives of up to `max_sge` SGEs,
+    /// within the device's limits.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        let limits = self.ctx.device.query_device();
+        if max_wr == 0 || max_wr > limits.max_srq_wr {
+            return Err(Error::Limit { what: "max_wr", max: limits.max_srq_wr.into() });
+        }
+        if max_sge > limits.max_srq_sge {
+            return Err(Error::Limit { what: "max_sge", max: limits.max_srq_sge.into() });
+        }
+        let id = self.ctx.id();
+        let srq = Arc::new(Mutex::new(Srq::new(id, max_wr, max_sge)));
+        Ok(SharedReceiveQueue { ctx: Arc::clone(&self.ctx), srq, id })
+    }
+
+    /// An address handle for UD sends to `gid`.
+    pub fn create_ah(&self, gid: Gid) -> AddressHandle {
+        AddressHandle { dest: gid.to_ip() }
+    }
+}
+
+/// What a QP is created with (`ibv_qp_init_attr`), from
+/// [`ProtectionDomain::create_qp`]: both CQs default to the one given, no
+/// SRQ, [`QpCap::default`] and only signaled sends completing.
+#[derive(Debug, Clone, Copy)]
+#[must_use = "a QP builder does nothing until `build`"]
+pub struct QpBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    qp_type: QpType,
+    send_cq: &'a CompletionQueue,
+    recv_cq: &'a CompletionQueue,
+    srq: Option<&'a SharedReceiveQueue>,
+    cap: QpCap,
+    sig_all: bool,
+}
+
+impl<'a> QpBuilder<'a> {
+    /// Receive completions go to `cq` instead.
+    pub fn recv_cq(mut self, cq: &'a CompletionQueue) -> QpBuilder<'a> {
+        self.recv_cq = cq;
+        self
+    }
+
+    /// Receives come from `srq` instead of the QP's own receive queue.
+    pub fn srq(mut self, srq: &'a SharedReceiveQueue) -> QpBuilder<'a> {
+        self.srq = Some(srq);
+        self
+    }
+
+    /// Queue capacities, within the device's limits.
+    pub fn cap(mut self, cap: QpCap) -> QpBuilder<'a> {
+        self.cap = cap;
+        self
+    }
+
+    /// Every send completes, signaled or not (`sq_sig_all`).
+    pub fn sig_all(mut self, sig_all: bool) -> QpBuilder<'a> {
+        self.sig_all = sig_all;
+        self
+    }
+
+    /// Creates the QP, in RESET.
+    pub fn build(self) -> Result<QueuePair> {
+        self.pd.build_qp(&self)
+    }
+}

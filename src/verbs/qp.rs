@@ -1,0 +1,289 @@
+//! Queue pairs (`ibv_qp`): how they are built, connected and driven.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::context::{add_counters, ContextInner};
+use super::error::{Error, Result};
+use super::Endpoint;
+use crate::engine::threaded::{lock, QpCell};
+use crate::transport::{Access, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendWr};
+use crate::wire::Psn;
+
+/// A queue pair (`ibv_qp`).
+#[derive(Debug)]
+pub struct QueuePair {
+    pub(super) ctx: Arc<ContextInner>,
+    pub(super) cell: Arc<QpCell>,
+    pub(super) qpn: u32,
+    /// The first PSN this QP sends with, chosen at random when it was created.
+    pub(super) psn: Psn,
+    pub(super) sig_all: bool,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        lock(&self.cell.qp).state()
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        lock(&self.cell.qp).modify(attr, mask)?;
+        self.ctx.engine.shared.ring();
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> QpAttr {
+        *lock(&self.cell.qp).attr()
+    }
+
+    /// `ibv_post_send`: nothing is queued if it fails.
+    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        self.post_send_list([wr]).map_err(|(_, e)| e)
+    }
+
+    /// `ibv_post_send` with a list of work requests: posts them in order
+    /// under one lock and sends their packets in one batch, where a post
+    /// one by one costs one each. Stops at the first the QP refuses and
+    /// returns its index with the error (libibverbs' `bad_wr`); those before
+    /// it stay posted, as with `ibv_post_send`.
+    pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> std::result::Result<(), (usize, Error)> {
+        let mut qp = lock(&self.cell.qp);
+        let mut refused = None;
+        let mut posted = 0;
+        for (index, mut wr) in wrs.into_iter().enumerate() {
+            if self.sig_all {
+                wr.flags.signaled = true;
+            }
+            if let Err(e) = qp.post_send(wr) {
+                refused = Some((index, e.into()));
+                break;
+            }
+            posted += 1;
+        }
+        // A request posted in ERR is flushed at once: hand it to the CQ now,
+        // and whatever else the QP holds to the CQ it belongs to.
+        self.cell.drain(&mut qp, &self.ctx.engine.shared.events);
+        drop(qp);
+        if posted > 0 {
+            self.ctx.engine.kick(&self.cell);
+        }
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// `ibv_post_recv`. A receive gives the engine nothing to send, so it
+    /// is not woken (a peer that met RNR retries on its own timer).
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let mut qp = lock(&self.cell.qp);
+        qp.post_recv(wr)?;
+        self.cell.drain(&mut qp, &self.ctx.engine.shared.events);
+        Ok(())
+    }
+
+    /// Capacities the QP was created with.
+    pub fn cap(&self) -> QpCap {
+        lock(&self.cell.qp).cap()
+    }
+
+    /// RESET → INIT with `options`' access rights (or Q_Key, for UD), so
+    /// receives can be posted before the peer's endpoint is known, as the
+    /// classic examples do; [`QueuePair::connect`] continues from there.
+    pub fn init(&self, options: &ConnectOptions) -> Result<()> {
+        let attr =
+            QpAttr { state: QpState::Init, access_flags: options.access, qkey: options.qkey, ..QpAttr::default() };
+        let qp_type = lock(&self.cell.qp).qp_type();
+        let (required, _) = crate::transport::attr::transition_masks(qp_type, QpState::Reset, QpState::Init)
+            .ok_or(crate::transport::ModifyError::InvalidTransition { from: QpState::Reset, to: QpState::Init })?;
+        self.modify(&attr, AttrMask::STATE | required)
+    }
+
+    /// What a peer needs to connect to this QP, using GID `gid_index` of the
+    /// device.
+    pub fn endpoint(&self, gid_index: usize) -> Result<Endpoint> {
+        let gids = self.ctx.device.gid_table();
+        let gid = *gids
+            .get(gid_index)
+            .ok_or_else(|| Error::InvalidArgument(format!("GID index {gid_index} (the table has {})", gids.len())))?;
+        Ok(Endpoint { qpn: self.qpn, psn: self.psn, gid })
+    }
+
+    /// Brings an RC or UC QP from RESET (or INIT, after [`QueuePair::init`])
+    /// to RTS, connected to `remote`: the INIT, RTR and RTS steps of
+    /// `ibv_rc_pingpong`. A UD QP has no peer: it takes [`QueuePair::activate`].
+    pub fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<()> {
+        if lock(&self.cell.qp).qp_type() == QpType::Ud {
+            return Err(Error::InvalidArgument("a UD QP has no peer to connect to: use activate".into()));
+        }
+        let attr = QpAttr {
+            access_flags: options.access,
+            qkey: options.qkey,
+            dest: Some(remote.gid.to_ip()),
+            peer_port: options.peer_port,
+            path_mtu: options.mtu.unwrap_or_else(|| self.ctx.device.active_mtu()),
+            timeout: options.timeout.exponent(),
+            retry_cnt: options.retry_cnt,
+            rnr_retry: options.rnr_retry,
+            rq_psn: remote.psn,
+            sq_psn: self.psn,
+            max_rd_atomic: options.max_rd_atomic,
+            max_dest_rd_atomic: options.max_dest_rd_atomic,
+            min_rnr_timer: options.min_rnr_timer,
+            dest_qpn: remote.qpn,
+            ..QpAttr::default()
+        };
+        lock(&self.cell.qp).connect(&attr)?;
+        self.ctx.engine.shared.ring();
+        Ok(())
+    }
+}
+
+impl QueuePair {
+    /// Brings a UD QP from RESET (or INIT) to RTS, receiving datagrams that
+    /// carry `qkey` and able to send to any address handle.
+    pub fn activate(&self, qkey: u32) -> Result<()> {
+        if lock(&self.cell.qp).qp_type() != QpType::Ud {
+            return Err(Error::InvalidArgument("only a UD QP is activated; connected QPs connect".into()));
+        }
+        let options = ConnectOptions { qkey, ..ConnectOptions::default() };
+        if self.state() == QpState::Reset {
+            self.init(&options)?;
+        }
+        let attr = QpAttr { sq_psn: self.psn, ..QpAttr::default() };
+        self.modify(&QpAttr { state: QpState::Rtr, ..attr }, AttrMask::STATE)?;
+        self.modify(&QpAttr { state: QpState::Rts, ..attr }, AttrMask::STATE | AttrMask::SQ_PSN)
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let shared = &self.ctx.engine.shared;
+        let mut qps = lock(&shared.qps);
+        qps.remove(&self.qpn);
+        let mut qp = lock(&self.cell.qp);
+        add_counters(&mut lock(&shared.retired), qp.counters());
+        // What the QP produced so far goes out. Then, in ERR, it executes and
+        // completes nothing more (the flush completions of ERR are dropped:
+        // the application destroyed the QP), but the answers it had queued —
+        // the ACK of the message just received, say — are still owed to the
+        // peer: the engine sends them, then forgets the QP. Kernel rxe's
+        // destroy likewise lets its tasks finish.
+        self.cell.drain(&mut qp, &shared.events);
+        let _ = qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() }, AttrMask::STATE);
+        while qp.poll_completion().is_some() {}
+        while qp.poll_event().is_some() {}
+        drop(qp);
+        lock(&shared.closing).push(Arc::clone(&self.cell));
+        drop(qps);
+        shared.qps_version.fetch_add(1, Ordering::Release);
+        // Sent from here if this thread can: a thread that just took the
+        // last completion may have left the ACK of its message unsent.
+        self.ctx.engine.progress_now();
+    }
+}
+
+/// Attributes for [`QueuePair::connect`], with `ibv_rc_pingpong`'s defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// `qp_access_flags`: remote operations the QP executes as responder; add
+    /// REMOTE_WRITE, REMOTE_READ or REMOTE_ATOMIC to allow them.
+    pub access: Access,
+    /// Path MTU; the port's active MTU when `None`.
+    pub mtu: Option<Mtu>,
+    /// Local ACK timeout.
+    pub timeout: AckTimeout,
+    /// Transport retries after a timeout or sequence NAK (0..=7).
+    pub retry_cnt: u8,
+    /// RNR retries (0..=7, 7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code this QP advertises as responder (0..=31).
+    pub min_rnr_timer: u8,
+    /// READ/atomic requests this QP may have outstanding as requester.
+    pub max_rd_atomic: u8,
+    /// READ/atomic requests this QP accepts outstanding as responder.
+    pub max_dest_rd_atomic: u8,
+    /// Q_Key of a UD QP.
+    pub qkey: u32,
+    /// Accept packets only from this UDP source port of the peer (see
+    /// [`QpAttr::peer_port`]); `None` accepts any, as IBTA and rxe do.
+    pub peer_port: Option<u16>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> ConnectOptions {
+        ConnectOptions {
+            access: Access::LOCAL_WRITE,
+            mtu: None,
+            timeout: AckTimeout::from_exponent(14).expect("14 is an exponent"),
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            qkey: 0x1111_1111,
+            peer_port: None,
+        }
+    }
+}
+
+/// The local ACK timeout of a connected QP: 4.096 µs × 2^exponent, where the
+/// exponent (`ibv_qp_attr::timeout`) is 5 bits and 0 means "wait forever".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AckTimeout(u8);
+
+impl AckTimeout {
+    /// Never time out: a lost packet is never resent.
+    pub const INFINITE: AckTimeout = AckTimeout(0);
+
+    /// The timeout of this exponent (0..=31), or `None` past 31.
+    pub const fn from_exponent(exponent: u8) -> Option<AckTimeout> {
+        if exponent <= 31 {
+            Some(AckTimeout(exponent))
+        } else {
+            None
+        }
+    }
+
+    /// The shortest timeout of at least `duration` (at most 4.096 µs × 2^31,
+    /// about 2.4 hours).
+    pub fn at_least(duration: Duration) -> AckTimeout {
+        let units = duration.as_nanos().div_ceil(4096).max(1);
+        let exponent = (u128::BITS - (units - 1).leading_zeros()).clamp(1, 31);
+        AckTimeout(exponent as u8)
+    }
+
+    /// The 5-bit exponent, as `ibv_modify_qp` takes it.
+    pub const fn exponent(self) -> u8 {
+        self.0
+    }
+
+    /// How long it is; `None` for [`AckTimeout::INFINITE`].
+    pub fn duration(self) -> Option<Duration> {
+        (self.0 != 0).then(|| Duration::from_nanos(4096 << self.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ack_timeouts_round_up_to_the_next_power_of_two() {
+        assert_eq!(AckTimeout::at_least(Duration::ZERO).exponent(), 1);
+        assert_eq!(AckTimeout::at_least(Duration::from_nanos(8192)).exponent(), 1);
+        assert_eq!(AckTimeout::at_least(Duration::from_nanos(8193)).exponent(), 2);
+        // perftest's default of 14 is 67 ms.
+        let t = AckTimeout::at_least(Duration::from_millis(67));
+        assert_eq!((t.exponent(), t.duration()), (14, Some(Duration::from_nanos(4096 << 14))));
+        assert_eq!(AckTimeout::at_least(Duration::from_secs(1 << 20)).exponent(), 31);
+        assert_eq!(AckTimeout::from_exponent(32), None);
+        assert_eq!(AckTimeout::INFINITE.duration(), None);
+    }
+}
