@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use common::{OutOfBand, Result};
 use softroce::verbs::{
-    Access, Context, ContextOptions, MemoryRegion, QpCap, QpType, QueuePair, RecvWr, SendOp, SendWr,
-    UdDest, WcStatus, GRH_LEN,
+    Access, Context, ContextOptions, MemoryRegion, QpCap, QpType, QueuePair, RecvWr, SendOp, SendWr, UdDest, WcStatus,
+    GRH_LEN,
 };
 
 const RECV_WRID: u64 = 1;

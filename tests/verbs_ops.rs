@@ -425,10 +425,15 @@ fn srq_shared_by_two_qps_raises_its_limit_event() {
         assert_holds_only(&mr_b, 0, &landed);
         // 6 - (slot + 1) receives are left: the event fires, once, when
         // fewer than 3 are.
+        // The async descriptor is readable exactly while an event waits.
+        let async_fd = node_b.ctx.async_event_fd();
         if slot == 3 {
+            assert_eq!(softroce::net::wait_readable(&[async_fd], Duration::from_secs(10)), 1);
             assert_eq!(next_async_event(&node_b.ctx), AsyncEvent::SrqLimitReached { srq: srq.id() });
+            assert_eq!(softroce::net::wait_readable(&[async_fd], Duration::ZERO), 0);
         } else {
             std::thread::sleep(QUIET);
+            assert_eq!(softroce::net::wait_readable(&[async_fd], Duration::ZERO), 0, "after message {slot}");
             assert_eq!(node_b.ctx.poll_async_event(), None, "after message {slot}");
         }
     }

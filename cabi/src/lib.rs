@@ -1,1 +1,24 @@
-//! softroce as `libibverbs.so.1`.
+//! softroce as `libibverbs.so.1`: a drop-in for rdma-core's verbs library.
+//!
+//! The cdylib exports the symbols of Debian bookworm's libibverbs.so.1 (rdma-core 44) at the
+//! same versions (`symbols.txt`, checked by `tests/exports.rs`), so unmodified programs and the
+//! provider libraries they pull in load against it. The rlib exists for tests.
+
+// First: the export table's macros are used by the modules after it.
+#[macro_use]
+mod exports;
+
+mod cq;
+mod device;
+pub mod errno;
+mod fork;
+pub mod guard;
+mod pd;
+mod private;
+mod qp;
+mod srq;
+#[rustfmt::skip]
+pub mod sys;
+mod unimplemented;
+
+pub use device::{ADDR_ENV, PORT_ENV};

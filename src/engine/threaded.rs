@@ -110,7 +110,7 @@ pub(crate) struct QpCell {
 
 impl QpCell {
     /// Moves the QP's completions to its CQs and its events to `events`.
-    pub(crate) fn drain(&self, qp: &mut Qp, events: &Mutex<VecDeque<AsyncEvent>>) {
+    pub(crate) fn drain(&self, qp: &mut Qp, events: &AsyncEvents) {
         while let Some((cq, wc)) = qp.poll_completion() {
             match cq {
                 CqKind::Send => self.send_cq.push(wc),
@@ -118,8 +118,44 @@ impl QpCell {
             }
         }
         while let Some(ev) = qp.poll_event() {
-            lock(events).push_back(ev);
+            events.push(ev);
         }
+    }
+}
+
+/// A device's asynchronous events, with a descriptor that is readable while
+/// any wait (libibverbs' `async_fd`), so a program can sleep in `poll` on it.
+#[derive(Debug, Default)]
+pub(crate) struct AsyncEvents {
+    queue: Mutex<VecDeque<AsyncEvent>>,
+    fd: Option<EventFd>,
+}
+
+impl AsyncEvents {
+    fn new() -> std::io::Result<AsyncEvents> {
+        Ok(AsyncEvents { queue: Mutex::default(), fd: Some(EventFd::new()?) })
+    }
+
+    pub(crate) fn push(&self, event: AsyncEvent) {
+        let mut queue = lock(&self.queue);
+        queue.push_back(event);
+        if let Some(fd) = &self.fd {
+            fd.signal();
+        }
+    }
+
+    pub(crate) fn pop(&self) -> Option<AsyncEvent> {
+        let mut queue = lock(&self.queue);
+        let event = queue.pop_front();
+        // The lock is held, so a push cannot slip between the test and the drain.
+        if let (true, Some(fd)) = (queue.is_empty(), &self.fd) {
+            fd.drain();
+        }
+        event
+    }
+
+    pub(crate) fn fd(&self) -> Option<RawFd> {
+        self.fd.as_ref().map(AsRawFd::as_raw_fd)
     }
 }
 
@@ -130,7 +166,7 @@ pub(crate) struct EngineShared {
     pub qps: Mutex<BTreeMap<u32, Arc<QpCell>>>,
     /// Bumped whenever `qps` changes, so the engine re-reads it only then.
     pub qps_version: AtomicU64,
-    pub events: Mutex<VecDeque<AsyncEvent>>,
+    pub events: AsyncEvents,
     pub stop: AtomicBool,
     pub doorbell: Option<EventFd>,
     pub link_stats: Mutex<LinkStats>,
@@ -224,6 +260,7 @@ impl Engine {
     pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
         let shared = Arc::new(EngineShared {
             doorbell: Some(EventFd::new()?),
+            events: AsyncEvents::new()?,
             receive_buffer: link.receive_buffer(),
             ..EngineShared::default()
         });
@@ -235,6 +272,7 @@ impl Engine {
         let (wait_spin, engine_spin) =
             if cpus > 1 { (WAIT_SPIN, ENGINE_SPIN) } else { (Duration::ZERO, Duration::ZERO) };
         let thread = std::thread::Builder::new().name(format!("softroce-{name}")).spawn(move || {
+            block_async_signals();
             let _span = debug_span!("engine", device = %span_name).entered();
             run(&thread_progress, &thread_shared, engine_spin)
         })?;
@@ -853,6 +891,23 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
 /// Sets how much later than asked the calling thread's timed waits may end
 /// (`PR_SET_TIMERSLACK`), so that the kernel can end them with another
 /// timer's interrupt; zero restores the thread's default (50 µs).
+/// Keeps the program's signals off this thread: a program that arms
+/// `SIGALRM` (perftest's `-D`) or handles `SIGINT` expects it on one of its
+/// own threads, whose system calls it interrupts. Faults stay deliverable.
+#[allow(unsafe_code)]
+fn block_async_signals() {
+    // SAFETY: a sigset_t on the stack, filled and edited by libc, then set as
+    // this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for fault in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGABRT] {
+            libc::sigdelset(&mut set, fault);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 #[allow(unsafe_code)]
 fn set_timer_slack(slack: Duration) {
     let ns = libc::c_ulong::try_from(slack.as_nanos()).unwrap_or(libc::c_ulong::MAX);

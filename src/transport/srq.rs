@@ -64,6 +64,16 @@ impl Srq {
         self.id
     }
 
+    /// Receives it holds at most.
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    /// SGEs each receive may have.
+    pub fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
     /// Receives posted and not yet taken by a QP.
     pub fn len(&self) -> usize {
         self.queue.len()

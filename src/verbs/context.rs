@@ -1,5 +1,6 @@
 //! Contexts (`ibv_context`): an open device, its engine and its counters.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -90,10 +91,6 @@ impl Context {
             })?;
         }
         let engine = Engine::start(link, options.busy_poll, device.name())?;
-        let port = device.query_port(1)?;
-        if port.state == super::device::PortState::Active {
-            lock(&engine.shared.events).push_back(AsyncEvent::PortActive { port: 1 });
-        }
         let inner =
             ContextInner { device: device.clone(), engine, next_qpn: AtomicU32::new(0x11), next_id: AtomicU32::new(1) };
         Ok(Context { inner: Arc::new(inner) })
@@ -135,7 +132,13 @@ impl Context {
 
     /// The next asynchronous event (`ibv_get_async_event`, without blocking).
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        lock(&self.inner.engine.shared.events).pop_front()
+        self.inner.engine.shared.events.pop()
+    }
+
+    /// A descriptor that is readable while asynchronous events wait
+    /// (libibverbs' `async_fd`), for `poll` and event loops.
+    pub fn async_event_fd(&self) -> RawFd {
+        self.inner.engine.shared.events.fd().expect("a started engine has an event descriptor")
     }
 
     /// Device-wide counters, like rxe's hw_counters: the sum over every QP

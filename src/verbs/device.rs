@@ -123,6 +123,22 @@ impl Device {
         Device::custom(&format!("{NAME_PREFIX}{addr}"), vec![addr], mac, 4096 + MAX_HDR_LENGTH)
     }
 
+    /// The device of the interface whose subnet holds `addr`, narrowed to
+    /// `addr` alone: how one program takes one address of a host (127.0.0.2
+    /// of `lo`, say) while another program holds the RoCE port on another,
+    /// both under the interface's device name.
+    pub fn holding(addr: IpAddr) -> Result<Device> {
+        let owner = interfaces()
+            .into_iter()
+            .find(|i| i.is_up() && i.ips.iter().any(|network| network.contains(addr)))
+            .ok_or_else(|| {
+                let why = format!("no network interface is up with a subnet holding {addr}");
+                Error::Io(io::Error::new(io::ErrorKind::NotFound, why))
+            })?;
+        let device = Device::by_name(&format!("{NAME_PREFIX}{}", owner.name))?;
+        Ok(device.narrowed_to(addr))
+    }
+
     /// This device with `addr` as its only address (the one a program's GID
     /// names), so that its socket binds that address alone: other programs
     /// may hold the RoCE port on the interface's other addresses.
@@ -575,6 +591,16 @@ mod tests {
         let v4: IpAddr = "192.0.2.2".parse().unwrap();
         let gids = gid_table(mac, &[v4, link_local, v4]);
         assert_eq!(gids, vec![Gid::from_ip(link_local), Gid::from_ip(v4)]);
+    }
+
+    #[test]
+    fn an_address_in_loopbacks_subnet_is_held_by_sr_lo_narrowed_to_it() {
+        let addr: IpAddr = "127.0.0.2".parse().unwrap();
+        let device = Device::holding(addr).unwrap();
+        assert_eq!(device.name(), "sr_lo");
+        assert_eq!(device.addresses().collect::<Vec<_>>(), vec![addr]);
+        assert_eq!(device.gid(1), Some(Gid::from_ip(addr)));
+        assert!(Device::holding("198.51.100.7".parse().unwrap()).is_err());
     }
 
     #[test]

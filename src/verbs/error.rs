@@ -64,6 +64,27 @@ impl std::error::Error for Error {
     }
 }
 
+impl Error {
+    /// The `errno` libibverbs reports for this failure: `ENOMEM` for a full
+    /// queue, `EINVAL` for what the caller asked wrongly, `ENODEV` for an
+    /// unknown device, the system's own code for I/O failures.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NoSuchDevice { .. } => libc::ENODEV,
+            Error::PostSend(PostSendError::QueueFull { .. }) | Error::PostRecv(PostRecvError::QueueFull { .. }) => {
+                libc::ENOMEM
+            }
+            Error::PostSend(PostSendError::UnsupportedOp(_)) => libc::EINVAL,
+            Error::InvalidArgument(_)
+            | Error::Limit { .. }
+            | Error::Modify(_)
+            | Error::PostSend(_)
+            | Error::PostRecv(_) => libc::EINVAL,
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Error {
         Error::Io(e)

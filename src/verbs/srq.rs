@@ -28,7 +28,14 @@ impl SharedReceiveQueue {
         lock(&self.srq).arm_limit(limit);
     }
 
-    /// Identifies this SRQ in [`AsyncEvent::SrqLimitReached`].
+    /// Receives it holds at most, SGEs per receive, and the armed limit (0:
+    /// disarmed): `ibv_query_srq`'s `max_wr`, `max_sge` and `srq_limit`.
+    pub fn attr(&self) -> (u32, u32, u32) {
+        let srq = lock(&self.srq);
+        (srq.max_wr(), srq.max_sge(), srq.limit())
+    }
+
+    /// Identifies this SRQ in [`AsyncEvent::SrqLimitReached`](super::AsyncEvent::SrqLimitReached).
     pub fn id(&self) -> u32 {
         self.id
     }

@@ -1,0 +1,611 @@
+//! Devices, contexts and what they report: the list, open and close, device,
+//! port, GID and P_Key queries, and asynchronous events.
+
+use std::collections::HashMap;
+use std::mem::{offset_of, size_of};
+use std::net::IpAddr;
+use std::os::raw::{c_char, c_int, c_uint, c_void};
+use std::ptr;
+use std::sync::{Mutex, OnceLock};
+
+use softroce::verbs::{AsyncEvent, Context, ContextOptions, Device, Gid, PortAttr};
+
+use crate::errno::set_errno;
+use crate::guard::{guard, guard_int, guard_neg, guard_ptr, guard_void};
+use crate::sys::*;
+use crate::{cq, qp, srq};
+
+/// Names the one address of a host this process's devices use (several,
+/// comma-separated, make several devices): how two programs on one host
+/// share it, one on 127.0.0.1 and one on 127.0.0.2, say. Unset, every
+/// interface that is up is a device, as `ibv_devices` lists kernel rxe's.
+pub const ADDR_ENV: &str = "SOFTROCE_ADDR";
+/// The RoCE UDP port, if not 4791 (tests run on free ports).
+pub const PORT_ENV: &str = "SOFTROCE_PORT";
+
+/// `ibv_gid_type_sysfs` (rdma-core's driver.h): what sysfs says of a GID.
+const GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
+
+/// A device as C sees it: `ibv_device` first, so the pointer is both.
+#[repr(C)]
+pub struct Dev {
+    ibv: ibv_device,
+    device: Device,
+    index: c_int,
+}
+
+/// The process's devices, found once: they live as long as the process.
+fn devices() -> &'static [Dev] {
+    static DEVICES: OnceLock<Vec<Dev>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let found = find_devices().unwrap_or_else(|e| {
+            eprintln!("softroce: no devices: {e}");
+            Vec::new()
+        });
+        found.into_iter().enumerate().map(|(index, device)| Dev::new(device, index)).collect()
+    })
+}
+
+fn find_devices() -> Result<Vec<Device>, String> {
+    match std::env::var(ADDR_ENV) {
+        Ok(list) if !list.trim().is_empty() => list
+            .split(',')
+            .map(|text| {
+                let addr: IpAddr =
+                    text.trim().parse().map_err(|e| format!("{ADDR_ENV}={list}: {text:?} is not an address: {e}"))?;
+                // An address no interface has (127.0.0.2 is lo's) gets a device of its own.
+                Ok(Device::holding(addr).unwrap_or_else(|_| Device::for_address(addr)))
+            })
+            .collect(),
+        _ => Device::list().map_err(|e| e.to_string()),
+    }
+}
+
+fn copy_str(dst: &mut [c_char], text: &str) {
+    let n = text.len().min(dst.len() - 1);
+    for (d, s) in dst.iter_mut().zip(&text.as_bytes()[..n]) {
+        *d = *s as c_char;
+    }
+    dst[n] = 0;
+}
+
+impl Dev {
+    fn new(device: Device, index: usize) -> Dev {
+        // SAFETY: ibv_device is plain data (integers, arrays, and the
+        // provider ops, which nothing calls); all zeros is valid.
+        let mut ibv: ibv_device = unsafe { std::mem::zeroed() };
+        ibv.node_type = IBV_NODE_CA;
+        ibv.transport_type = IBV_TRANSPORT_IB;
+        copy_str(&mut ibv.name, device.name());
+        copy_str(&mut ibv.dev_name, &format!("uverbs{index}"));
+        copy_str(&mut ibv.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
+        copy_str(&mut ibv.ibdev_path, &format!("/sys/class/infiniband/{}", device.name()));
+        Dev { ibv, device, index: index as c_int }
+    }
+
+    /// The device behind a pointer from `ibv_get_device_list`.
+    unsafe fn from_ibv<'a>(device: *mut ibv_device) -> Option<&'a Dev> {
+        let found = devices().iter().find(|d| ptr::eq(&d.ibv, device));
+        found
+    }
+}
+
+/// An open device as C sees it: `verbs_context`, whose last member is the
+/// `ibv_context` programs hold, comes first.
+#[repr(C)]
+pub struct Ctx {
+    vctx: verbs_context,
+    pub(crate) ctx: Context,
+    pub(crate) device: &'static Dev,
+    /// The C objects by the numbers the engine names them with, so that
+    /// events can point at them.
+    pub(crate) cqs: Mutex<HashMap<u32, usize>>,
+    pub(crate) qps: Mutex<HashMap<u32, usize>>,
+    pub(crate) srqs: Mutex<HashMap<u32, usize>>,
+}
+
+impl Ctx {
+    /// The context behind an `ibv_context` pointer this library handed out.
+    ///
+    /// # Safety
+    /// `context` must come from [`ibv_open_device`] and not be closed.
+    pub(crate) unsafe fn from_ibv<'a>(context: *mut ibv_context) -> Option<&'a Ctx> {
+        if context.is_null() {
+            return None;
+        }
+        // SAFETY: the context is the last member of the verbs_context that
+        // opens a Ctx (container_of).
+        Some(unsafe { &*context.cast::<u8>().sub(offset_of!(verbs_context, context)).cast::<Ctx>() })
+    }
+
+    pub(crate) fn ibv(&self) -> *mut ibv_context {
+        ptr::addr_of!(self.vctx.context).cast_mut()
+    }
+
+    fn gid(&self, index: usize) -> Option<Gid> {
+        self.device.device.gid(index)
+    }
+}
+
+fn port_is_valid(port: u32) -> bool {
+    port == 1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    guard_ptr(|| {
+        let devices = devices();
+        // SAFETY: calloc of n+1 pointers; the list ends with NULL, and
+        // ibv_free_device_list frees it.
+        let list = unsafe { libc::calloc(devices.len() + 1, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
+        if list.is_null() {
+            set_errno(libc::ENOMEM);
+            return ptr::null_mut();
+        }
+        for (i, dev) in devices.iter().enumerate() {
+            // SAFETY: i < n + 1 entries.
+            unsafe { *list.add(i) = ptr::addr_of!(dev.ibv).cast_mut() };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the caller's int.
+            unsafe { *num_devices = devices.len() as c_int };
+        }
+        list
+    })
+}
+symver!(ibv_get_device_list);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: the list came from calloc in ibv_get_device_list.
+    guard_void(|| unsafe { libc::free(list.cast()) })
+}
+symver!(ibv_free_device_list);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    match unsafe { Dev::from_ibv(device) } {
+        Some(dev) => dev.ibv.name.as_ptr(),
+        None => {
+            set_errno(libc::EINVAL);
+            ptr::null()
+        }
+    }
+}
+symver!(ibv_get_device_name);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> __be64 {
+    match unsafe { Dev::from_ibv(device) } {
+        Some(dev) => dev.device.query_device().node_guid.to_be(),
+        None => 0,
+    }
+}
+symver!(ibv_get_device_guid);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    unsafe { Dev::from_ibv(device) }.map_or(-1, |dev| dev.index)
+}
+symver!(ibv_get_device_index);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    guard_ptr(|| {
+        let Some(dev) = (unsafe { Dev::from_ibv(device) }) else {
+            set_errno(libc::ENODEV);
+            return ptr::null_mut();
+        };
+        let mut options = ContextOptions::default();
+        if let Some(port) = std::env::var(PORT_ENV).ok().and_then(|p| p.parse().ok()) {
+            options.port = port;
+        }
+        let ctx = match Context::open(&dev.device, options) {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                eprintln!("softroce: cannot open {}: {e}", dev.device.name());
+                if e.errno() == libc::EADDRINUSE {
+                    eprintln!(
+                        "softroce: another program holds UDP port {} there (`ss -ulpn 'sport = :{}'` names it; \
+                         kernel rxe shows in `rdma link`); give this one another address of the host, \
+                         e.g. {ADDR_ENV}=127.0.0.2 or `softroce run --addr 127.0.0.2 -- ...`",
+                        options.port, options.port
+                    );
+                }
+                set_errno(e.errno());
+                return ptr::null_mut();
+            }
+        };
+        // SAFETY: verbs_context is plain data; all zeros is a valid start
+        // (NULL ops, an initialised glibc mutex).
+        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+        vctx.sz = size_of::<verbs_context>();
+        vctx.query_port = Some(query_port_op);
+        let c = &mut vctx.context;
+        c.device = device;
+        c.cmd_fd = -1;
+        c.async_fd = ctx.async_event_fd();
+        c.num_comp_vectors = 1;
+        // libibverbs' mark of a context that has the extended ops.
+        c.abi_compat = usize::MAX as *mut c_void;
+        c.ops.poll_cq = Some(cq::poll_cq);
+        c.ops.req_notify_cq = Some(cq::req_notify_cq);
+        c.ops.post_send = Some(qp::post_send);
+        c.ops.post_recv = Some(qp::post_recv);
+        c.ops.post_srq_recv = Some(srq::post_srq_recv);
+        let boxed = Box::new(Ctx {
+            vctx,
+            ctx,
+            device: dev,
+            cqs: Mutex::default(),
+            qps: Mutex::default(),
+            srqs: Mutex::default(),
+        });
+        Box::leak(boxed).ibv()
+    })
+}
+symver!(ibv_open_device);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    guard_neg(|| {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // SAFETY: the Ctx was leaked from a Box by ibv_open_device. Objects
+        // still open keep the engine alive through their own handles.
+        drop(unsafe { Box::from_raw(ptr::from_ref(ctx).cast_mut()) });
+        0
+    })
+}
+symver!(ibv_close_device);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    guard_int(|| {
+        let (Some(ctx), false) = (unsafe { Ctx::from_ibv(context) }, attr.is_null()) else {
+            return libc::EINVAL;
+        };
+        let a = ctx.device.device.query_device();
+        // SAFETY: the caller's struct; zeroed first, so nothing is left undefined.
+        let out = unsafe {
+            attr.write(std::mem::zeroed());
+            &mut *attr
+        };
+        copy_str(&mut out.fw_ver, &a.fw_ver);
+        out.node_guid = a.node_guid.to_be();
+        out.sys_image_guid = a.sys_image_guid.to_be();
+        out.max_mr_size = a.max_mr_size;
+        out.page_size_cap = a.page_size_cap;
+        out.vendor_id = a.vendor_id;
+        out.vendor_part_id = a.vendor_part_id;
+        out.hw_ver = a.hw_ver;
+        let int = |v: u32| v.min(c_int::MAX as u32) as c_int;
+        out.max_qp = int(a.max_qp);
+        out.max_qp_wr = int(a.max_qp_wr);
+        out.device_cap_flags = a.device_cap_flags.bits();
+        out.max_sge = int(a.max_sge);
+        out.max_sge_rd = int(a.max_sge_rd);
+        out.max_cq = int(a.max_cq);
+        out.max_cqe = int(a.max_cqe);
+        out.max_mr = int(a.max_mr);
+        out.max_pd = int(a.max_pd);
+        out.max_qp_rd_atom = int(a.max_qp_rd_atom);
+        out.max_ee_rd_atom = int(a.max_ee_rd_atom);
+        out.max_res_rd_atom = int(a.max_res_rd_atom);
+        out.max_qp_init_rd_atom = int(a.max_qp_init_rd_atom);
+        out.max_ee_init_rd_atom = int(a.max_ee_init_rd_atom);
+        out.atomic_cap = a.atomic_cap as ibv_atomic_cap;
+        out.max_ee = int(a.max_ee);
+        out.max_rdd = int(a.max_rdd);
+        out.max_mw = int(a.max_mw);
+        out.max_raw_ipv6_qp = int(a.max_raw_ipv6_qp);
+        out.max_raw_ethy_qp = int(a.max_raw_ethy_qp);
+        out.max_mcast_grp = int(a.max_mcast_grp);
+        out.max_mcast_qp_attach = int(a.max_mcast_qp_attach);
+        out.max_total_mcast_qp_attach = int(a.max_total_mcast_qp_attach);
+        out.max_ah = int(a.max_ah);
+        out.max_fmr = int(a.max_fmr);
+        out.max_map_per_fmr = int(a.max_map_per_fmr);
+        out.max_srq = int(a.max_srq);
+        out.max_srq_wr = int(a.max_srq_wr);
+        out.max_srq_sge = int(a.max_srq_sge);
+        out.max_pkeys = a.max_pkeys;
+        out.local_ca_ack_delay = a.local_ca_ack_delay;
+        out.phys_port_cnt = a.phys_port_cnt;
+        0
+    })
+}
+symver!(ibv_query_device);
+
+fn port_attr(p: &PortAttr) -> ibv_port_attr {
+    ibv_port_attr {
+        state: p.state as ibv_port_state,
+        max_mtu: p.max_mtu as ibv_mtu,
+        active_mtu: p.active_mtu as ibv_mtu,
+        gid_tbl_len: p.gid_tbl_len as c_int,
+        port_cap_flags: p.port_cap_flags,
+        max_msg_sz: p.max_msg_sz,
+        bad_pkey_cntr: p.bad_pkey_cntr,
+        qkey_viol_cntr: p.qkey_viol_cntr,
+        pkey_tbl_len: p.pkey_tbl_len,
+        lid: p.lid,
+        sm_lid: p.sm_lid,
+        lmc: p.lmc,
+        max_vl_num: p.max_vl_num,
+        sm_sl: p.sm_sl,
+        subnet_timeout: p.subnet_timeout,
+        init_type_reply: p.init_type_reply,
+        active_width: p.active_width,
+        active_speed: p.active_speed,
+        phys_state: p.phys_state as u8,
+        link_layer: p.link_layer as u8,
+        flags: 0,
+        port_cap_flags2: p.port_cap_flags2,
+    }
+}
+
+/// `verbs_context::query_port`, which the `ibv_query_port` macro calls with
+/// the size of the caller's struct: older programs have a shorter one,
+/// newer ones a longer. The lesser of the sizes is written, the rest zeroed.
+unsafe extern "C" fn query_port_op(
+    context: *mut ibv_context,
+    port_num: u8,
+    port_attr_out: *mut ibv_port_attr,
+    port_attr_len: usize,
+) -> c_int {
+    guard_int(|| {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else { return libc::EINVAL };
+        if port_attr_out.is_null() || !port_is_valid(port_num.into()) {
+            return libc::EINVAL;
+        }
+        let attr = match ctx.device.device.query_port(port_num) {
+            Ok(p) => port_attr(&p),
+            Err(e) => return e.errno(),
+        };
+        let ours = size_of::<ibv_port_attr>();
+        // SAFETY: the caller's struct is port_attr_len bytes.
+        unsafe {
+            ptr::write_bytes(port_attr_out.cast::<u8>(), 0, port_attr_len);
+            ptr::copy_nonoverlapping(ptr::from_ref(&attr).cast::<u8>(), port_attr_out.cast(), ours.min(port_attr_len));
+        }
+        0
+    })
+}
+
+/// The export for programs built against libibverbs 1.1.8, whose
+/// `struct ibv_port_attr` ends before `port_cap_flags2` (48 bytes).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8, port_attr: *mut c_void) -> c_int {
+    unsafe { query_port_op(context, port_num, port_attr.cast(), offset_of!(ibv_port_attr, port_cap_flags2)) }
+}
+symver!(ibv_query_port);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    guard_neg(|| {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let table_len = ctx.device.device.query_port(1).map_or(0, |p| p.gid_tbl_len as c_int);
+        if gid.is_null() || !port_is_valid(port_num.into()) || index < 0 || index >= table_len {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // Entries past the addresses exist and are zero, as in rxe's table.
+        let raw = ctx.gid(index as usize).map_or([0; 16], <[u8; 16]>::from);
+        // SAFETY: the caller's GID.
+        unsafe { (*gid).raw = raw };
+        0
+    })
+}
+symver!(ibv_query_gid);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut __be16,
+) -> c_int {
+    guard_neg(|| {
+        if unsafe { Ctx::from_ibv(context) }.is_none()
+            || pkey.is_null()
+            || !port_is_valid(port_num.into())
+            || index != 0
+        {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // The one P_Key, the default full-membership one.
+        // SAFETY: the caller's value.
+        unsafe { *pkey = 0xffff_u16.to_be() };
+        0
+    })
+}
+symver!(ibv_query_pkey);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port_num: u8, pkey: __be16) -> c_int {
+    if unsafe { Ctx::from_ibv(context) }.is_none() || !port_is_valid(port_num.into()) || u16::from_be(pkey) != 0xffff {
+        set_errno(libc::ENOENT);
+        return -1;
+    }
+    0
+}
+symver!(ibv_get_pkey_index);
+
+fn gid_entry(ctx: &Ctx, index: usize) -> Option<ibv_gid_entry> {
+    let gid = ctx.gid(index)?;
+    let ifindex = ctx.device.device.netdev().and_then(|name| {
+        let name = std::ffi::CString::new(name).ok()?;
+        // SAFETY: a NUL-terminated name.
+        Some(unsafe { libc::if_nametoindex(name.as_ptr()) })
+    });
+    Some(ibv_gid_entry {
+        gid: ibv_gid { raw: gid.into() },
+        gid_index: index as u32,
+        port_num: 1,
+        gid_type: IBV_GID_TYPE_ROCE_V2,
+        ndev_ifindex: ifindex.unwrap_or(0),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    guard_int(|| {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else { return libc::EINVAL };
+        if entry.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() || !port_is_valid(port_num) {
+            return libc::EINVAL;
+        }
+        match gid_entry(ctx, gid_index as usize) {
+            // SAFETY: the caller's entry, at least as large as ours.
+            Some(e) => unsafe { entry.write(e) },
+            None => return libc::ENODATA,
+        }
+        0
+    })
+}
+symver!(_ibv_query_gid_ex);
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    guard(-(libc::EIO as isize), || {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else { return -(libc::EINVAL as isize) };
+        if flags != 0 || entry_size < size_of::<ibv_gid_entry>() || (entries.is_null() && max_entries > 0) {
+            return -(libc::EINVAL as isize);
+        }
+        // The table has no holes: its valid entries are its first ones.
+        let valid = ctx.device.device.gid_table().len();
+        if valid > max_entries {
+            return -(libc::EINVAL as isize);
+        }
+        for index in 0..valid {
+            let e = gid_entry(ctx, index).expect("an index below the table's length");
+            // SAFETY: index < max_entries entries of entry_size bytes.
+            unsafe { entries.cast::<u8>().add(index * entry_size).cast::<ibv_gid_entry>().write_unaligned(e) };
+        }
+        valid as isize
+    })
+}
+symver!(_ibv_query_gid_table);
+
+/// rdma-core's private call behind `ibv_devinfo`'s and pyverbs' GID types.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_uint,
+    gid_type: *mut c_int,
+) -> c_int {
+    guard_neg(|| {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if gid_type.is_null() || !port_is_valid(port_num.into()) || ctx.gid(index as usize).is_none() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: the caller's value.
+        unsafe { *gid_type = GID_TYPE_SYSFS_ROCE_V2 };
+        0
+    })
+}
+symver!(ibv_query_gid_type);
+
+/// Waits until `fd` is readable; `false` with errno set if the wait failed
+/// (EINTR from a signal, as the kernel's read would).
+pub(crate) fn wait_readable(fd: c_int) -> bool {
+    let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut poll, 1, -1) >= 0 }
+}
+
+/// Whether the program made `fd` non-blocking (`fcntl(fd, F_SETFL, O_NONBLOCK)`).
+pub(crate) fn is_nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL reads flags only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    guard_neg(|| {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if event.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let fd = ctx.ctx.async_event_fd();
+        loop {
+            if let Some(found) = ctx.ctx.poll_async_event() {
+                if let Some(converted) = async_event(ctx, found) {
+                    // SAFETY: the caller's struct.
+                    unsafe { event.write(converted) };
+                    return 0;
+                }
+                // An event of an object already destroyed: nobody to tell.
+                continue;
+            }
+            if is_nonblocking(fd) {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            if !wait_readable(fd) {
+                return -1;
+            }
+        }
+    })
+}
+symver!(ibv_get_async_event);
+
+fn async_event(ctx: &Ctx, event: AsyncEvent) -> Option<ibv_async_event> {
+    let qp = |qpn: u32| ctx.qps.lock().ok()?.get(&qpn).map(|p| *p as *mut ibv_qp);
+    let (element, event_type) = match event {
+        AsyncEvent::QpFatal { qpn } => (ibv_async_event__bindgen_ty_1 { qp: qp(qpn)? }, IBV_EVENT_QP_FATAL),
+        AsyncEvent::QpRequestError { qpn } => (ibv_async_event__bindgen_ty_1 { qp: qp(qpn)? }, IBV_EVENT_QP_REQ_ERR),
+        AsyncEvent::QpAccessError { qpn } => (ibv_async_event__bindgen_ty_1 { qp: qp(qpn)? }, IBV_EVENT_QP_ACCESS_ERR),
+        AsyncEvent::SqDrained { qpn } => (ibv_async_event__bindgen_ty_1 { qp: qp(qpn)? }, IBV_EVENT_SQ_DRAINED),
+        AsyncEvent::LastWqeReached { qpn } => {
+            (ibv_async_event__bindgen_ty_1 { qp: qp(qpn)? }, IBV_EVENT_QP_LAST_WQE_REACHED)
+        }
+        AsyncEvent::SrqLimitReached { srq } => {
+            let srq = ctx.srqs.lock().ok()?.get(&srq).map(|p| *p as *mut ibv_srq)?;
+            (ibv_async_event__bindgen_ty_1 { srq }, IBV_EVENT_SRQ_LIMIT_REACHED)
+        }
+        AsyncEvent::PortActive { port } => {
+            (ibv_async_event__bindgen_ty_1 { port_num: port.into() }, IBV_EVENT_PORT_ACTIVE)
+        }
+    };
+    Some(ibv_async_event { element, event_type })
+}
+
+/// Nothing waits for async events to be acknowledged: destroying a QP or
+/// SRQ drops its pending events instead.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+symver!(ibv_ack_async_event);

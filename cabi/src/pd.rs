@@ -1,0 +1,330 @@
+//! Protection domains, memory regions and address handles.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::raw::{c_int, c_uint, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use softroce::verbs::{Access, AddressHandle, Gid, MemoryRegion, ProtectionDomain};
+
+use crate::device::Ctx;
+use crate::errno::set_errno;
+use crate::guard::{guard_int, guard_neg, guard_ptr};
+use crate::sys::*;
+
+/// A protection domain as C sees it, with a count of the objects in it so
+/// that it cannot be freed under them (`EBUSY`, as the kernel says).
+#[repr(C)]
+pub struct Pd {
+    ibv: ibv_pd,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) ctx: &'static Ctx,
+    users: AtomicU32,
+}
+
+impl Pd {
+    /// # Safety
+    /// `pd` must come from [`ibv_alloc_pd`] and not be freed.
+    pub(crate) unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
+        // SAFETY: ibv_pd is the first field of a Pd.
+        unsafe { pd.cast::<Pd>().as_ref() }
+    }
+
+    pub(crate) fn ibv(&self) -> *mut ibv_pd {
+        ptr::addr_of!(self.ibv).cast_mut()
+    }
+
+    /// An object was made in the domain.
+    pub(crate) fn hold(&self) {
+        self.users.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An object of the domain was destroyed.
+    pub(crate) fn release(&self) {
+        self.users.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    guard_ptr(|| {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let pd = match ctx.ctx.alloc_pd() {
+            Ok(pd) => pd,
+            Err(e) => {
+                set_errno(e.errno());
+                return ptr::null_mut();
+            }
+        };
+        // SAFETY: a context lives until ibv_close_device, which programs
+        // call after freeing its objects; a PD used after that is the
+        // program's use-after-free, as with libibverbs.
+        let ctx: &'static Ctx = unsafe { &*ptr::from_ref(ctx) };
+        let boxed = Box::new(Pd { ibv: ibv_pd { context, handle: 0 }, pd, ctx, users: AtomicU32::new(0) });
+        Box::leak(boxed).ibv()
+    })
+}
+symver!(ibv_alloc_pd);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    guard_int(|| {
+        let Some(found) = (unsafe { Pd::from_ibv(pd) }) else { return libc::EINVAL };
+        if found.users.load(Ordering::Relaxed) > 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: leaked from a Box by ibv_alloc_pd.
+        drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+        0
+    })
+}
+symver!(ibv_dealloc_pd);
+
+/// A memory region as C sees it: programs read `addr`, `length`, `lkey`
+/// and `rkey` straight from the struct.
+#[repr(C)]
+pub struct Mr {
+    ibv: ibv_mr,
+    mr: MemoryRegion,
+    pd: &'static Pd,
+}
+
+/// Access bits that change nothing here: hints (relaxed ordering and the
+/// other optional bits, huge pages), and binding windows, which rxe allows.
+const IGNORED_ACCESS: c_uint = IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING | 0x3ff0_0000;
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+}
+symver!(ibv_reg_mr);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as c_uint) }
+}
+symver!(ibv_reg_mr_iova);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    guard_ptr(|| {
+        let Some(found) = (unsafe { Pd::from_ibv(pd) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let rest = access & !IGNORED_ACCESS;
+        if rest & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED) != 0 {
+            // No paging on demand, and zero-based regions are for windows.
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        let Some(rights) = Access::from_bits(rest) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: the program registered this memory and keeps it until
+        // ibv_dereg_mr, as libibverbs requires; the engine reaches it only
+        // through the checked registry.
+        let mr = match unsafe { found.pd.reg_mr_iova(addr.cast(), length, iova, rights) } {
+            Ok(mr) => mr,
+            Err(e) => {
+                set_errno(e.errno());
+                return ptr::null_mut();
+            }
+        };
+        let ibv =
+            ibv_mr { context: found.ctx.ibv(), pd, addr, length, handle: mr.lkey(), lkey: mr.lkey(), rkey: mr.rkey() };
+        found.hold();
+        // SAFETY: PDs outlive their regions (dealloc is EBUSY while any lives).
+        let pd_ref: &'static Pd = unsafe { &*ptr::from_ref(found) };
+        Box::leak(Box::new(Mr { ibv, mr, pd: pd_ref })) as *mut Mr as *mut ibv_mr
+    })
+}
+symver!(ibv_reg_mr_iova2);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    guard_int(|| {
+        if mr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: ibv_mr is the first field of an Mr leaked by ibv_reg_mr.
+        let mr = unsafe { Box::from_raw(mr.cast::<Mr>()) };
+        let pd = mr.pd;
+        // Deregisters: once this returns the engine no longer touches the memory.
+        drop(mr);
+        pd.release();
+        0
+    })
+}
+symver!(ibv_dereg_mr);
+
+/// An address handle as C sees it, with the attributes it was made from.
+#[repr(C)]
+pub struct Ah {
+    ibv: ibv_ah,
+    pub(crate) ah: AddressHandle,
+    pd: &'static Pd,
+}
+
+impl Ah {
+    /// # Safety
+    /// `ah` must come from [`ibv_create_ah`] and not be destroyed.
+    pub(crate) unsafe fn from_ibv<'a>(ah: *mut ibv_ah) -> Option<&'a Ah> {
+        // SAFETY: ibv_ah is the first field of an Ah.
+        unsafe { ah.cast::<Ah>().as_ref() }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    guard_ptr(|| {
+        let (Some(found), Some(attr)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // A RoCE address is an IP address: without a GRH there is none.
+        if attr.is_global == 0 || found.ctx.ctx.device().gid(attr.grh.sgid_index.into()).is_none() {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        // SAFETY: a GID is 16 bytes whichever union member wrote it.
+        let gid = Gid::from(unsafe { attr.grh.dgid.raw });
+        found.hold();
+        // SAFETY: PDs outlive their handles (dealloc is EBUSY while any lives).
+        let pd_ref: &'static Pd = unsafe { &*ptr::from_ref(found) };
+        let ibv = ibv_ah { context: found.ctx.ibv(), pd, handle: 0 };
+        Box::leak(Box::new(Ah { ibv, ah: found.pd.create_ah(gid), pd: pd_ref })) as *mut Ah as *mut ibv_ah
+    })
+}
+symver!(ibv_create_ah);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    guard_int(|| {
+        if ah.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: leaked from a Box by ibv_create_ah.
+        let ah = unsafe { Box::from_raw(ah.cast::<Ah>()) };
+        ah.pd.release();
+        0
+    })
+}
+symver!(ibv_destroy_ah);
+
+/// The source and destination addresses of the header a UD receive's GRH
+/// area holds: an IPv4 header in its last 20 bytes, or an IPv6 header.
+fn grh_addresses(grh: &[u8; 40]) -> Option<(IpAddr, IpAddr, u8)> {
+    if grh[20] >> 4 == 4 {
+        let v4 = &grh[20..];
+        let addr = |at: usize| IpAddr::V4(Ipv4Addr::new(v4[at], v4[at + 1], v4[at + 2], v4[at + 3]));
+        return Some((addr(12), addr(16), v4[8]));
+    }
+    if grh[0] >> 4 == 6 {
+        let addr = |at: usize| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&grh[at..at + 16]).expect("16 bytes")));
+        return Some((addr(8), addr(24), grh[7]));
+    }
+    None
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    guard_neg(|| {
+        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let (Some(wc), false, false) = (unsafe { wc.as_ref() }, grh.is_null(), ah_attr.is_null()) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if wc.wc_flags & IBV_WC_GRH == 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: a GRH area is 40 bytes.
+        let bytes = unsafe { &*grh.cast::<[u8; 40]>() };
+        let Some((source, destination, hop_limit)) = grh_addresses(bytes) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let gids = ctx.ctx.device().gid_table();
+        let Some(sgid_index) = gids.iter().position(|g| *g == Gid::from_ip(destination)) else {
+            // Not addressed to one of our GIDs.
+            set_errno(libc::ENOENT);
+            return -1;
+        };
+        // SAFETY: all zeros is a valid ibv_ah_attr.
+        let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
+        attr.is_global = 1;
+        attr.port_num = port_num;
+        attr.grh.dgid.raw = Gid::from_ip(source).into();
+        attr.grh.sgid_index = sgid_index as u8;
+        attr.grh.hop_limit = hop_limit;
+        // SAFETY: the caller's struct.
+        unsafe { ah_attr.write(attr) };
+        0
+    })
+}
+symver!(ibv_init_ah_from_wc);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port_num: u8,
+) -> *mut ibv_ah {
+    guard_ptr(|| {
+        let Some(found) = (unsafe { Pd::from_ibv(pd) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: all zeros is a valid ibv_ah_attr.
+        let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
+        if unsafe { ibv_init_ah_from_wc(found.ctx.ibv(), port_num, wc, grh, &mut attr) } != 0 {
+            return ptr::null_mut();
+        }
+        unsafe { ibv_create_ah(pd, &mut attr) }
+    })
+}
+symver!(ibv_create_ah_from_wc);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grh_area_names_the_ipv4_sender_in_its_last_20_bytes() {
+        let mut area = [0u8; 40];
+        area[20] = 0x45;
+        area[28] = 64;
+        area[32..36].copy_from_slice(&[10, 0, 0, 1]);
+        area[36..40].copy_from_slice(&[10, 0, 0, 2]);
+        let (src, dst, ttl) = grh_addresses(&area).unwrap();
+        assert_eq!((src.to_string(), dst.to_string(), ttl), ("10.0.0.1".into(), "10.0.0.2".into(), 64));
+        assert_eq!(grh_addresses(&[0; 40]), None);
+    }
+}

@@ -1,0 +1,455 @@
+//! Queue pairs: create, modify, query and destroy, and the post calls
+//! behind the `ibv_post_send` and `ibv_post_recv` inlines.
+
+use std::os::raw::c_int;
+use std::ptr;
+use std::sync::Mutex;
+
+use softroce::verbs::{
+    Access, AttrMask, Gid, Mtu, Psn, QpAttr, QpCap, QpState, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
+};
+
+use crate::cq::Cq;
+use crate::errno::set_errno;
+use crate::guard::{guard_int, guard_ptr};
+use crate::pd::{Ah, Pd};
+use crate::srq::Srq;
+use crate::sys::*;
+
+/// A queue pair as C sees it. Programs read `qp_num` and `state` from the
+/// struct, so `state` follows every change made through `ibv_modify_qp`.
+#[repr(C)]
+pub struct Qp {
+    ibv: ibv_qp_ex,
+    qp: QueuePair,
+    pd: &'static Pd,
+    send_cq: &'static Cq,
+    recv_cq: &'static Cq,
+    srq: Option<&'static Srq>,
+    sq_sig_all: bool,
+    /// The address vector last set, which `ibv_query_qp` returns.
+    ah_attr: Mutex<ibv_ah_attr>,
+}
+
+// SAFETY: the C struct's pointers name objects of this library that live
+// at least as long as the QP; the Rust parts are Send and Sync.
+unsafe impl Send for Qp {}
+unsafe impl Sync for Qp {}
+
+impl Qp {
+    unsafe fn from_ibv<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+        // SAFETY: ibv_qp opens the ibv_qp_ex that opens a Qp.
+        unsafe { qp.cast::<Qp>().as_ref() }
+    }
+
+    fn set_state(&self) {
+        let state = qp_state_to_ibv(self.qp.state());
+        // SAFETY: the program reads `state` but writes it only through
+        // ibv_modify_qp, which the program serialises with its own reads.
+        unsafe { ptr::addr_of!(self.ibv.qp_base.state).cast_mut().write(state) };
+    }
+}
+
+fn qp_state_to_ibv(state: QpState) -> ibv_qp_state {
+    match state {
+        QpState::Reset => IBV_QPS_RESET,
+        QpState::Init => IBV_QPS_INIT,
+        QpState::Rtr => IBV_QPS_RTR,
+        QpState::Rts => IBV_QPS_RTS,
+        QpState::Sqd => IBV_QPS_SQD,
+        QpState::Sqe => IBV_QPS_SQE,
+        QpState::Err => IBV_QPS_ERR,
+    }
+}
+
+fn qp_state_from_ibv(state: ibv_qp_state) -> Option<QpState> {
+    Some(match state {
+        IBV_QPS_RESET => QpState::Reset,
+        IBV_QPS_INIT => QpState::Init,
+        IBV_QPS_RTR => QpState::Rtr,
+        IBV_QPS_RTS => QpState::Rts,
+        IBV_QPS_SQD => QpState::Sqd,
+        IBV_QPS_SQE => QpState::Sqe,
+        IBV_QPS_ERR => QpState::Err,
+        _ => return None,
+    })
+}
+
+fn cap_to_ibv(cap: QpCap) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline_data: cap.max_inline_data,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    guard_ptr(|| {
+        let (Some(found), Some(init)) = (unsafe { Pd::from_ibv(pd) }, unsafe { init.as_mut() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let qp_type = match init.qp_type {
+            IBV_QPT_RC => QpType::Rc,
+            IBV_QPT_UC => QpType::Uc,
+            IBV_QPT_UD => QpType::Ud,
+            _ => {
+                set_errno(libc::EOPNOTSUPP);
+                return ptr::null_mut();
+            }
+        };
+        let (Some(send_cq), Some(recv_cq)) =
+            (unsafe { Cq::from_ibv(init.send_cq) }, unsafe { Cq::from_ibv(init.recv_cq) })
+        else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let srq = unsafe { Srq::from_ibv(init.srq) };
+        let cap = QpCap {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        let mut builder = found.pd.create_qp(qp_type, &send_cq.cq).recv_cq(&recv_cq.cq).cap(cap);
+        if let Some(srq) = srq {
+            builder = builder.srq(&srq.srq);
+        }
+        let qp = match builder.sig_all(init.sq_sig_all != 0).build() {
+            Ok(qp) => qp,
+            Err(e) => {
+                set_errno(e.errno());
+                return ptr::null_mut();
+            }
+        };
+        // What the QP got, which may be more than asked for.
+        init.cap = cap_to_ibv(qp.cap());
+        // SAFETY: all zeros is a valid ibv_qp_ex (NULL wr_* functions, an
+        // initialised glibc mutex and condition variable).
+        let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
+        let base = &mut ibv.qp_base;
+        base.context = found.ctx.ibv();
+        base.qp_context = init.qp_context;
+        base.pd = pd;
+        base.send_cq = init.send_cq;
+        base.recv_cq = init.recv_cq;
+        base.srq = init.srq;
+        base.qp_num = qp.qpn();
+        base.handle = qp.qpn();
+        base.state = IBV_QPS_RESET;
+        base.qp_type = init.qp_type;
+        // SAFETY: the PD, CQs and SRQ count this QP among their users, so
+        // their destroys fail with EBUSY while it lives.
+        let (pd_ref, send_ref, recv_ref, srq_ref) = unsafe {
+            (
+                &*ptr::from_ref(found),
+                &*ptr::from_ref(send_cq),
+                &*ptr::from_ref(recv_cq),
+                srq.map(|s| &*ptr::from_ref(s)),
+            )
+        };
+        pd_ref.hold();
+        send_ref.hold();
+        recv_ref.hold();
+        if let Some(s) = srq_ref {
+            s.hold();
+        }
+        let qpn = qp.qpn();
+        let boxed = Box::new(Qp {
+            ibv,
+            qp,
+            pd: pd_ref,
+            send_cq: send_ref,
+            recv_cq: recv_ref,
+            srq: srq_ref,
+            sq_sig_all: init.sq_sig_all != 0,
+            // SAFETY: all zeros is a valid ibv_ah_attr.
+            ah_attr: Mutex::new(unsafe { std::mem::zeroed() }),
+        });
+        let raw = Box::leak(boxed) as *mut Qp;
+        found.ctx.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, raw as usize);
+        raw.cast()
+    })
+}
+symver!(ibv_create_qp);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard_int(|| {
+        let Some(found) = (unsafe { Qp::from_ibv(qp) }) else { return libc::EINVAL };
+        found.pd.ctx.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&found.qp.qpn());
+        // SAFETY: leaked from a Box by ibv_create_qp.
+        let boxed = unsafe { Box::from_raw(qp.cast::<Qp>()) };
+        let (pd, send_cq, recv_cq, srq) = (boxed.pd, boxed.send_cq, boxed.recv_cq, boxed.srq);
+        drop(boxed);
+        pd.release();
+        send_cq.release();
+        recv_cq.release();
+        if let Some(s) = srq {
+            s.release();
+        }
+        0
+    })
+}
+symver!(ibv_destroy_qp);
+
+/// `ibv_qp_attr` and its mask as the transport takes them. The mask bits
+/// are libibverbs' (`AttrMask` uses the same numbering).
+fn qp_attr_from_ibv(qp: &Qp, attr: &ibv_qp_attr, mask: c_int) -> Result<(QpAttr, AttrMask), c_int> {
+    let mask = AttrMask::from_bits(mask as u32);
+    let mut out = QpAttr::default();
+    if mask.contains(AttrMask::STATE) {
+        out.state = qp_state_from_ibv(attr.qp_state).ok_or(libc::EINVAL)?;
+    }
+    if mask.contains(AttrMask::CUR_STATE) {
+        out.cur_state = qp_state_from_ibv(attr.cur_qp_state).ok_or(libc::EINVAL)?;
+    }
+    // Binding windows is allowed and changes nothing here.
+    out.access_flags = Access::from_bits(attr.qp_access_flags & !IBV_ACCESS_MW_BIND).ok_or(libc::EINVAL)?;
+    out.pkey_index = attr.pkey_index;
+    out.port = attr.port_num;
+    out.qkey = attr.qkey;
+    if mask.contains(AttrMask::AV) {
+        let av = &attr.ah_attr;
+        // RoCE has no LIDs: an address vector without a GRH names nobody (rxe: EINVAL).
+        if av.is_global == 0 {
+            return Err(libc::EINVAL);
+        }
+        if qp.pd.ctx.ctx.device().gid(av.grh.sgid_index.into()).is_none() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a GID is 16 bytes whichever union member wrote it.
+        out.dest = Some(Gid::from(unsafe { av.grh.dgid.raw }).to_ip());
+    }
+    if mask.contains(AttrMask::PATH_MTU) {
+        out.path_mtu = Mtu::from_ibv(attr.path_mtu).ok_or(libc::EINVAL)?;
+    }
+    out.timeout = attr.timeout;
+    out.retry_cnt = attr.retry_cnt;
+    out.rnr_retry = attr.rnr_retry;
+    out.rq_psn = Psn::new(attr.rq_psn);
+    out.sq_psn = Psn::new(attr.sq_psn);
+    out.max_rd_atomic = attr.max_rd_atomic;
+    out.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+    out.min_rnr_timer = attr.min_rnr_timer;
+    out.dest_qpn = attr.dest_qp_num;
+    out.en_sqd_async_notify = attr.en_sqd_async_notify != 0;
+    Ok((out, mask))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int {
+    guard_int(|| {
+        let (Some(found), Some(attr)) = (unsafe { Qp::from_ibv(qp) }, unsafe { attr.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        let (converted, mask) = match qp_attr_from_ibv(found, attr, attr_mask) {
+            Ok(v) => v,
+            Err(errno) => return errno,
+        };
+        if let Err(e) = found.qp.modify(&converted, mask) {
+            return e.errno();
+        }
+        if mask.contains(AttrMask::AV) {
+            *found.ah_attr.lock().unwrap_or_else(|e| e.into_inner()) = attr.ah_attr;
+        }
+        found.set_state();
+        0
+    })
+}
+symver!(ibv_modify_qp);
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _attr_mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard_int(|| {
+        let Some(found) = (unsafe { Qp::from_ibv(qp) }) else { return libc::EINVAL };
+        if attr.is_null() || init_attr.is_null() {
+            return libc::EINVAL;
+        }
+        let q = found.qp.query();
+        let cap = cap_to_ibv(found.qp.cap());
+        // SAFETY: all zeros is a valid ibv_qp_attr.
+        let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        out.qp_state = qp_state_to_ibv(q.state);
+        out.cur_qp_state = out.qp_state;
+        out.path_mtu = q.path_mtu as ibv_mtu;
+        out.qkey = q.qkey;
+        out.rq_psn = q.rq_psn.value();
+        out.sq_psn = q.sq_psn.value();
+        out.dest_qp_num = q.dest_qpn;
+        out.qp_access_flags = q.access_flags.bits();
+        out.cap = cap;
+        out.ah_attr = *found.ah_attr.lock().unwrap_or_else(|e| e.into_inner());
+        out.pkey_index = q.pkey_index;
+        out.en_sqd_async_notify = q.en_sqd_async_notify.into();
+        out.sq_draining = u8::from(q.state == QpState::Sqd);
+        out.max_rd_atomic = q.max_rd_atomic;
+        out.max_dest_rd_atomic = q.max_dest_rd_atomic;
+        out.min_rnr_timer = q.min_rnr_timer;
+        out.port_num = q.port;
+        out.timeout = q.timeout;
+        out.retry_cnt = q.retry_cnt;
+        out.rnr_retry = q.rnr_retry;
+        let base = &found.ibv.qp_base;
+        let init = ibv_qp_init_attr {
+            qp_context: base.qp_context,
+            send_cq: base.send_cq,
+            recv_cq: base.recv_cq,
+            srq: base.srq,
+            cap,
+            qp_type: base.qp_type,
+            sq_sig_all: found.sq_sig_all.into(),
+        };
+        // SAFETY: the caller's structs.
+        unsafe {
+            attr.write(out);
+            init_attr.write(init);
+        }
+        0
+    })
+}
+symver!(ibv_query_qp);
+
+/// Reads `n` SGEs of a C work request.
+unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+    if n < 0 || (n > 0 && list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the program's array of n SGEs.
+    let c = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    Ok(c.iter().map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect())
+}
+
+/// A C send work request as the verbs API takes it. Inline data is copied
+/// now, from the program's buffers, as the call requires.
+unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Result<SendWr, c_int> {
+    // SAFETY: the members of the unions are read as the opcode says they were written.
+    let (rdma, atomic, ud, imm) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.wr.ud, wr.__bindgen_anon_1.imm_data) };
+    let op = match wr.opcode {
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm(u32::from_be(imm)),
+        // SAFETY: as above.
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv(unsafe { wr.__bindgen_anon_1.invalidate_rkey }),
+        IBV_WR_RDMA_WRITE => SendOp::RdmaWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        IBV_WR_RDMA_WRITE_WITH_IMM => {
+            SendOp::RdmaWriteWithImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm: u32::from_be(imm) }
+        }
+        IBV_WR_RDMA_READ => SendOp::RdmaRead { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            SendOp::FetchAdd { remote_addr: atomic.remote_addr, rkey: atomic.rkey, add: atomic.compare_add }
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    let flags = SendFlags {
+        fence: wr.send_flags & IBV_SEND_FENCE != 0,
+        signaled: wr.send_flags & IBV_SEND_SIGNALED != 0,
+        solicited: wr.send_flags & IBV_SEND_SOLICITED != 0,
+        inline: wr.send_flags & IBV_SEND_INLINE != 0,
+    };
+    let sg_list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
+    let mut out = SendWr { wr_id: wr.wr_id, op, sg_list, flags, inline_data: Vec::new(), ud: None };
+    if flags.inline && !op.is_atomic() {
+        let max = qp.qp.cap().max_inline_data as usize;
+        let total: usize = out.sg_list.iter().map(|s| s.length as usize).sum();
+        if total > max {
+            return Err(libc::EINVAL);
+        }
+        for sge in std::mem::take(&mut out.sg_list) {
+            // SAFETY: an inline SGE names the program's own bytes by their
+            // address, registered or not; they are copied before the call returns.
+            let bytes = unsafe { std::slice::from_raw_parts(sge.addr as *const u8, sge.length as usize) };
+            out.inline_data.extend_from_slice(bytes);
+        }
+    }
+    if qp.ibv.qp_base.qp_type == IBV_QPT_UD {
+        let Some(ah) = (unsafe { Ah::from_ibv(ud.ah) }) else { return Err(libc::EINVAL) };
+        out.ud = Some(ah.ah.ud_dest(ud.remote_qpn, ud.remote_qkey));
+    }
+    Ok(out)
+}
+
+/// `ibv_context_ops::post_send`: posts the chain in order; at the first
+/// request that fails, `*bad_wr` names it and the ones before it stay posted.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    guard_int(|| {
+        let Some(found) = (unsafe { Qp::from_ibv(qp) }) else { return libc::EINVAL };
+        let mut converted = Vec::new();
+        let mut sources = Vec::new();
+        let mut failed = None;
+        let mut cur = wr;
+        // SAFETY: the program's chain of requests, ended by a NULL `next`.
+        while let Some(request) = unsafe { cur.as_ref() } {
+            match unsafe { send_wr(found, request) } {
+                Ok(w) => {
+                    converted.push(w);
+                    sources.push(cur);
+                }
+                Err(errno) => {
+                    failed = Some((cur, errno));
+                    break;
+                }
+            }
+            cur = request.next;
+        }
+        let report = |at: *mut ibv_send_wr, errno: c_int| {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = at };
+            }
+            errno
+        };
+        if let Err((index, e)) = found.qp.post_send_list(converted) {
+            return report(sources[index], e.errno());
+        }
+        match failed {
+            Some((at, errno)) => report(at, errno),
+            None => 0,
+        }
+    })
+}
+
+/// `ibv_context_ops::post_recv`.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard_int(|| {
+        let Some(found) = (unsafe { Qp::from_ibv(qp) }) else { return libc::EINVAL };
+        let mut cur = wr;
+        // SAFETY: the program's chain of requests, ended by a NULL `next`.
+        while let Some(request) = unsafe { cur.as_ref() } {
+            let posted = unsafe { sges(request.sg_list, request.num_sge) }.and_then(|sg_list| {
+                found.qp.post_recv(RecvWr { wr_id: request.wr_id, sg_list }).map_err(|e| e.errno())
+            });
+            if let Err(errno) = posted {
+                if !bad_wr.is_null() {
+                    // SAFETY: the caller's out-pointer.
+                    unsafe { *bad_wr = cur };
+                }
+                return errno;
+            }
+            cur = request.next;
+        }
+        0
+    })
+}

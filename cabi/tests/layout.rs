@@ -1,0 +1,136 @@
+//! The offsets and sizes of rdma-core 44's structs that softroce's code and its callers rely on.
+//! bindgen's own layout tests in `sys` check every field; these name the ones that matter, so a
+//! regenerated `sys.rs` that moved them fails here with a readable message.
+
+use std::mem::{offset_of, size_of};
+
+use softroce_ibverbs::sys::*;
+
+#[test]
+fn ibv_device() {
+    assert_eq!(size_of::<ibv_device>(), 664);
+    assert_eq!(offset_of!(ibv_device, node_type), 16);
+    assert_eq!(offset_of!(ibv_device, transport_type), 20);
+    assert_eq!(offset_of!(ibv_device, name), 24);
+    assert_eq!(offset_of!(ibv_device, ibdev_path), 408);
+}
+
+#[test]
+fn ibv_context() {
+    assert_eq!(size_of::<ibv_context>(), 328);
+    assert_eq!(offset_of!(ibv_context, device), 0);
+    assert_eq!(offset_of!(ibv_context, ops), 8);
+    assert_eq!(offset_of!(ibv_context, cmd_fd), 264);
+    assert_eq!(offset_of!(ibv_context, async_fd), 268);
+    assert_eq!(offset_of!(ibv_context, num_comp_vectors), 272);
+    assert_eq!(offset_of!(ibv_context, mutex), 280);
+    assert_eq!(offset_of!(ibv_context, abi_compat), 320);
+}
+
+/// The inline verbs call these through `ctx->ops` without a NULL check (alloc_mw has one).
+#[test]
+fn ibv_context_ops() {
+    assert_eq!(size_of::<ibv_context_ops>(), 256);
+    assert_eq!(offset_of!(ibv_context_ops, _compat_query_device), 0);
+    assert_eq!(offset_of!(ibv_context_ops, _compat_query_port), 8);
+    assert_eq!(offset_of!(ibv_context_ops, alloc_mw), 56);
+    assert_eq!(offset_of!(ibv_context_ops, poll_cq), 88);
+    assert_eq!(offset_of!(ibv_context_ops, req_notify_cq), 96);
+    assert_eq!(offset_of!(ibv_context_ops, post_srq_recv), 160);
+    assert_eq!(offset_of!(ibv_context_ops, post_send), 200);
+    assert_eq!(offset_of!(ibv_context_ops, post_recv), 208);
+}
+
+/// Callers hold `&vctx->context` and reach the extended ops at negative offsets from it.
+#[test]
+fn verbs_context() {
+    assert_eq!(size_of::<verbs_context>(), 648);
+    let context = offset_of!(verbs_context, context);
+    assert_eq!(context, 320);
+    assert_eq!(context + size_of::<ibv_context>(), size_of::<verbs_context>(), "context is the last member");
+    let below = |op: usize| context - op;
+    assert_eq!(below(offset_of!(verbs_context, query_port)), 320);
+    assert_eq!(below(offset_of!(verbs_context, advise_mr)), 312);
+    assert_eq!(below(offset_of!(verbs_context, alloc_dm)), 256);
+    assert_eq!(below(offset_of!(verbs_context, query_rt_values)), 128);
+    assert_eq!(below(offset_of!(verbs_context, create_cq_ex)), 120);
+    assert_eq!(below(offset_of!(verbs_context, query_device_ex)), 104);
+    assert_eq!(below(offset_of!(verbs_context, open_qp)), 64);
+    assert_eq!(below(offset_of!(verbs_context, create_qp_ex)), 56);
+    assert_eq!(below(offset_of!(verbs_context, create_srq_ex)), 40);
+    assert_eq!(below(offset_of!(verbs_context, sz)), 8);
+}
+
+#[test]
+fn ibv_comp_channel() {
+    assert_eq!(size_of::<ibv_comp_channel>(), 16);
+    assert_eq!(offset_of!(ibv_comp_channel, fd), 8);
+}
+
+#[test]
+fn ibv_mr() {
+    assert_eq!(size_of::<ibv_mr>(), 48);
+    assert_eq!(offset_of!(ibv_mr, addr), 16);
+    assert_eq!(offset_of!(ibv_mr, length), 24);
+    assert_eq!(offset_of!(ibv_mr, lkey), 36);
+    assert_eq!(offset_of!(ibv_mr, rkey), 40);
+}
+
+#[test]
+fn ibv_cq() {
+    assert_eq!(size_of::<ibv_cq>(), 128);
+    assert_eq!(offset_of!(ibv_cq, mutex), 32);
+    assert_eq!(offset_of!(ibv_cq, cond), 72);
+}
+
+/// Applications read `status` and `wr_id` directly between the poll calls.
+#[test]
+fn ibv_cq_ex() {
+    assert_eq!(size_of::<ibv_cq_ex>(), 288);
+    assert_eq!(offset_of!(ibv_cq_ex, comp_mask), 128);
+    assert_eq!(offset_of!(ibv_cq_ex, status), 132);
+    assert_eq!(offset_of!(ibv_cq_ex, wr_id), 136);
+    assert_eq!(offset_of!(ibv_cq_ex, start_poll), 144);
+    // The ibv_cq prefix mirrors struct ibv_cq.
+    assert_eq!(offset_of!(ibv_cq_ex, mutex), offset_of!(ibv_cq, mutex));
+    assert_eq!(offset_of!(ibv_cq_ex, async_events_completed), offset_of!(ibv_cq, async_events_completed));
+}
+
+#[test]
+fn ibv_qp() {
+    assert_eq!(size_of::<ibv_qp>(), 160);
+    assert_eq!(offset_of!(ibv_qp, qp_num), 52);
+    assert_eq!(offset_of!(ibv_qp, state), 56);
+}
+
+/// v44 ends at `wr_atomic_write`; v45 appends `wr_flush` at 352.
+#[test]
+fn ibv_qp_ex() {
+    assert_eq!(size_of::<ibv_qp_ex>(), 352);
+    assert_eq!(offset_of!(ibv_qp_ex, qp_base), 0);
+    assert_eq!(offset_of!(ibv_qp_ex, comp_mask), 160);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_id), 168);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_flags), 176);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_atomic_cmp_swp), 184);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_send), 240);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_start), 320);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_atomic_write), 344);
+}
+
+/// `___ibv_query_port` passes the size of its `ibv_port_attr`; the `ibv_query_port` export
+/// fills rdma-core's private 48-byte `_compat_ibv_port_attr` (opaque in verbs.h), which is the
+/// prefix of `ibv_port_attr` up to `port_cap_flags2`.
+#[test]
+fn port_attr() {
+    assert_eq!(size_of::<ibv_port_attr>(), 52);
+    assert_eq!(offset_of!(ibv_port_attr, flags), 47);
+    assert_eq!(offset_of!(ibv_port_attr, port_cap_flags2), 48);
+    assert_eq!(size_of::<_compat_ibv_port_attr>(), 0, "declared, not defined, in verbs.h");
+}
+
+#[test]
+fn enum_values() {
+    assert_eq!(IBV_FORK_UNNEEDED, 2);
+    assert_eq!(IBV_TRANSPORT_IB, 0);
+    assert_eq!(IBV_LINK_LAYER_ETHERNET, 2);
+}
