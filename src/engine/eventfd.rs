@@ -5,7 +5,11 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// A nonblocking, close-on-exec eventfd: readable while signalled.
+/// A close-on-exec eventfd: readable while signalled. The doorbell is a
+/// nonblocking flag ([`EventFd::new`]); completion channels and the async
+/// event descriptor count their events ([`EventFd::counting`]) and block
+/// by default, as the kernel's descriptors do, so that a program that
+/// reads them or sets `O_NONBLOCK` on them gets the kernel's behaviour.
 #[derive(Debug)]
 pub struct EventFd {
     fd: OwnedFd,
@@ -21,6 +25,39 @@ impl EventFd {
         }
         // SAFETY: `fd` is a fresh descriptor nobody else owns.
         Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// A blocking eventfd at zero that counts: each [`EventFd::signal`]
+    /// adds one and each [`EventFd::take_one`] takes one, so it is readable
+    /// exactly while signals outnumber takes.
+    pub fn counting() -> io::Result<EventFd> {
+        // SAFETY: plain syscall; a negative result is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Takes one signal of a counting eventfd, for an event just taken from
+    /// its queue. Its signal may still be on its way (the signaller queues
+    /// first, then signals), so this waits for it.
+    pub fn take_one(&self) {
+        let mut value: u64 = 0;
+        loop {
+            // SAFETY: reads 8 bytes into a valid u64 from our descriptor.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
+            if n == 8 {
+                return;
+            }
+            match io::Error::last_os_error().raw_os_error() {
+                // The program made it nonblocking; the signal comes shortly.
+                Some(libc::EAGAIN) => std::thread::yield_now(),
+                Some(libc::EINTR) => {}
+                _ => return,
+            }
+        }
     }
 
     /// Adds one: the descriptor becomes readable.
@@ -49,6 +86,19 @@ impl AsRawFd for EventFd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counting_eventfd_is_readable_while_signals_outnumber_takes() {
+        let e = EventFd::counting().unwrap();
+        let readable = || crate::net::wait_readable(&[e.as_raw_fd()], std::time::Duration::ZERO) == 1;
+        assert!(!readable());
+        e.signal();
+        e.signal();
+        e.take_one();
+        assert!(readable());
+        e.take_one();
+        assert!(!readable());
+    }
 
     #[test]
     fn signal_then_drain() {

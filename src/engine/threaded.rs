@@ -133,7 +133,7 @@ pub(crate) struct AsyncEvents {
 
 impl AsyncEvents {
     fn new() -> std::io::Result<AsyncEvents> {
-        Ok(AsyncEvents { queue: Mutex::default(), fd: Some(EventFd::new()?) })
+        Ok(AsyncEvents { queue: Mutex::default(), fd: Some(EventFd::counting()?) })
     }
 
     pub(crate) fn push(&self, event: AsyncEvent) {
@@ -147,9 +147,9 @@ impl AsyncEvents {
     pub(crate) fn pop(&self) -> Option<AsyncEvent> {
         let mut queue = lock(&self.queue);
         let event = queue.pop_front();
-        // The lock is held, so a push cannot slip between the test and the drain.
-        if let (true, Some(fd)) = (queue.is_empty(), &self.fd) {
-            fd.drain();
+        // Signalled under the lock at the push, so the signal is there.
+        if let (Some(_), Some(fd)) = (&event, &self.fd) {
+            fd.take_one();
         }
         event
     }

@@ -126,7 +126,7 @@ impl Context {
 
     /// `ibv_create_comp_channel`: a channel CQs can signal completion events on.
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
-        let shared = ChannelShared { fd: EventFd::new()?, events: crossbeam_channel::unbounded() };
+        let shared = ChannelShared { fd: EventFd::counting()?, events: crossbeam_channel::unbounded() };
         Ok(CompletionChannel { ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
     }
 

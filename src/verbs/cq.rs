@@ -94,12 +94,11 @@ impl CompletionChannel {
             // Drives progress meanwhile, if nobody else does.
             self.ctx.engine.wait_event(&self.shared, timeout);
         }
-        // Drain before taking an event and signal again while more wait, so
-        // the descriptor is readable exactly while events wait.
-        self.shared.fd.drain();
+        // The descriptor counts the events: it stays readable exactly while
+        // events wait.
         let id = events.try_recv().ok();
-        if !events.is_empty() {
-            self.shared.fd.signal();
+        if id.is_some() {
+            self.shared.fd.take_one();
         }
         id
     }

@@ -14,6 +14,7 @@ mod devinfo;
 mod dump;
 mod perf;
 mod pingpong;
+mod run;
 
 #[derive(Parser)]
 #[command(name = "softroce", version, about = "Userspace RoCEv2 with kernel rxe semantics")]
@@ -36,6 +37,8 @@ enum Command {
     Pingpong(pingpong::Args),
     /// Measure bandwidth or latency with a peer, as perftest's ib_{send,write,read,atomic}_{bw,lat} do (and with them).
     Perf(perf::Args),
+    /// Run a program with softroce as its libibverbs: `softroce run [--addr IP] -- CMD [ARGS...]`.
+    Run(run::Args),
 }
 
 /// The environment variable holding the log filter (`tracing` directives).
@@ -60,5 +63,6 @@ fn main() -> ExitCode {
         Command::Devinfo(args) => devinfo::run(args),
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
+        Command::Run(args) => run::run(args),
     }
 }

@@ -1,0 +1,145 @@
+//! `softroce run`: runs a program with softroce as its `libibverbs.so.1`.
+//!
+//! The dynamic loader finds a library by its soname along `LD_LIBRARY_PATH`
+//! before the system's directories, so a directory holding a
+//! `libibverbs.so.1` that links to softroce's cdylib, put first on that path,
+//! is all it takes: no install step and no root. `--preload` adds
+//! `LD_PRELOAD`, for programs that load libibverbs with `dlopen` by full
+//! path or that carry an RPATH.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// The cdylib as cargo names it.
+const CDYLIB: &str = "libsoftroce_ibverbs.so";
+/// An explicit path to the cdylib, for installs that keep it elsewhere.
+const LIB_ENV: &str = "SOFTROCE_LIBIBVERBS";
+
+#[derive(clap::Args)]
+#[command(trailing_var_arg = true)]
+pub struct Args {
+    /// Give the program's devices this address of the host alone (several,
+    /// comma-separated): how two programs on one host each hold the RoCE
+    /// port, say one on 127.0.0.1 and one on 127.0.0.2. Sets SOFTROCE_ADDR.
+    #[arg(long, value_name = "IP[,IP]")]
+    addr: Option<String>,
+    /// The RoCE UDP port, if not 4791 (both ends must agree). Sets SOFTROCE_PORT.
+    #[arg(long)]
+    port: Option<u16>,
+    /// Also preload the library (LD_PRELOAD).
+    #[arg(long)]
+    preload: bool,
+    /// Print the environment a program needs to run on softroce, for a shell
+    /// to `eval`, instead of running one.
+    #[arg(long, conflicts_with = "command")]
+    print_env: bool,
+    /// The program and its arguments.
+    #[arg(value_name = "CMD", required_unless_present = "print_env")]
+    command: Vec<OsString>,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    match prepare(&args) {
+        Ok(env) if args.print_env => {
+            for (name, value) in env {
+                println!("export {name}='{}'", value.to_string_lossy());
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(env) => {
+            let (program, rest) = args.command.split_first().expect("clap requires a command");
+            let error = Command::new(program).args(rest).envs(env).exec();
+            eprintln!("softroce run: cannot run {}: {error}", program.to_string_lossy());
+            ExitCode::from(127)
+        }
+        Err(message) => {
+            eprintln!("softroce run: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The variables to set: the loader path (and preload), and the device choices.
+fn prepare(args: &Args) -> Result<Vec<(&'static str, OsString)>, String> {
+    let library = find_library()?;
+    let dir = soname_dir(&library)?;
+    let mut path = OsString::from(&dir);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let mut env = vec![("LD_LIBRARY_PATH", path)];
+    if args.preload {
+        let mut preload = OsString::from(dir.join("libibverbs.so.1"));
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
+            preload.push(" ");
+            preload.push(old);
+        }
+        env.push(("LD_PRELOAD", preload));
+    }
+    if let Some(addr) = &args.addr {
+        env.push(("SOFTROCE_ADDR", addr.into()));
+    }
+    if let Some(port) = args.port {
+        env.push(("SOFTROCE_PORT", port.to_string().into()));
+    }
+    Ok(env)
+}
+
+/// The cdylib: `SOFTROCE_LIBIBVERBS`, or beside this executable, where
+/// cargo puts both (`target/release/`).
+fn find_library() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os(LIB_ENV) {
+        let path = PathBuf::from(path);
+        return if path.is_file() { Ok(path) } else { Err(format!("{LIB_ENV}={} is not a file", path.display())) };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let dir = exe.parent().ok_or("this executable has no directory")?;
+    [dir.join(CDYLIB), dir.join("deps").join(CDYLIB)].into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        format!(
+            "{CDYLIB} is not beside {}: build it with `cargo build --release -p softroce-ibverbs` \
+             (or name it with {LIB_ENV})",
+            exe.display()
+        )
+    })
+}
+
+/// A directory holding `libibverbs.so.1` linked to `library`: beside it if
+/// that directory is writable, else in a private directory under the
+/// system's temporary one.
+fn soname_dir(library: &Path) -> Result<PathBuf, String> {
+    let library = library.canonicalize().map_err(|e| format!("{}: {e}", library.display()))?;
+    let beside = library.parent().map(|d| d.join("softroce-run"));
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let private = std::env::temp_dir().join(format!("softroce-run-{uid}"));
+    let mut last_error = String::new();
+    for dir in beside.into_iter().chain([private]) {
+        match link_soname(&dir, &library) {
+            Ok(()) => return Ok(dir),
+            Err(e) => last_error = format!("{}: {e}", dir.display()),
+        }
+    }
+    Err(format!("cannot make a libibverbs.so.1 link: {last_error}"))
+}
+
+fn link_soname(dir: &Path, library: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    // Another user's directory of that name must not choose our library.
+    // SAFETY: getuid has no preconditions.
+    if std::fs::metadata(dir)?.uid() != unsafe { libc::getuid() } {
+        return Err(std::io::Error::other("owned by another user"));
+    }
+    let link = dir.join("libibverbs.so.1");
+    if std::fs::read_link(&link).ok().as_deref() == Some(library) {
+        return Ok(());
+    }
+    // Replaced atomically, so programs starting meanwhile see one or the other.
+    let temporary = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
+    let _ = std::fs::remove_file(&temporary);
+    std::os::unix::fs::symlink(library, &temporary)?;
+    std::fs::rename(&temporary, &link)
+}
