@@ -76,6 +76,8 @@ pub struct Cq {
     acked: Condvar,
     /// QPs that complete into the queue.
     users: AtomicU32,
+    /// The completion an extended CQ's `read_*` functions read.
+    current: Mutex<ibv_wc>,
 }
 
 // SAFETY: the channel pointer is only read to adjust its count under the
@@ -109,52 +111,187 @@ pub unsafe extern "C" fn ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard_ptr(|| {
-        let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
         if cqe < 1 || comp_vector != 0 {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         }
-        let channel = channel.cast::<Channel>();
-        // SAFETY: a channel from ibv_create_comp_channel, or NULL.
-        let rust_channel = unsafe { channel.as_ref() }.map(|c| &c.channel);
-        let cq = match ctx.ctx.create_cq(cqe as usize, rust_channel) {
-            Ok(cq) => cq,
-            Err(e) => {
-                set_errno(e.errno());
-                return ptr::null_mut();
+        match unsafe { create(context, cqe as u32, cq_context, channel, false) } {
+            Ok(cq) => cq.cast(),
+            Err(errno) => {
+                set_errno(errno);
+                ptr::null_mut()
             }
-        };
-        // SAFETY: all zeros is a valid ibv_cq_ex (NULL functions, an
-        // initialised glibc mutex and condition variable).
-        let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
-        ibv.context = context;
-        ibv.channel = channel.cast();
-        ibv.cq_context = cq_context;
-        ibv.cqe = cqe;
-        let id = cq.id();
-        // SAFETY: contexts outlive their objects.
-        let ctx: &'static Ctx = unsafe { &*ptr::from_ref(ctx) };
-        let boxed = Box::new(Cq {
-            ibv,
-            cq,
-            ctx,
-            channel,
-            events: Mutex::new((0, 0)),
-            acked: Condvar::new(),
-            users: AtomicU32::new(0),
-        });
-        let raw = Box::leak(boxed) as *mut Cq;
-        if let Some(channel) = unsafe { channel.as_mut() } {
-            channel.ibv.refcnt += 1;
         }
-        ctx.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, raw as usize);
-        raw.cast()
     })
 }
 symver!(ibv_create_cq);
+
+/// The completion fields `ibv_cq_ex` can read here: the rest (timestamps,
+/// VLANs, flow tags, tag matching) a software device does not have.
+const WC_EX_FLAGS: u64 = (IBV_WC_EX_WITH_BYTE_LEN
+    | IBV_WC_EX_WITH_IMM
+    | IBV_WC_EX_WITH_QP_NUM
+    | IBV_WC_EX_WITH_SRC_QP
+    | IBV_WC_EX_WITH_SLID
+    | IBV_WC_EX_WITH_SL
+    | IBV_WC_EX_WITH_DLID_PATH_BITS) as u64;
+
+/// `verbs_context::create_cq_ex`, behind `ibv_create_cq_ex`: a CQ polled
+/// one completion at a time through the `ibv_cq_ex` functions.
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    guard_ptr(|| {
+        let Some(attr) = (unsafe { attr.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let known = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
+        if attr.cqe < 1 || attr.comp_vector != 0 || attr.comp_mask & !known != 0 {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        if attr.wc_flags & !WC_EX_FLAGS != 0 || attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        match unsafe { create(context, attr.cqe, attr.cq_context, attr.channel, true) } {
+            Ok(cq) => cq.cast(),
+            Err(errno) => {
+                set_errno(errno);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+unsafe fn create(
+    context: *mut ibv_context,
+    cqe: u32,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    extended: bool,
+) -> Result<*mut Cq, c_int> {
+    let ctx = unsafe { Ctx::from_ibv(context) }.ok_or(libc::EINVAL)?;
+    let channel = channel.cast::<Channel>();
+    // SAFETY: a channel from ibv_create_comp_channel, or NULL.
+    let rust_channel = unsafe { channel.as_ref() }.map(|c| &c.channel);
+    let cq = ctx.ctx.create_cq(cqe as usize, rust_channel).map_err(|e| e.errno())?;
+    // SAFETY: all zeros is a valid ibv_cq_ex (NULL functions, an
+    // initialised glibc mutex and condition variable).
+    let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
+    ibv.context = context;
+    ibv.channel = channel.cast();
+    ibv.cq_context = cq_context;
+    ibv.cqe = cqe.min(c_int::MAX as u32) as c_int;
+    if extended {
+        ibv.start_poll = Some(start_poll);
+        ibv.next_poll = Some(next_poll);
+        ibv.end_poll = Some(end_poll);
+        ibv.read_opcode = Some(read_opcode);
+        ibv.read_vendor_err = Some(read_vendor_err);
+        ibv.read_byte_len = Some(read_byte_len);
+        ibv.read_imm_data = Some(read_imm_data);
+        ibv.read_qp_num = Some(read_qp_num);
+        ibv.read_src_qp = Some(read_src_qp);
+        ibv.read_wc_flags = Some(read_wc_flags);
+        ibv.read_slid = Some(read_slid);
+        ibv.read_sl = Some(read_sl);
+        ibv.read_dlid_path_bits = Some(read_dlid_path_bits);
+    }
+    let id = cq.id();
+    // SAFETY: contexts outlive their objects.
+    let ctx: &'static Ctx = unsafe { &*ptr::from_ref(ctx) };
+    let boxed = Box::new(Cq {
+        ibv,
+        cq,
+        ctx,
+        channel,
+        events: Mutex::new((0, 0)),
+        acked: Condvar::new(),
+        users: AtomicU32::new(0),
+        current: Mutex::new(ibv_wc_zero()),
+    });
+    let raw = Box::leak(boxed) as *mut Cq;
+    if let Some(channel) = unsafe { channel.as_mut() } {
+        channel.ibv.refcnt += 1;
+    }
+    ctx.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, raw as usize);
+    Ok(raw)
+}
+
+fn ibv_wc_zero() -> ibv_wc {
+    to_ibv_wc(&WorkCompletion::new(0, 0, WcStatus::Success, WcOpcode::Send))
+}
+
+/// Takes the next completion into the queue's current one: `ENOENT` when
+/// there is none (and the caller must not call `end_poll`).
+unsafe fn poll_next(cq: *mut ibv_cq_ex) -> c_int {
+    let Some(found) = (unsafe { Cq::from_ibv(cq.cast()) }) else { return libc::EINVAL };
+    let Some(wc) = found.cq.poll_one() else { return libc::ENOENT };
+    let converted = to_ibv_wc(&wc);
+    // SAFETY: the program polls a CQ from one thread at a time, between
+    // start_poll and end_poll, and reads status and wr_id from the struct.
+    unsafe {
+        ptr::addr_of_mut!((*cq).status).write(converted.status);
+        ptr::addr_of_mut!((*cq).wr_id).write(converted.wr_id);
+    }
+    *found.current.lock().unwrap_or_else(|e| e.into_inner()) = converted;
+    0
+}
+
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    if unsafe { attr.as_ref() }.is_some_and(|a| a.comp_mask != 0) {
+        return libc::EINVAL;
+    }
+    guard_int(|| unsafe { poll_next(cq) })
+}
+
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    guard_int(|| unsafe { poll_next(cq) })
+}
+
+unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
+
+/// The current completion of an extended CQ.
+unsafe fn current(cq: *mut ibv_cq_ex) -> ibv_wc {
+    // SAFETY: extended CQs come from create_cq_ex.
+    unsafe { Cq::from_ibv(cq.cast()) }
+        .map_or_else(ibv_wc_zero, |c| *c.current.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> ibv_wc_opcode {
+    unsafe { current(cq) }.opcode
+}
+unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    unsafe { current(cq) }.vendor_err
+}
+unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    unsafe { current(cq) }.byte_len
+}
+unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> __be32 {
+    // SAFETY: both members are 32 bits.
+    unsafe { current(cq).__bindgen_anon_1.imm_data }
+}
+unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    unsafe { current(cq) }.qp_num
+}
+unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    unsafe { current(cq) }.src_qp
+}
+unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
+    unsafe { current(cq) }.wc_flags
+}
+unsafe extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    unsafe { current(cq) }.slid.into()
+}
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    unsafe { current(cq) }.sl
+}
+unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    unsafe { current(cq) }.dlid_path_bits
+}
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {

@@ -221,6 +221,8 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
         vctx.sz = size_of::<verbs_context>();
         vctx.query_port = Some(query_port_op);
+        vctx.create_cq_ex = Some(cq::create_cq_ex);
+        vctx.create_qp_ex = Some(qp::create_qp_ex);
         let c = &mut vctx.context;
         c.device = device;
         c.cmd_fd = -1;

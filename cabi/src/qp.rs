@@ -1,7 +1,7 @@
 //! Queue pairs: create, modify, query and destroy, and the post calls
 //! behind the `ibv_post_send` and `ibv_post_recv` inlines.
 
-use std::os::raw::c_int;
+use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::Mutex;
 
@@ -29,6 +29,9 @@ pub struct Qp {
     sq_sig_all: bool,
     /// The address vector last set, which `ibv_query_qp` returns.
     ah_attr: Mutex<ibv_ah_attr>,
+    /// Made with `ibv_create_qp_ex` and send ops: the `ibv_wr_*` API works.
+    extended: bool,
+    building: Mutex<Building>,
 }
 
 // SAFETY: the C struct's pointers name objects of this library that live
@@ -88,94 +91,395 @@ fn cap_to_ibv(cap: QpCap) -> ibv_qp_cap {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     guard_ptr(|| {
-        let (Some(found), Some(init)) = (unsafe { Pd::from_ibv(pd) }, unsafe { init.as_mut() }) else {
+        let Some(init) = (unsafe { init.as_mut() }) else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let qp_type = match init.qp_type {
-            IBV_QPT_RC => QpType::Rc,
-            IBV_QPT_UC => QpType::Uc,
-            IBV_QPT_UD => QpType::Ud,
-            _ => {
-                set_errno(libc::EOPNOTSUPP);
-                return ptr::null_mut();
+        let mut request = Request {
+            qp_context: init.qp_context,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            cap: init.cap,
+            qp_type: init.qp_type,
+            sq_sig_all: init.sq_sig_all,
+        };
+        match unsafe { create(pd, &mut request, None) } {
+            Ok(qp) => {
+                init.cap = request.cap;
+                qp.cast()
             }
-        };
-        let (Some(send_cq), Some(recv_cq)) =
-            (unsafe { Cq::from_ibv(init.send_cq) }, unsafe { Cq::from_ibv(init.recv_cq) })
-        else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        let srq = unsafe { Srq::from_ibv(init.srq) };
-        let cap = QpCap {
-            max_send_wr: init.cap.max_send_wr,
-            max_recv_wr: init.cap.max_recv_wr,
-            max_send_sge: init.cap.max_send_sge,
-            max_recv_sge: init.cap.max_recv_sge,
-            max_inline_data: init.cap.max_inline_data,
-        };
-        let mut builder = found.pd.create_qp(qp_type, &send_cq.cq).recv_cq(&recv_cq.cq).cap(cap);
-        if let Some(srq) = srq {
-            builder = builder.srq(&srq.srq);
-        }
-        let qp = match builder.sig_all(init.sq_sig_all != 0).build() {
-            Ok(qp) => qp,
-            Err(e) => {
-                set_errno(e.errno());
-                return ptr::null_mut();
+            Err(errno) => {
+                set_errno(errno);
+                ptr::null_mut()
             }
-        };
-        // What the QP got, which may be more than asked for.
-        init.cap = cap_to_ibv(qp.cap());
-        // SAFETY: all zeros is a valid ibv_qp_ex (NULL wr_* functions, an
-        // initialised glibc mutex and condition variable).
-        let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
-        let base = &mut ibv.qp_base;
-        base.context = found.ctx.ibv();
-        base.qp_context = init.qp_context;
-        base.pd = pd;
-        base.send_cq = init.send_cq;
-        base.recv_cq = init.recv_cq;
-        base.srq = init.srq;
-        base.qp_num = qp.qpn();
-        base.handle = qp.qpn();
-        base.state = IBV_QPS_RESET;
-        base.qp_type = init.qp_type;
-        // SAFETY: the PD, CQs and SRQ count this QP among their users, so
-        // their destroys fail with EBUSY while it lives.
-        let (pd_ref, send_ref, recv_ref, srq_ref) = unsafe {
-            (
-                &*ptr::from_ref(found),
-                &*ptr::from_ref(send_cq),
-                &*ptr::from_ref(recv_cq),
-                srq.map(|s| &*ptr::from_ref(s)),
-            )
-        };
-        pd_ref.hold();
-        send_ref.hold();
-        recv_ref.hold();
-        if let Some(s) = srq_ref {
-            s.hold();
         }
-        let qpn = qp.qpn();
-        let boxed = Box::new(Qp {
-            ibv,
-            qp,
-            pd: pd_ref,
-            send_cq: send_ref,
-            recv_cq: recv_ref,
-            srq: srq_ref,
-            sq_sig_all: init.sq_sig_all != 0,
-            // SAFETY: all zeros is a valid ibv_ah_attr.
-            ah_attr: Mutex::new(unsafe { std::mem::zeroed() }),
-        });
-        let raw = Box::leak(boxed) as *mut Qp;
-        found.ctx.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, raw as usize);
-        raw.cast()
     })
 }
 symver!(ibv_create_qp);
+
+/// `verbs_context::create_qp_ex`, behind `ibv_create_qp_ex`: with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, the QP takes work requests through
+/// the `ibv_wr_*` functions of its `ibv_qp_ex`.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard_ptr(|| {
+        let Some(attr) = (unsafe { attr.as_mut() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if attr.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || attr.comp_mask & !known != 0 {
+            set_errno(if attr.comp_mask & IBV_QP_INIT_ATTR_PD == 0 { libc::EINVAL } else { libc::EOPNOTSUPP });
+            return ptr::null_mut();
+        }
+        let send_ops = (attr.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(attr.send_ops_flags);
+        if send_ops.is_some_and(|ops| ops & !SEND_OPS != 0) {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        let mut request = Request {
+            qp_context: attr.qp_context,
+            send_cq: attr.send_cq,
+            recv_cq: attr.recv_cq,
+            srq: attr.srq,
+            cap: attr.cap,
+            qp_type: attr.qp_type,
+            sq_sig_all: attr.sq_sig_all,
+        };
+        match unsafe { create(attr.pd, &mut request, send_ops) } {
+            Ok(qp) => {
+                attr.cap = request.cap;
+                qp.cast()
+            }
+            Err(errno) => {
+                set_errno(errno);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// What `ibv_qp_init_attr` and `ibv_qp_init_attr_ex` share.
+struct Request {
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: ibv_qp_cap,
+    qp_type: ibv_qp_type,
+    sq_sig_all: c_int,
+}
+
+/// Creates the QP; `request.cap` becomes what it got, which may be more
+/// than asked for.
+unsafe fn create(pd: *mut ibv_pd, request: &mut Request, send_ops: Option<u64>) -> Result<*mut Qp, c_int> {
+    let found = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+    let qp_type = match request.qp_type {
+        IBV_QPT_RC => QpType::Rc,
+        IBV_QPT_UC => QpType::Uc,
+        IBV_QPT_UD => QpType::Ud,
+        _ => return Err(libc::EOPNOTSUPP),
+    };
+    let send_cq = unsafe { Cq::from_ibv(request.send_cq) }.ok_or(libc::EINVAL)?;
+    let recv_cq = unsafe { Cq::from_ibv(request.recv_cq) }.ok_or(libc::EINVAL)?;
+    let srq = unsafe { Srq::from_ibv(request.srq) };
+    let asked = &request.cap;
+    let cap = QpCap {
+        max_send_wr: asked.max_send_wr,
+        max_recv_wr: asked.max_recv_wr,
+        max_send_sge: asked.max_send_sge,
+        max_recv_sge: asked.max_recv_sge,
+        max_inline_data: asked.max_inline_data,
+    };
+    let mut builder = found.pd.create_qp(qp_type, &send_cq.cq).recv_cq(&recv_cq.cq).cap(cap);
+    if let Some(srq) = srq {
+        builder = builder.srq(&srq.srq);
+    }
+    let qp = builder.sig_all(request.sq_sig_all != 0).build().map_err(|e| e.errno())?;
+    request.cap = cap_to_ibv(qp.cap());
+    // SAFETY: all zeros is a valid ibv_qp_ex (NULL wr_* functions, an
+    // initialised glibc mutex and condition variable).
+    let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let base = &mut ibv.qp_base;
+    base.context = found.ctx.ibv();
+    base.qp_context = request.qp_context;
+    base.pd = pd;
+    base.send_cq = request.send_cq;
+    base.recv_cq = request.recv_cq;
+    base.srq = request.srq;
+    base.qp_num = qp.qpn();
+    base.handle = qp.qpn();
+    base.state = IBV_QPS_RESET;
+    base.qp_type = request.qp_type;
+    if let Some(ops) = send_ops {
+        install_wr_functions(&mut ibv, ops);
+    }
+    // SAFETY: the PD, CQs and SRQ count this QP among their users, so
+    // their destroys fail with EBUSY while it lives.
+    let (pd_ref, send_ref, recv_ref, srq_ref) = unsafe {
+        (&*ptr::from_ref(found), &*ptr::from_ref(send_cq), &*ptr::from_ref(recv_cq), srq.map(|s| &*ptr::from_ref(s)))
+    };
+    pd_ref.hold();
+    send_ref.hold();
+    recv_ref.hold();
+    if let Some(s) = srq_ref {
+        s.hold();
+    }
+    let qpn = qp.qpn();
+    let boxed = Box::new(Qp {
+        ibv,
+        qp,
+        pd: pd_ref,
+        send_cq: send_ref,
+        recv_cq: recv_ref,
+        srq: srq_ref,
+        sq_sig_all: request.sq_sig_all != 0,
+        // SAFETY: all zeros is a valid ibv_ah_attr.
+        ah_attr: Mutex::new(unsafe { std::mem::zeroed() }),
+        extended: send_ops.is_some(),
+        building: Mutex::new(Building::default()),
+    });
+    let raw = Box::leak(boxed) as *mut Qp;
+    found.ctx.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, raw as usize);
+    Ok(raw)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    match unsafe { Qp::from_ibv(qp) } {
+        Some(found) if found.extended => qp.cast(),
+        _ => {
+            set_errno(libc::EOPNOTSUPP);
+            ptr::null_mut()
+        }
+    }
+}
+symver!(ibv_qp_to_qp_ex);
+
+/// The send operations the `ibv_wr_*` API offers here.
+const SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
+
+/// The requests between `ibv_wr_start` and `ibv_wr_complete`, and the
+/// first mistake made while building them, which fails the whole batch.
+#[derive(Default)]
+struct Building {
+    requests: Vec<SendWr>,
+    error: Option<c_int>,
+}
+
+fn install_wr_functions(ibv: &mut ibv_qp_ex, ops: u64) {
+    let has = |flag: u32| ops & u64::from(flag) != 0;
+    ibv.wr_start = Some(wr_start);
+    ibv.wr_complete = Some(wr_complete);
+    ibv.wr_abort = Some(wr_abort);
+    ibv.wr_set_sge = Some(wr_set_sge);
+    ibv.wr_set_sge_list = Some(wr_set_sge_list);
+    ibv.wr_set_inline_data = Some(wr_set_inline_data);
+    ibv.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    ibv.wr_set_ud_addr = Some(wr_set_ud_addr);
+    // An operation the QP was not created for makes wr_complete fail.
+    ibv.wr_send = Some(if has(IBV_QP_EX_WITH_SEND) { wr_send } else { refuse_send });
+    ibv.wr_send_imm = Some(if has(IBV_QP_EX_WITH_SEND_WITH_IMM) { wr_send_imm } else { refuse_send_imm });
+    ibv.wr_send_inv = Some(if has(IBV_QP_EX_WITH_SEND_WITH_INV) { wr_send_inv } else { refuse_send_inv });
+    ibv.wr_rdma_write = Some(if has(IBV_QP_EX_WITH_RDMA_WRITE) { wr_rdma_write } else { refuse_rdma });
+    ibv.wr_rdma_write_imm =
+        Some(if has(IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM) { wr_rdma_write_imm } else { refuse_rdma_imm });
+    ibv.wr_rdma_read = Some(if has(IBV_QP_EX_WITH_RDMA_READ) { wr_rdma_read } else { refuse_rdma });
+    ibv.wr_atomic_cmp_swp =
+        Some(if has(IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP) { wr_atomic_cmp_swp } else { refuse_cmp_swp });
+    ibv.wr_atomic_fetch_add =
+        Some(if has(IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) { wr_atomic_fetch_add } else { refuse_fetch_add });
+}
+
+/// Runs `f` on the QP behind an `ibv_qp_ex` and its batch in progress.
+unsafe fn building(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut Building)) {
+    // SAFETY: extended QPs come from create_qp_ex.
+    if let Some(found) = unsafe { Qp::from_ibv(qp.cast()) } {
+        let mut batch = found.building.lock().unwrap_or_else(|e| e.into_inner());
+        f(found, &mut batch);
+    }
+}
+
+/// Starts a request of `op` with the `wr_id` and `wr_flags` the program
+/// set in the `ibv_qp_ex`.
+unsafe fn begin(qp: *mut ibv_qp_ex, op: SendOp) {
+    // SAFETY: the program writes these fields before each wr_* call.
+    let (wr_id, flags) = unsafe { ((*qp).wr_id, (*qp).wr_flags) };
+    unsafe {
+        building(qp, |_, batch| {
+            let mut wr = SendWr::new(wr_id, op);
+            wr.flags = SendFlags {
+                fence: flags & IBV_SEND_FENCE != 0,
+                signaled: flags & IBV_SEND_SIGNALED != 0,
+                solicited: flags & IBV_SEND_SOLICITED != 0,
+                inline: false,
+            };
+            batch.requests.push(wr);
+        })
+    }
+}
+
+/// Amends the request begun last; setting data with none begun is an error.
+unsafe fn amend(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut SendWr) -> Result<(), c_int>) {
+    unsafe {
+        building(qp, |found, batch| {
+            let result = match batch.requests.last_mut() {
+                Some(wr) => f(found, wr),
+                None => Err(libc::EINVAL),
+            };
+            if let Err(errno) = result {
+                batch.error.get_or_insert(errno);
+            }
+        })
+    }
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    unsafe { building(qp, |_, batch| *batch = Building::default()) }
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    unsafe { building(qp, |_, batch| *batch = Building::default()) }
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    guard_int(|| {
+        let Some(found) = (unsafe { Qp::from_ibv(qp.cast()) }) else { return libc::EINVAL };
+        let batch = std::mem::take(&mut *found.building.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(errno) = batch.error {
+            return errno;
+        }
+        match found.qp.post_send_list(batch.requests) {
+            Ok(()) => 0,
+            Err((_, e)) => e.errno(),
+        }
+    })
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    unsafe { begin(qp, SendOp::Send) }
+}
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm_data: __be32) {
+    unsafe { begin(qp, SendOp::SendWithImm(u32::from_be(imm_data))) }
+}
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    unsafe { begin(qp, SendOp::SendWithInv(invalidate_rkey)) }
+}
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    unsafe { begin(qp, SendOp::RdmaWrite { remote_addr, rkey }) }
+}
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm_data: __be32) {
+    unsafe { begin(qp, SendOp::RdmaWriteWithImm { remote_addr, rkey, imm: u32::from_be(imm_data) }) }
+}
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    unsafe { begin(qp, SendOp::RdmaRead { remote_addr, rkey }) }
+}
+unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
+    unsafe { begin(qp, SendOp::CompareSwap { remote_addr, rkey, compare, swap }) }
+}
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
+    unsafe { begin(qp, SendOp::FetchAdd { remote_addr, rkey, add }) }
+}
+
+/// Marks the batch failed: the operation is not among the QP's send ops.
+unsafe fn refuse(qp: *mut ibv_qp_ex) {
+    unsafe { building(qp, |_, batch| _ = batch.error.get_or_insert(libc::EINVAL)) }
+}
+unsafe extern "C" fn refuse_send(qp: *mut ibv_qp_ex) {
+    unsafe { refuse(qp) }
+}
+unsafe extern "C" fn refuse_send_imm(qp: *mut ibv_qp_ex, _: __be32) {
+    unsafe { refuse(qp) }
+}
+unsafe extern "C" fn refuse_send_inv(qp: *mut ibv_qp_ex, _: u32) {
+    unsafe { refuse(qp) }
+}
+unsafe extern "C" fn refuse_rdma(qp: *mut ibv_qp_ex, _: u32, _: u64) {
+    unsafe { refuse(qp) }
+}
+unsafe extern "C" fn refuse_rdma_imm(qp: *mut ibv_qp_ex, _: u32, _: u64, _: __be32) {
+    unsafe { refuse(qp) }
+}
+unsafe extern "C" fn refuse_cmp_swp(qp: *mut ibv_qp_ex, _: u32, _: u64, _: u64, _: u64) {
+    unsafe { refuse(qp) }
+}
+unsafe extern "C" fn refuse_fetch_add(qp: *mut ibv_qp_ex, _: u32, _: u64, _: u64) {
+    unsafe { refuse(qp) }
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    unsafe {
+        amend(qp, |_, wr| {
+            wr.sg_list = vec![Sge { addr, length, lkey }];
+            Ok(())
+        })
+    }
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
+    let list = unsafe { sges(sg_list, c_int::try_from(num_sge).unwrap_or(-1)) };
+    unsafe {
+        amend(qp, |_, wr| {
+            wr.sg_list = list?;
+            Ok(())
+        })
+    }
+}
+
+/// Copies inline data now, as the call requires.
+unsafe fn set_inline(found: &Qp, wr: &mut SendWr, buffers: &[(*const u8, usize)]) -> Result<(), c_int> {
+    let total: usize = buffers.iter().map(|(_, len)| len).sum();
+    if total > found.qp.cap().max_inline_data as usize || buffers.iter().any(|(p, len)| p.is_null() && *len > 0) {
+        return Err(libc::EINVAL);
+    }
+    wr.inline_data.clear();
+    for &(addr, len) in buffers {
+        if len > 0 {
+            // SAFETY: the program's buffer of `len` bytes.
+            wr.inline_data.extend_from_slice(unsafe { std::slice::from_raw_parts(addr, len) });
+        }
+    }
+    wr.sg_list.clear();
+    wr.flags.inline = true;
+    Ok(())
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    unsafe { amend(qp, |found, wr| set_inline(found, wr, &[(addr.cast_const().cast(), length)])) }
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, num_buf: usize, buf_list: *const ibv_data_buf) {
+    let buffers: Vec<(*const u8, usize)> = if buf_list.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the program's array of num_buf buffers.
+        unsafe { std::slice::from_raw_parts(buf_list, num_buf) }
+            .iter()
+            .map(|b| (b.addr.cast_const().cast(), b.length))
+            .collect()
+    };
+    unsafe { amend(qp, |found, wr| set_inline(found, wr, &buffers)) }
+}
+
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) {
+    unsafe {
+        amend(qp, |_, wr| {
+            let ah = Ah::from_ibv(ah).ok_or(libc::EINVAL)?;
+            wr.ud = Some(ah.ah.ud_dest(remote_qpn, remote_qkey));
+            Ok(())
+        })
+    }
+}
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {

@@ -14,8 +14,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use crate::errno::{set_errno, unsupported_errno, unsupported_neg, unsupported_null};
 use crate::sys::{
     ibv_ah_attr, ibv_context, ibv_cq, ibv_dm, ibv_ece, ibv_event_type, ibv_gid, ibv_mr, ibv_node_type, ibv_pd,
-    ibv_port_state, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_rate, ibv_wc_status, ibv_wr_opcode, IBV_RATE_MAX,
-    IBV_REREG_MR_ERR_INPUT,
+    ibv_port_state, ibv_qp, ibv_qp_attr, ibv_rate, ibv_wc_status, ibv_wr_opcode, IBV_RATE_MAX, IBV_REREG_MR_ERR_INPUT,
 };
 
 #[no_mangle]
@@ -97,12 +96,6 @@ pub unsafe extern "C" fn ibv_port_state_str(_port_state: ibv_port_state) -> *con
     unsupported_null()
 }
 symver!(ibv_port_state_str);
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-    unsupported_null()
-}
-symver!(ibv_qp_to_qp_ex);
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_int {
