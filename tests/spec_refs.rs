@@ -1,8 +1,8 @@
 //! Every test that rxe-spec names must exist, so the spec cannot drift from
 //! the code that checks it. A Rust test is named `path.rs::test_name`; a
-//! scenario of the kernel-rxe interop suite `tools/interop/suite::SCENARIO`,
-//! where SCENARIO is text of the suite's scenario names as the suite spells
-//! them.
+//! row of a test script `tools/SCRIPT::ROW` (the kernel-rxe interop suite,
+//! `tools/stock-programs`), and a check of a C test `path.c::TEXT`, where
+//! ROW and TEXT are text the script or the check spells out.
 
 use std::fs;
 use std::path::Path;
@@ -24,7 +24,7 @@ fn references(page: &str) -> Vec<(String, String)> {
         }
         for quoted in line.split('`').skip(1).step_by(2) {
             if let Some((path, name)) = quoted.rsplit_once("::") {
-                if path.ends_with(".rs") || path.starts_with("tools/interop/") {
+                if path.ends_with(".rs") || path.ends_with(".c") || path.starts_with("tools/") {
                     refs.push((path.to_string(), name.to_string()));
                 }
             }
@@ -50,7 +50,7 @@ fn every_named_test_exists() {
             let defined = if path.ends_with(".rs") {
                 source.contains(&format!("fn {name}("))
             } else {
-                // An interop scenario: the suite must still have it.
+                // A scenario of a script or a check of a C test, by its text.
                 !name.is_empty() && source.contains(name.as_str())
             };
             if !defined {

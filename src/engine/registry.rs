@@ -96,7 +96,7 @@ impl Memory for RegistryAccess<'_> {
         let Some((&last, body)) = data.split_last() else { return Ok(()) };
         // SAFETY: as in `read`. The last byte is stored after the rest, with
         // release ordering: programs such as `ib_write_lat` poll the last
-        // byte of a WRITE's target and then read the rest (rxe-spec V-11).
+        // byte of a WRITE's target and then read the rest (rxe-spec C-8).
         unsafe {
             std::ptr::copy_nonoverlapping(body.as_ptr(), dst, body.len());
             std::sync::atomic::AtomicU8::from_ptr(dst.add(body.len())).store(last, Ordering::Release);
