@@ -24,6 +24,7 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod roce;
+pub mod train;
 
 pub use bth::{Bth, BthRepr};
 pub use error::{Error, Result};

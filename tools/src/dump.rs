@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use softroce::capture;
+use softroce::wire::train;
 use softroce::wire::Packet;
 
 use decode::{Decoded, Malformed};
@@ -23,7 +24,10 @@ use ladder::Ladder;
 
 #[derive(clap::Args)]
 #[command(after_help = "The last line counts packets, ICRC results and malformed packets \
-    (a damaged capture file counts as one). Exits non-zero when a file cannot be read whole.")]
+    (a damaged capture file counts as one), and the GSO/GRO trains split into packets. A datagram \
+    that holds a train of RoCE packets (a capture on lo, or on a NIC that offloads segmentation, \
+    sees one before the kernel cuts it) is decoded packet by packet, each with its own ICRC and \
+    IPv4 ID. Exits non-zero when a file cannot be read whole.")]
 pub struct Args {
     /// pcap or pcapng files (Ethernet, Linux cooked or raw IP).
     #[arg(required = true)]
@@ -42,6 +46,8 @@ pub struct Args {
 #[derive(Default)]
 struct Totals {
     packets: usize,
+    /// Datagrams that were trains, split into their packets.
+    trains: usize,
     icrc_ok: usize,
     icrc_bad: usize,
     malformed: usize,
@@ -98,9 +104,28 @@ impl Dump {
         let mut tracker = Tracker::default();
         let start = frames.first().map(|f| f.timestamp).unwrap_or_default();
         for (index, frame) in frames.iter().enumerate() {
-            let origin = Origin { file: &name, frame: index + 1, time: frame.timestamp.as_secs_f64() };
+            let origin = Origin { file: &name, frame: index + 1, time: frame.timestamp.as_secs_f64(), segment: None };
             let seconds = frame.timestamp.saturating_sub(start).as_secs_f64();
-            match decode::decode(frame) {
+            let decoded = decode::decode(frame);
+            // A datagram that is not one good packet may be a train of them.
+            let whole_is_wrong = match &decoded {
+                Decoded::Roce(pkt) => !pkt.icrc_ok(),
+                Decoded::Malformed(_) => true,
+                Decoded::Other => false,
+            };
+            let segments =
+                if whole_is_wrong { capture::ip_bytes(frame.link, &frame.data).and_then(train::split) } else { None };
+            if let Some(segments) = segments {
+                self.totals.trains += 1;
+                for (i, segment) in segments.iter().enumerate() {
+                    let Ok(pkt) = Packet::parse(&segment.packet) else { continue };
+                    let analysis = tracker.observe(&pkt);
+                    let origin = Origin { segment: Some((i + 1, segments.len())), ..origin };
+                    self.packet(&origin, seconds, &pkt, &analysis);
+                }
+                continue;
+            }
+            match decoded {
                 Decoded::Roce(pkt) => {
                     let analysis = tracker.observe(&pkt);
                     self.packet(&origin, seconds, &pkt, &analysis);
@@ -135,7 +160,11 @@ impl Dump {
         if self.json {
             self.print_json(json::packet(origin, pkt, analysis, icrc_ok), explanation);
         } else {
-            self.print(&text::packet_line(origin.frame, seconds, pkt, analysis, icrc_ok));
+            let mut line = text::packet_line(origin.frame, seconds, pkt, analysis, icrc_ok);
+            if let Some((i, of)) = origin.segment {
+                line.push_str(&format!(" (train packet {i}/{of})"));
+            }
+            self.print(&line);
             self.print_explanation(explanation);
         }
         if let Some(ladder) = &mut self.ladder {
@@ -185,10 +214,13 @@ impl Dump {
             }
         }
         let t = &self.totals;
-        let summary = format!(
+        let mut summary = format!(
             "packets: {}, icrc ok: {}, icrc bad: {}, malformed: {}",
             t.packets, t.icrc_ok, t.icrc_bad, t.malformed
         );
+        if t.trains > 0 {
+            summary.push_str(&format!(", from GSO/GRO trains: {} datagrams", t.trains));
+        }
         if self.json {
             eprintln!("{summary}");
         } else {

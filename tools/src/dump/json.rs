@@ -13,6 +13,8 @@ pub struct Origin<'a> {
     pub frame: usize,
     /// Capture timestamp, seconds since the epoch.
     pub time: f64,
+    /// Which packet of a GSO/GRO train the frame held, and of how many.
+    pub segment: Option<(usize, usize)>,
 }
 
 /// The BTH fields, payload and ICRC, and one nested object per extended header.
@@ -22,6 +24,8 @@ pub fn packet(origin: &Origin<'_>, pkt: &Packet<'_>, analysis: &Analysis, icrc_o
     let mut object = json!({
         "file": origin.file,
         "frame": origin.frame,
+        "train_packet": origin.segment.map(|(i, _)| i),
+        "train_packets": origin.segment.map(|(_, of)| of),
         "time": origin.time,
         "src": pkt.ip.source().to_string(),
         "dst": pkt.ip.destination().to_string(),
