@@ -43,6 +43,10 @@ pub struct Args {
     ladder: Option<PathBuf>,
 }
 
+/// The longest IP packet one RoCE packet makes: a 4096-byte payload behind
+/// IPv6, UDP and the largest set of RoCE headers, with pad and ICRC.
+const LONGEST_PACKET: usize = 40 + 8 + 12 + 16 + 28 + 4096 + 3 + 4;
+
 #[derive(Default)]
 struct Totals {
     packets: usize,
@@ -126,6 +130,17 @@ impl Dump {
                 continue;
             }
             match decoded {
+                // Longer than any one RoCE packet, yet no train: say so, rather
+                // than call it one packet with a bad ICRC.
+                Decoded::Roce(pkt) if pkt.bytes().len() > LONGEST_PACKET => {
+                    let error = format!(
+                        "a datagram of {} bytes, longer than one RoCE packet can be, that does not split \
+                         into a GSO/GRO train of packets whose ICRCs verify",
+                        pkt.bytes().len()
+                    );
+                    let malformed = Malformed { src: pkt.ip.source(), dst: pkt.ip.destination(), error };
+                    self.malformed(&origin, seconds, &malformed);
+                }
                 Decoded::Roce(pkt) => {
                     let analysis = tracker.observe(&pkt);
                     self.packet(&origin, seconds, &pkt, &analysis);

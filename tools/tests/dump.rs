@@ -105,6 +105,34 @@ fn last_line_counts_every_capture() {
     }
 }
 
+/// softroce's own loopback traffic, captured before the kernel cut its GSO
+/// trains: each train is decoded packet by packet, every ICRC good, and a
+/// train that does not split is called malformed, not a bad ICRC.
+#[test]
+fn trains_in_a_loopback_capture_are_split_into_packets() {
+    let run = dump(&[&data("softroce/lo_trains.pcap")]);
+    assert!(run.success, "{}", run.stderr);
+    assert_eq!(
+        run.last_line(),
+        "packets: 166, icrc ok: 166, icrc bad: 0, malformed: 0, from GSO/GRO trains: 30 datagrams"
+    );
+    assert_eq!(run.stdout.lines().filter(|l| l.contains("(train packet 1/")).count(), 30);
+
+    // A train with one byte changed splits no more: one malformed datagram.
+    let (frames, _) = softroce::capture::read(&std::fs::read(data("softroce/lo_trains.pcap")).unwrap());
+    let train = frames.iter().find(|f| f.data.len() > 6000).expect("a long train");
+    let mut damaged = softroce::capture::ip_bytes(train.link, &train.data).unwrap().to_vec();
+    let at = damaged.len() - 40;
+    damaged[at] ^= 0x10;
+    let mut capture = synthetic::Capture::new();
+    capture.push_bytes(&damaged);
+    let dir = scratch("train");
+    let path = write_file(&dir, "damaged.pcap", &capture.finish());
+    let run = dump(&[&path]);
+    assert_eq!(run.last_line(), "packets: 1, icrc ok: 0, icrc bad: 0, malformed: 1");
+    assert!(run.stdout.contains("does not split into a GSO/GRO train"), "{}", run.stdout);
+}
+
 #[test]
 fn text_line_shows_headers() {
     let run = dump(&[&data("rc_atomic_fadd.pcap")]);

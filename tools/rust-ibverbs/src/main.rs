@@ -5,6 +5,7 @@
 //! ```text
 //! rust-ibverbs-check loopback          what the crate's examples/loopback.rs does
 //! rust-ibverbs-check pair              two QPs of one process connected to each other (RC, then UC)
+//! rust-ibverbs-check errors            the crate's error paths give the errno rdma-core on rxe gives
 //! rust-ibverbs-check server IP:PORT    one end of an RC connection between two processes
 //! rust-ibverbs-check client IP:PORT    the other end; the endpoints cross over TCP
 //! ```
@@ -23,6 +24,9 @@ use ibverbs::{ibv_qp_type, ibv_wc, ibv_wc_opcode, CompletionQueue, Context, Queu
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
+/// Linux's EINVAL, the errno every failure in `errors` should give.
+const EINVAL: i32 = 22;
+
 /// How long any wait for completions or a peer may take.
 const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -32,9 +36,10 @@ fn main() {
     let result = match args.as_slice() {
         ["loopback"] => loopback(),
         ["pair"] => pair(),
+        ["errors"] => errors(),
         ["server", addr] => two_process(true, addr),
         ["client", addr] => two_process(false, addr),
-        _ => Err("usage: rust-ibverbs-check loopback | pair | server IP:PORT | client IP:PORT".into()),
+        _ => Err("usage: rust-ibverbs-check loopback | pair | errors | server IP:PORT | client IP:PORT".into()),
     };
     match result {
         Ok(()) => println!("ok"),
@@ -274,6 +279,55 @@ fn pair() -> Result<()> {
         check_bytes(&format!("{name} b received"), &recv_b, 1)?;
         println!("{name}: 64 KiB each way, both completions on both sides, data intact");
     }
+    Ok(())
+}
+
+/// Checks that `result` failed with errno `want`. The crate reads `errno`
+/// (`io::Error::last_os_error`) after a constructor returned NULL, and takes
+/// the return value of `ibv_modify_qp` as the errno.
+fn expect_errno<T>(what: &str, result: std::io::Result<T>, want: i32) -> Result<()> {
+    match result {
+        Ok(_) => Err(format!("{what}: succeeded, expected errno {want}").into()),
+        Err(e) if e.raw_os_error() == Some(want) => {
+            println!("{what}: {e}");
+            Ok(())
+        }
+        Err(e) => Err(format!("{what}: {e} ({:?}), expected errno {want}", e.raw_os_error()).into()),
+    }
+}
+
+/// The failures a program using the crate can meet, with the errno that
+/// rdma-core gives on kernel rxe (whose limits softroce reports: max_cqe
+/// 32767, max_qp_wr 16384).
+fn errors() -> Result<()> {
+    let ctx = open_first()?;
+    // rxe_cq_chk_attr: cqe <= 0 or > max_cqe is EINVAL.
+    expect_errno("create_cq(0)", ctx.create_cq(0, 0).map(drop), EINVAL)?;
+    expect_errno("create_cq(1 << 20)", ctx.create_cq(1 << 20, 0).map(drop), EINVAL)?;
+    let cq = ctx.create_cq(16, 0)?;
+    let pd = ctx.alloc_pd()?;
+    // rxe_qp_chk_cap: max_send_wr > max_qp_wr is EINVAL.
+    expect_errno(
+        "create_qp with max_send_wr 1 << 20",
+        pd.create_qp(&cq, &cq, ibv_qp_type::IBV_QPT_RC).set_max_send_wr(1 << 20).build().map(drop),
+        EINVAL,
+    )?;
+    // No set_gid_index: RTR with an address vector without a GRH, which
+    // RoCE cannot route (rdma_check_ah_attr: EINVAL).
+    let prepared = pd.create_qp(&cq, &cq, ibv_qp_type::IBV_QPT_RC).build()?;
+    let endpoint = prepared.endpoint();
+    expect_errno("RC handshake without a GID", prepared.handshake(endpoint), EINVAL)?;
+    // The crate's handshake moves a UD QP to INIT without IBV_QP_QKEY,
+    // which ib_modify_qp_is_ok requires (EINVAL).
+    let prepared = pd.create_qp(&cq, &cq, ibv_qp_type::IBV_QPT_UD).build()?;
+    let endpoint = prepared.endpoint();
+    expect_errno("UD handshake (INIT without a Q_Key)", prepared.handshake(endpoint), EINVAL)?;
+    // Everything above was released by its Drop, which asserts success: a
+    // CQ and a PD still usable afterwards show nothing leaked a reference.
+    let prepared = pd.create_qp(&cq, &cq, ibv_qp_type::IBV_QPT_RC).set_gid_index(roce_gid_index(&ctx)?).build()?;
+    let endpoint = prepared.endpoint();
+    prepared.handshake(endpoint)?;
+    println!("an RC QP on the same PD and CQ still connects");
     Ok(())
 }
 
