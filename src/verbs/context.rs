@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::device::Device;
 use super::error::{Error, Result};
+use super::stats::Publisher;
 use super::{CompletionChannel, CompletionQueue, ProtectionDomain};
-use crate::engine::threaded::{lock, Arm, ChannelShared, CqShared, Engine};
+use crate::engine::threaded::{lock, Arm, ChannelShared, CqShared, Engine, EngineShared};
 use crate::engine::EventFd;
 use crate::net::{LinkStats, UdpLink};
 use crate::transport::{AsyncEvent, Counters};
@@ -29,11 +30,21 @@ pub struct ContextOptions {
     /// Bytes of socket buffer each way to ask for, if not the UDP link's
     /// 8 MiB ([`UdpLink::socket_buffer`]).
     pub socket_buffer: Option<usize>,
+    /// Keep the device's and QPs' counters in a file `softroce stat` reads
+    /// from other processes, rewritten five times a second (on by default,
+    /// as kernel rxe's hw_counters always are).
+    pub publish_counters: bool,
 }
 
 impl Default for ContextOptions {
     fn default() -> ContextOptions {
-        ContextOptions { port: ROCE_UDP_PORT, busy_poll: false, corrupt_icrc_every: 0, socket_buffer: None }
+        ContextOptions {
+            port: ROCE_UDP_PORT,
+            busy_poll: false,
+            corrupt_icrc_every: 0,
+            socket_buffer: None,
+            publish_counters: true,
+        }
     }
 }
 
@@ -56,6 +67,9 @@ pub(crate) fn random_u32() -> u32 {
 /// What every object of a context shares: the device and its engine.
 #[derive(Debug)]
 pub(super) struct ContextInner {
+    /// Keeps the counters file of `softroce stat` current; declared first
+    /// so that it stops (and removes the file) before the engine does.
+    _publisher: Option<Publisher>,
     pub(super) device: Device,
     pub(super) engine: Engine,
     pub(super) next_qpn: AtomicU32,
@@ -91,8 +105,15 @@ impl Context {
             })?;
         }
         let engine = Engine::start(link, options.busy_poll, device.name())?;
-        let inner =
-            ContextInner { device: device.clone(), engine, next_qpn: AtomicU32::new(0x11), next_id: AtomicU32::new(1) };
+        let source = CounterSource { shared: Arc::clone(&engine.shared), device: device.name().to_owned() };
+        let publisher = options.publish_counters.then(|| Publisher::start(source)).flatten();
+        let inner = ContextInner {
+            _publisher: publisher,
+            device: device.clone(),
+            engine,
+            next_qpn: AtomicU32::new(0x11),
+            next_id: AtomicU32::new(1),
+        };
         Ok(Context { inner: Arc::new(inner) })
     }
 
@@ -144,22 +165,52 @@ impl Context {
     /// Device-wide counters, like rxe's hw_counters: the sum over every QP
     /// (destroyed ones included) plus the link's.
     pub fn counters(&self) -> DeviceCounters {
-        let shared = &self.inner.engine.shared;
-        // The QP map's lock is held while reading the retired totals too, so
-        // a QP being destroyed is counted exactly once.
-        let qps = lock(&shared.qps);
-        let mut qp_totals = *lock(&shared.retired);
-        for cell in qps.values() {
-            add_counters(&mut qp_totals, lock(&cell.qp).counters());
-        }
-        drop(qps);
-        DeviceCounters {
-            qp: qp_totals,
-            link: *lock(&shared.link_stats),
-            malformed: shared.malformed.load(Ordering::Relaxed),
-            unknown_qp: shared.unknown_qp.load(Ordering::Relaxed),
-            sleeps: shared.sleeps.load(Ordering::Relaxed),
-        }
+        device_counters(&self.inner.engine.shared)
+    }
+
+    /// Each live QP's number and counters, like `rdma statistic qp`.
+    pub fn qp_counters(&self) -> Vec<(u32, Counters)> {
+        qp_counters(&self.inner.engine.shared)
+    }
+}
+
+fn device_counters(shared: &EngineShared) -> DeviceCounters {
+    // The QP map's lock is held while reading the retired totals too, so
+    // a QP being destroyed is counted exactly once.
+    let qps = lock(&shared.qps);
+    let mut qp_totals = *lock(&shared.retired);
+    for cell in qps.values() {
+        add_counters(&mut qp_totals, lock(&cell.qp).counters());
+    }
+    drop(qps);
+    DeviceCounters {
+        qp: qp_totals,
+        link: *lock(&shared.link_stats),
+        malformed: shared.malformed.load(Ordering::Relaxed),
+        unknown_qp: shared.unknown_qp.load(Ordering::Relaxed),
+        sleeps: shared.sleeps.load(Ordering::Relaxed),
+    }
+}
+
+fn qp_counters(shared: &EngineShared) -> Vec<(u32, Counters)> {
+    lock(&shared.qps).iter().map(|(&qpn, cell)| (qpn, *lock(&cell.qp).counters())).collect()
+}
+
+/// What a context's counters publisher reads, without owning the context:
+/// the engine's shared state outlives neither the context nor the thread.
+#[derive(Debug, Clone)]
+pub(super) struct CounterSource {
+    shared: Arc<EngineShared>,
+    pub(super) device: String,
+}
+
+impl CounterSource {
+    pub(super) fn device_counters(&self) -> DeviceCounters {
+        device_counters(&self.shared)
+    }
+
+    pub(super) fn qp_counters(&self) -> Vec<(u32, Counters)> {
+        qp_counters(&self.shared)
     }
 }
 

@@ -47,6 +47,7 @@ mod mr;
 mod pd;
 mod qp;
 mod srq;
+pub mod stats;
 
 pub use ah::AddressHandle;
 pub use context::{Context, ContextOptions, DeviceCounters};

@@ -15,6 +15,7 @@ mod dump;
 mod perf;
 mod pingpong;
 mod run;
+mod stat;
 
 #[derive(Parser)]
 #[command(name = "softroce", version, about = "Userspace RoCEv2 with kernel rxe semantics")]
@@ -39,6 +40,8 @@ enum Command {
     Perf(perf::Args),
     /// Run a program with softroce as its libibverbs: `softroce run [--addr IP] -- CMD [ARGS...]`.
     Run(run::Args),
+    /// Show the counters of softroce devices open in running programs, as `rdma statistic` does.
+    Stat(stat::Args),
 }
 
 /// The environment variable holding the log filter (`tracing` directives).
@@ -64,5 +67,6 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Run(args) => run::run(args),
+        Command::Stat(args) => stat::run(args),
     }
 }
