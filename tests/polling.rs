@@ -20,7 +20,7 @@ fn a_busy_engine_polls_through_the_gaps_between_windows() {
     }
     let port = free_port(&[IP_A, IP_B]);
     let small = ContextOptions { port, socket_buffer: Some(212_992), ..ContextOptions::default() };
-    let (a, b) = (Node::open("polling_a", IP_A, small), Node::open("polling_b", IP_B, small));
+    let (a, b) = (Node::open("polling_a", IP_A, small.clone()), Node::open("polling_b", IP_B, small));
     const MESSAGE: usize = 1 << 20;
     const MESSAGES: u64 = 64;
     let (mr_a, mr_b) = (a.mr(MESSAGE), b.mr(MESSAGE));

@@ -128,7 +128,7 @@ fn the_engine_takes_over_once_a_waiting_thread_has_gone() {
 fn qps_streaming_into_a_small_peer_buffer_fit_their_windows_into_it() {
     let port = free_port(&[IP_A, IP_B]);
     let small = ContextOptions { port, socket_buffer: Some(212_992), ..ContextOptions::default() };
-    let (a, b) = (Node::open("small_a", IP_A, small), Node::open("small_b", IP_B, small));
+    let (a, b) = (Node::open("small_a", IP_A, small.clone()), Node::open("small_b", IP_B, small));
     const QPS: usize = 4;
     const MESSAGE: usize = 256 << 10;
     const MESSAGES: u64 = 128;

@@ -206,7 +206,7 @@ fn churn_soak() {
     let (threads_before, fds_before) = (threads(), fds());
     let port = free_port(&[IP_A, IP_B, IP_C, PROBE]);
     let options = ContextOptions { port, busy_poll: false, ..ContextOptions::default() };
-    let (a, b) = (Node::open("soak_a", IP_A, options), Node::open("soak_b", IP_B, options));
+    let (a, b) = (Node::open("soak_a", IP_A, options.clone()), Node::open("soak_b", IP_B, options.clone()));
     let mut rng = Rng::new(0x50a6);
     let mut graves = Graveyard::default();
     let mut pairs: Vec<Pair> = (0..PAIRS).map(|_| Pair::new(&a, &b, &mut rng)).collect();
@@ -255,7 +255,7 @@ fn churn_soak() {
 
         // Context churn: a third context works with A, then dies in the
         // middle of a transfer; A's QP waiting on it runs out of retries.
-        churn_a_context(&a, options, &mut rng, &mut graves);
+        churn_a_context(&a, options.clone(), &mut rng, &mut graves);
         context_churns += 1;
 
         graves.check_events(&a, &b);

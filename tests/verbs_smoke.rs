@@ -16,7 +16,7 @@ fn rc_verbs_over_loopback() {
     };
     let dev_a = Device::custom("test_a", vec![ip_a], [2, 0, 0, 0, 0, 1], 65536);
     let dev_b = Device::custom("test_b", vec![ip_b], [2, 0, 0, 0, 0, 2], 65536);
-    let (ctx_a, ctx_b) = (Context::open(&dev_a, options).unwrap(), Context::open(&dev_b, options).unwrap());
+    let (ctx_a, ctx_b) = (Context::open(&dev_a, options.clone()).unwrap(), Context::open(&dev_b, options).unwrap());
     let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let (mr_a, mr_b) = (pd_a.alloc_mr(1 << 20, access).unwrap(), pd_b.alloc_mr(1 << 20, access).unwrap());

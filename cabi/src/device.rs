@@ -8,7 +8,9 @@ use std::os::raw::{c_char, c_int, c_uint, c_void};
 use std::ptr;
 use std::sync::{Mutex, OnceLock};
 
-use softroce::verbs::{AsyncEvent, Context, ContextOptions, Device, Gid, PortAttr};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use softroce::verbs::{AsyncEvent, CaptureOptions, Context, ContextOptions, Device, Gid, PortAttr};
 
 use crate::errno::set_errno;
 use crate::guard::{guard, guard_int, guard_neg, guard_ptr, guard_void};
@@ -22,6 +24,30 @@ use crate::{cq, qp, srq};
 pub const ADDR_ENV: &str = "SOFTROCE_ADDR";
 /// The RoCE UDP port, if not 4791 (tests run on free ports).
 pub const PORT_ENV: &str = "SOFTROCE_PORT";
+/// A pcap file to record every packet of the devices opened into (the
+/// second device a process opens records into `FILE.1`, and so on).
+pub const PCAP_ENV: &str = "SOFTROCE_PCAP";
+/// The most packets a capture records (a million by default).
+pub const PCAP_PACKETS_ENV: &str = "SOFTROCE_PCAP_PACKETS";
+
+/// The capture of the next device opened, from the environment.
+fn capture_from_env() -> Option<CaptureOptions> {
+    static OPENED: AtomicU32 = AtomicU32::new(0);
+    let path = std::path::PathBuf::from(std::env::var_os(PCAP_ENV).filter(|p| !p.is_empty())?);
+    let path = match OPENED.fetch_add(1, Ordering::Relaxed) {
+        0 => path,
+        n => {
+            let mut numbered = path.into_os_string();
+            numbered.push(format!(".{n}"));
+            numbered.into()
+        }
+    };
+    let mut capture = CaptureOptions::new(path);
+    if let Some(max) = std::env::var(PCAP_PACKETS_ENV).ok().and_then(|m| m.parse().ok()) {
+        capture.max_packets = max;
+    }
+    Some(capture)
+}
 
 /// `ibv_gid_type_sysfs` (rdma-core's driver.h): what sysfs says of a GID.
 const GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
@@ -32,6 +58,17 @@ pub struct Dev {
     ibv: ibv_device,
     device: Device,
     index: c_int,
+    /// While any `ibv_context` of the device is open: the softroce context
+    /// they all share and the addresses of their `Ctx`s. One engine holds
+    /// the device's addresses on the RoCE port, so a second
+    /// `ibv_open_device` in the process shares it, as every open of a
+    /// kernel device shares that device.
+    open: Mutex<Option<Opened>>,
+}
+
+struct Opened {
+    ctx: Context,
+    ctxs: Vec<usize>,
 }
 
 /// The process's devices, found once: they live as long as the process.
@@ -80,7 +117,7 @@ impl Dev {
         copy_str(&mut ibv.dev_name, &format!("uverbs{index}"));
         copy_str(&mut ibv.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
         copy_str(&mut ibv.ibdev_path, &format!("/sys/class/infiniband/{}", device.name()));
-        Dev { ibv, device, index: index as c_int }
+        Dev { ibv, device, index: index as c_int, open: Mutex::new(None) }
     }
 
     /// The device behind a pointer from `ibv_get_device_list`.
@@ -200,7 +237,14 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         if let Some(port) = std::env::var(PORT_ENV).ok().and_then(|p| p.parse().ok()) {
             options.port = port;
         }
-        let ctx = match Context::open(&dev.device, options) {
+        options.capture = capture_from_env();
+        let port = options.port;
+        let mut open = dev.open.lock().unwrap_or_else(|e| e.into_inner());
+        let ctx = match &*open {
+            Some(opened) => Ok(opened.ctx.clone()),
+            None => Context::open(&dev.device, options),
+        };
+        let ctx = match ctx {
             Ok(ctx) => ctx,
             Err(e) => {
                 eprintln!("softroce: cannot open {}: {e}", dev.device.name());
@@ -209,7 +253,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                         "softroce: another program holds UDP port {} there (`ss -ulpn 'sport = :{}'` names it; \
                          kernel rxe shows in `rdma link`); give this one another address of the host, \
                          e.g. {ADDR_ENV}=127.0.0.2 or `softroce run --addr 127.0.0.2 -- ...`",
-                        options.port, options.port
+                        port, port
                     );
                 }
                 set_errno(e.errno());
@@ -237,13 +281,15 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         c.ops.post_srq_recv = Some(srq::post_srq_recv);
         let boxed = Box::new(Ctx {
             vctx,
-            ctx,
+            ctx: ctx.clone(),
             device: dev,
             cqs: Mutex::default(),
             qps: Mutex::default(),
             srqs: Mutex::default(),
         });
-        Box::leak(boxed).ibv()
+        let leaked = Box::leak(boxed);
+        open.get_or_insert_with(|| Opened { ctx, ctxs: Vec::new() }).ctxs.push(ptr::from_ref(leaked) as usize);
+        leaked.ibv()
     })
 }
 symver!(ibv_open_device);
@@ -255,9 +301,21 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             set_errno(libc::EINVAL);
             return -1;
         };
-        // SAFETY: the Ctx was leaked from a Box by ibv_open_device. Objects
-        // still open keep the engine alive through their own handles.
+        let mut open = ctx.device.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(opened) = open.as_mut() {
+            opened.ctxs.retain(|&c| c != ptr::from_ref(ctx) as usize);
+            if opened.ctxs.is_empty() {
+                // The last one: the next open starts afresh.
+                *open = None;
+            }
+        }
+        // SAFETY: the Ctx was leaked from a Box by ibv_open_device and is no
+        // longer listed in its device. Objects still open keep the engine
+        // alive through their own handles; if there are none, the engine
+        // stops here, under the lock, so an open waiting for it binds the
+        // port after this one let go of it.
         drop(unsafe { Box::from_raw(ptr::from_ref(ctx).cast_mut()) });
+        drop(open);
         0
     })
 }
@@ -585,8 +643,24 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
 }
 symver!(ibv_get_async_event);
 
+/// The C object a context of `ctx`'s device registered under `id` in the
+/// map `which` picks: the device's contexts share one engine and so one
+/// queue of async events, and an event read through one context may be of
+/// another's object.
+fn object_of(ctx: &Ctx, which: fn(&Ctx) -> &Mutex<HashMap<u32, usize>>, id: u32) -> Option<usize> {
+    let lookup = |c: &Ctx| which(c).lock().ok()?.get(&id).copied();
+    lookup(ctx).or_else(|| {
+        let open = ctx.device.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.as_ref()?.ctxs.iter().find_map(|&c| {
+            // SAFETY: a Ctx stays listed in its device until ibv_close_device
+            // unlists it, under this lock, before freeing it.
+            lookup(unsafe { &*(c as *const Ctx) })
+        })
+    })
+}
+
 fn async_event(ctx: &Ctx, event: AsyncEvent) -> Option<ibv_async_event> {
-    let qp = |qpn: u32| ctx.qps.lock().ok()?.get(&qpn).map(|p| *p as *mut ibv_qp);
+    let qp = |qpn: u32| object_of(ctx, |c| &c.qps, qpn).map(|p| p as *mut ibv_qp);
     let (element, event_type) = match event {
         AsyncEvent::QpFatal { qpn } => (ibv_async_event__bindgen_ty_1 { qp: qp(qpn)? }, IBV_EVENT_QP_FATAL),
         AsyncEvent::QpRequestError { qpn } => (ibv_async_event__bindgen_ty_1 { qp: qp(qpn)? }, IBV_EVENT_QP_REQ_ERR),
@@ -596,7 +670,7 @@ fn async_event(ctx: &Ctx, event: AsyncEvent) -> Option<ibv_async_event> {
             (ibv_async_event__bindgen_ty_1 { qp: qp(qpn)? }, IBV_EVENT_QP_LAST_WQE_REACHED)
         }
         AsyncEvent::SrqLimitReached { srq } => {
-            let srq = ctx.srqs.lock().ok()?.get(&srq).map(|p| *p as *mut ibv_srq)?;
+            let srq = object_of(ctx, |c| &c.srqs, srq).map(|p| p as *mut ibv_srq)?;
             (ibv_async_event__bindgen_ty_1 { srq }, IBV_EVENT_SRQ_LIMIT_REACHED)
         }
         AsyncEvent::PortActive { port } => {

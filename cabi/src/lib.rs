@@ -21,4 +21,4 @@ mod srq;
 pub mod sys;
 mod unimplemented;
 
-pub use device::{ADDR_ENV, PORT_ENV};
+pub use device::{ADDR_ENV, PCAP_ENV, PCAP_PACKETS_ENV, PORT_ENV};

@@ -30,6 +30,7 @@ use etherparse::{IpNumber, Ipv6Header, UdpHeader};
 
 use super::mmsg::{RecvBatch, SendBatch, MAX_DATAGRAM};
 use super::{Link, LinkStats, Outgoing, Received};
+use crate::capture::LiveCapture;
 use crate::wire::icrc;
 use crate::wire::roce::ICRC_LEN;
 use crate::wire::ROCE_UDP_PORT;
@@ -50,6 +51,8 @@ pub struct UdpLink {
     corrupt_every: u32,
     /// Bytes of socket buffer each way that sockets bound from now on ask for.
     socket_buffer: usize,
+    /// Where every packet sent and received is recorded, if anywhere.
+    capture: Option<LiveCapture>,
 }
 
 impl UdpLink {
@@ -66,7 +69,14 @@ impl UdpLink {
             rx_icrc: icrc::PrefixCache::default(),
             corrupt_every: 0,
             socket_buffer: SOCKET_BUFFER,
+            capture: None,
         }
+    }
+
+    /// Records every packet sent and received from now on into `capture`,
+    /// each as it is on the wire (rxe-spec V-13).
+    pub fn capture(&mut self, capture: LiveCapture) {
+        self.capture = Some(capture);
     }
 
     /// The socket buffer, each way, that sockets bound from now on ask for
@@ -135,9 +145,12 @@ impl UdpLink {
                     self.stats.malformed += 1;
                     continue;
                 };
-                if !icrc_ok(&mut self.rx_icrc, src, local, self.port, self.rx.bytes(at.clone())) {
+                let Some(id) = icrc_check(&mut self.rx_icrc, src, local, self.port, self.rx.bytes(at.clone())) else {
                     self.stats.icrc_errors += 1;
                     continue;
+                };
+                if let Some(capture) = &mut self.capture {
+                    capture.record(src, SocketAddr::new(local, self.port), id, self.rx.bytes(at.clone()));
                 }
                 return Some((Received { src: src.ip(), src_port: src.port(), dst: local, len }, at));
             }
@@ -155,6 +168,9 @@ impl UdpLink {
                 }
             }
             if !filled {
+                if let Some(capture) = &mut self.capture {
+                    capture.flush();
+                }
                 return None;
             }
         }
@@ -266,19 +282,19 @@ fn no_socket(addr: IpAddr) -> io::Error {
 }
 
 /// Checks the ICRC of a datagram that arrived at `dst` on `port`, as well as
-/// a UDP receiver can.
-fn icrc_ok(cache: &mut icrc::PrefixCache, src: SocketAddr, dst: IpAddr, port: u16, roce: &[u8]) -> bool {
+/// a UDP receiver can: the IPv4 ID it was sent with (0 for IPv6) if good.
+fn icrc_check(cache: &mut icrc::PrefixCache, src: SocketAddr, dst: IpAddr, port: u16, roce: &[u8]) -> Option<u16> {
     match (src.ip(), dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             let h = icrc::Ipv4Udp { src: s, dst: d, src_port: src.port(), dst_port: port };
-            matches!(icrc::verify_ipv4_unknown_id_cached(cache, h, roce), Ok(Some(_)))
+            icrc::verify_ipv4_unknown_id_cached(cache, h, roce).ok().flatten()
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
-            let Some(udp) = udp_header(src.port(), port, roce.len()) else { return false };
+            let udp = udp_header(src.port(), port, roce.len())?;
             let ip = ipv6_header(s.octets(), d.octets(), UdpHeader::LEN + roce.len());
-            icrc::verify(&ip, &udp, roce).unwrap_or(false)
+            icrc::verify(&ip, &udp, roce).unwrap_or(false).then_some(0)
         }
-        _ => false,
+        _ => None,
     }
 }
 
@@ -315,6 +331,9 @@ impl Link for UdpLink {
             }
         };
         let crc = seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, out.src, dest, copy, id)?;
+        if let Some(capture) = &mut self.capture {
+            capture.record(SocketAddr::new(out.src, self.port), dest, id, copy);
+        }
         // The caller's bytes get the same ICRC.
         let at = out.roce.len() - ICRC_LEN;
         out.roce[at..].copy_from_slice(&crc.to_le_bytes());
@@ -349,7 +368,11 @@ impl Link for UdpLink {
         let dest = SocketAddr::new(dst, self.port);
         let built = batch.commit(dest, len)?;
         let (queued, id) = built.ok_or_else(|| io::Error::other("no room was taken for the packet"))?;
-        seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, src, dest, queued, id).map(drop)
+        seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, src, dest, queued, id)?;
+        if let Some(capture) = &mut self.capture {
+            capture.record(SocketAddr::new(src, self.port), dest, id, queued);
+        }
+        Ok(())
     }
 
     fn flush(&mut self) {
@@ -357,6 +380,9 @@ impl Link for UdpLink {
             if !batch.is_empty() {
                 let _ = flush_batch(socket, batch, local, &mut self.stats, &mut self.tx_icrc);
             }
+        }
+        if let Some(capture) = &mut self.capture {
+            capture.flush();
         }
     }
 

@@ -8,6 +8,7 @@ use super::device::Device;
 use super::error::{Error, Result};
 use super::stats::Publisher;
 use super::{CompletionChannel, CompletionQueue, ProtectionDomain};
+use crate::capture::LiveCapture;
 use crate::engine::threaded::{lock, Arm, ChannelShared, CqShared, Engine, EngineShared};
 use crate::engine::EventFd;
 use crate::net::{LinkStats, UdpLink};
@@ -15,7 +16,7 @@ use crate::transport::{AsyncEvent, Counters};
 use crate::wire::ROCE_UDP_PORT;
 
 /// How a context runs its engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContextOptions {
     /// UDP port of the RoCE link (4791; tests choose free ones).
     pub port: u16,
@@ -34,6 +35,30 @@ pub struct ContextOptions {
     /// from other processes, rewritten five times a second (on by default,
     /// as kernel rxe's hw_counters always are).
     pub publish_counters: bool,
+    /// Record every packet the device sends and receives into a pcap file.
+    pub capture: Option<CaptureOptions>,
+}
+
+/// Where a device records its packets: one RoCE packet per record, each
+/// with the IP and UDP headers it has on the wire (GSO trains cut into
+/// their packets, IPv4 IDs as sent or as recovered from received ICRCs),
+/// readable by `softroce dump`, Wireshark and tshark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureOptions {
+    /// The pcap file, created or truncated.
+    pub path: std::path::PathBuf,
+    /// Packets to record at most; the capture stops there, the traffic not.
+    pub max_packets: u64,
+}
+
+impl CaptureOptions {
+    /// A million packets: a few GB at most at MTU 4096.
+    pub const DEFAULT_MAX_PACKETS: u64 = 1_000_000;
+
+    /// A capture into `path` of at most [`CaptureOptions::DEFAULT_MAX_PACKETS`].
+    pub fn new(path: impl Into<std::path::PathBuf>) -> CaptureOptions {
+        CaptureOptions { path: path.into(), max_packets: Self::DEFAULT_MAX_PACKETS }
+    }
 }
 
 impl Default for ContextOptions {
@@ -44,6 +69,7 @@ impl Default for ContextOptions {
             corrupt_icrc_every: 0,
             socket_buffer: None,
             publish_counters: true,
+            capture: None,
         }
     }
 }
@@ -98,6 +124,12 @@ impl Context {
         link.corrupt_icrc_every(options.corrupt_icrc_every);
         if let Some(bytes) = options.socket_buffer {
             link.socket_buffer(bytes);
+        }
+        if let Some(capture) = &options.capture {
+            let live = LiveCapture::create(&capture.path, capture.max_packets).map_err(|e| {
+                Error::Io(std::io::Error::new(e.kind(), format!("capture to {}: {e}", capture.path.display())))
+            })?;
+            link.capture(live);
         }
         for addr in device.addresses() {
             link.bind(addr).map_err(|e| {

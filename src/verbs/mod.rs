@@ -50,7 +50,7 @@ mod srq;
 pub mod stats;
 
 pub use ah::AddressHandle;
-pub use context::{Context, ContextOptions, DeviceCounters};
+pub use context::{CaptureOptions, Context, ContextOptions, DeviceCounters};
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Device, DeviceAttr, PortAttr};
 pub use endpoint::Endpoint;

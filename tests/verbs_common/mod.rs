@@ -76,7 +76,7 @@ impl Node {
 /// Node A on 127.0.0.1 and node B on 127.0.0.2, on a port free for both.
 pub fn nodes(busy_poll: bool) -> (Node, Node) {
     let options = ContextOptions { port: free_port(&[IP_A, IP_B]), busy_poll, ..ContextOptions::default() };
-    (Node::open("node_a", IP_A, options), Node::open("node_b", IP_B, options))
+    (Node::open("node_a", IP_A, options.clone()), Node::open("node_b", IP_B, options))
 }
 
 /// Options granting every remote right, with room for four READs/atomics.

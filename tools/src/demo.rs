@@ -199,7 +199,7 @@ fn open_devices(port: Option<u16>) -> Result<(Context, Context, u16), String> {
 
 fn open_both(devices: &[Device; 2], port: u16) -> verbs::Result<(Context, Context, u16)> {
     let options = ContextOptions { port, busy_poll: false, ..ContextOptions::default() };
-    Ok((Context::open(&devices[0], options)?, Context::open(&devices[1], options)?, port))
+    Ok((Context::open(&devices[0], options.clone())?, Context::open(&devices[1], options)?, port))
 }
 
 /// One end of a connection.

@@ -28,6 +28,11 @@ pub struct Args {
     /// The RoCE UDP port, if not 4791 (both ends must agree). Sets SOFTROCE_PORT.
     #[arg(long)]
     port: Option<u16>,
+    /// Record every packet the program's devices send and receive into this
+    /// pcap file, each as on the wire (SOFTROCE_PCAP; a second device
+    /// records into FILE.1, and so on).
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<std::path::PathBuf>,
     /// Also preload the library (LD_PRELOAD).
     #[arg(long)]
     preload: bool,
@@ -84,6 +89,11 @@ fn prepare(args: &Args) -> Result<Vec<(&'static str, OsString)>, String> {
     }
     if let Some(port) = args.port {
         env.push(("SOFTROCE_PORT", port.to_string().into()));
+    }
+    if let Some(pcap) = &args.pcap {
+        // Absolute, so that a program that changes directory records here.
+        let absolute = std::path::absolute(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?;
+        env.push(("SOFTROCE_PCAP", absolute.into()));
     }
     Ok(env)
 }

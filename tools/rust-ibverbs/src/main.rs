@@ -6,6 +6,10 @@
 //! rust-ibverbs-check loopback          what the crate's examples/loopback.rs does
 //! rust-ibverbs-check pair              two QPs of one process connected to each other (RC, then UC)
 //! rust-ibverbs-check errors            the crate's error paths give the errno rdma-core on rxe gives
+//! rust-ibverbs-check contexts          two contexts of one device open at once, a QP of each connected
+//!                                      to the other (as parallel `cargo test` threads each open the device)
+//! rust-ibverbs-check parallel          four threads, each opening the device, looping a SEND back and
+//!                                      closing it again, ten times (a crate's tests under `cargo test`)
 //! rust-ibverbs-check server IP:PORT    one end of an RC connection between two processes
 //! rust-ibverbs-check client IP:PORT    the other end; the endpoints cross over TCP
 //! ```
@@ -33,14 +37,18 @@ const DEADLINE: Duration = Duration::from_secs(10);
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let result = match args.as_slice() {
-        ["loopback"] => loopback(),
-        ["pair"] => pair(),
-        ["errors"] => errors(),
-        ["server", addr] => two_process(true, addr),
-        ["client", addr] => two_process(false, addr),
-        _ => Err("usage: rust-ibverbs-check loopback | pair | errors | server IP:PORT | client IP:PORT".into()),
-    };
+    let result =
+        match args.as_slice() {
+            ["loopback"] => loopback(),
+            ["pair"] => pair(),
+            ["errors"] => errors(),
+            ["contexts"] => contexts(),
+        ["parallel"] => parallel(),
+            ["server", addr] => two_process(true, addr),
+            ["client", addr] => two_process(false, addr),
+            _ => Err("usage: rust-ibverbs-check loopback | pair | errors | contexts | parallel | server IP:PORT | client IP:PORT"
+                .into()),
+        };
     match result {
         Ok(()) => println!("ok"),
         Err(e) => {
@@ -328,6 +336,99 @@ fn errors() -> Result<()> {
     let endpoint = prepared.endpoint();
     prepared.handshake(endpoint)?;
     println!("an RC QP on the same PD and CQ still connects");
+    Ok(())
+}
+
+/// Two contexts of the first device open at once, as a crate's tests do
+/// when `cargo test` runs them in parallel threads and each opens the
+/// device: rdma-core gives each `ibv_open_device` its own context. A QP of
+/// each is connected to a QP of the other and each sends the other 4 KiB.
+fn contexts() -> Result<()> {
+    let first = open_first()?;
+    let list = ibverbs::devices()?;
+    let second = list
+        .iter()
+        .next()
+        .ok_or("no rdma device available")?
+        .open()
+        .map_err(|e| format!("a second ibv_open_device of the device while the first context is open: {e}"))?;
+    println!("two contexts of the device are open");
+    const LEN: usize = 4096;
+    let gid_index = roce_gid_index(&first)?;
+    let (cq_a, cq_b) = (first.create_cq(16, 1)?, second.create_cq(16, 2)?);
+    let (pd_a, pd_b) = (first.alloc_pd()?, second.alloc_pd()?);
+    let a = pd_a.create_qp(&cq_a, &cq_a, ibv_qp_type::IBV_QPT_RC).set_gid_index(gid_index).build()?;
+    let b = pd_b.create_qp(&cq_b, &cq_b, ibv_qp_type::IBV_QPT_RC).set_gid_index(gid_index).build()?;
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    ensure(ea.num != eb.num, || format!("both contexts' QPs are QP {:#x}", ea.num))?;
+    let mut qa = a.handshake(eb)?;
+    let mut qb = b.handshake(ea)?;
+    let (mut send_a, mut recv_a) = (pd_a.allocate::<u8>(LEN)?, pd_a.allocate::<u8>(LEN)?);
+    let (mut send_b, mut recv_b) = (pd_b.allocate::<u8>(LEN)?, pd_b.allocate::<u8>(LEN)?);
+    for (d, s) in send_a.iter_mut().zip(pattern(3, LEN)) {
+        *d = s;
+    }
+    for (d, s) in send_b.iter_mut().zip(pattern(4, LEN)) {
+        *d = s;
+    }
+    // SAFETY: each range lies in a registered region that outlives its work
+    // request (all are polled to completion below) and is not touched meanwhile.
+    unsafe {
+        qa.post_receive(&mut recv_a, .., 2)?;
+        qb.post_receive(&mut recv_b, .., 2)?;
+        qa.post_send(&mut send_a, .., 1)?;
+        qb.post_send(&mut send_b, .., 1)?;
+    }
+    poll_n(&cq_a, 2, "context 1")?;
+    poll_n(&cq_b, 2, "context 2")?;
+    check_bytes("context 1 received", &recv_a, 4)?;
+    check_bytes("context 2 received", &recv_b, 3)?;
+    println!("4 KiB each way between the two contexts, data intact");
+    Ok(())
+}
+
+/// What `cargo test` does with a crate's tests that each open the device:
+/// four threads at once, each ten times opening the first device, looping
+/// a SEND of its own round number back through an RC QP and closing it all.
+fn parallel() -> Result<()> {
+    const THREADS: u64 = 4;
+    const ROUNDS: u64 = 10;
+    let one = |thread: u64, round: u64| -> Result<()> {
+        let list = ibverbs::devices()?;
+        let ctx = list.iter().next().ok_or("no rdma device available")?.open()?;
+        let cq = ctx.create_cq(16, 0)?;
+        let pd = ctx.alloc_pd()?;
+        let prepared = pd.create_qp(&cq, &cq, ibv_qp_type::IBV_QPT_RC).set_gid_index(roce_gid_index(&ctx)?).build()?;
+        let endpoint = prepared.endpoint();
+        let mut qp = prepared.handshake(endpoint)?;
+        let mut mr = pd.allocate::<u64>(2)?;
+        mr[1] = thread << 32 | round;
+        // SAFETY: as in `loopback`: both ranges lie in `mr`, which outlives
+        // the requests (polled to completion below).
+        unsafe {
+            qp.post_receive(&mut mr, ..1, 2)?;
+            qp.post_send(&mut mr, 1.., 1)?;
+        }
+        poll_n(&cq, 2, &format!("thread {thread} round {round}"))?;
+        ensure(mr[0] == mr[1], || format!("thread {thread} round {round}: received {:#x}", mr[0]))
+    };
+    // Threads hand back their failure as text: Box<dyn Error> is not Send.
+    let results: Vec<std::result::Result<(), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                s.spawn(move || {
+                    (0..ROUNDS).try_for_each(|round| {
+                        one(thread, round).map_err(|e| format!("thread {thread} round {round}: {e}"))
+                    })
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into()))).collect()
+    });
+    for r in results {
+        r?;
+    }
+    println!("{THREADS} threads x {ROUNDS} rounds of open, loop back, close: all delivered");
     Ok(())
 }
 

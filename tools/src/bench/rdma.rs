@@ -110,8 +110,8 @@ impl Devices {
         let open = |port| -> softroce::verbs::Result<Devices> {
             let mut pairs = Vec::new();
             for (i, &(a, b)) in ADDRESSES.iter().enumerate() {
-                let options = ContextOptions { port, ..options };
-                let a = Side::open(&device(format!("bench_a{i}"), a), options)?;
+                let options = ContextOptions { port, ..options.clone() };
+                let a = Side::open(&device(format!("bench_a{i}"), a), options.clone())?;
                 let b = Side::open(&device(format!("bench_b{i}"), b), options)?;
                 pairs.push(Pair { a, b });
             }
