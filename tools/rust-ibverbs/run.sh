@@ -14,6 +14,11 @@
 #   pair                              two QPs of one process connected to each
 #                                     other, 64 KiB each way, RC then UC
 #   errors                            the crate's failures give rxe's errno
+#   contexts                          two contexts of the device at once, a QP
+#                                     of each connected to the other
+#   parallel                          four threads each opening the device,
+#                                     looping a SEND back and closing, ten
+#                                     times (a crate's tests under cargo test)
 #   server/client                     two processes (127.0.0.1, 127.0.0.2),
 #                                     endpoints over TCP, 256 KiB each way
 #
@@ -78,6 +83,10 @@ has() {
   for line; do grep -qxF "$line" "$file" || return 1; done
 }
 
+# Every row on a RoCE port of its own choosing, so that a run beside other
+# softroce programs on the host (another checkout's tests) cannot collide.
+roce_port=$((20000 + RANDOM % 10000))
+
 # one process: NAME "LINES IT MUST PRINT" [softroce run options] -- CMD...
 single() {
   local name=$1 want=$2; shift 2
@@ -85,7 +94,8 @@ single() {
   while [[ $1 != -- ]]; do opts+=("$1"); shift; done
   shift
   # shellcheck disable=SC2086 # $want is a list of words
-  if timeout 60 "$sr" run --addr 127.0.0.1 "${opts[@]}" -- "$@" >"$work/out" 2>&1 && has "$work/out" $want; then
+  if timeout 60 "$sr" run --addr 127.0.0.1 --port "$roce_port" "${opts[@]}" -- "$@" >"$work/out" 2>&1 \
+    && has "$work/out" $want; then
     row "$name" pass "$(grep -vE '^ ' "$work/out" | tail -n 2 | head -n 1 | cut -c1-60)"
     passed=$((passed + 1))
   else
@@ -101,12 +111,14 @@ single "loopback" ok -- "$check" loopback
 single "loopback, --preload" ok --preload -- "$check" loopback
 single "pair (RC, UC)" ok -- "$check" pair
 single "errors" ok -- "$check" errors
+single "contexts (two at once)" ok -- "$check" contexts
+single "parallel (4 threads x 10 opens)" ok -- "$check" parallel
 
 # Two processes: a server on 127.0.0.1, a client on 127.0.0.2.
-port=$((30000 + RANDOM % 20000))
-timeout 60 "$sr" run --addr 127.0.0.1 -- "$check" server "127.0.0.1:$port" >"$work/server" 2>&1 &
+tcp_port=$((30000 + RANDOM % 20000))
+timeout 60 "$sr" run --addr 127.0.0.1 --port "$roce_port" -- "$check" server "127.0.0.1:$tcp_port" >"$work/server" 2>&1 &
 server=$!
-timeout 60 "$sr" run --addr 127.0.0.2 -- "$check" client "127.0.0.1:$port" >"$work/client" 2>&1
+timeout 60 "$sr" run --addr 127.0.0.2 --port "$roce_port" -- "$check" client "127.0.0.1:$tcp_port" >"$work/client" 2>&1
 client_rc=$?
 server_rc=0
 wait "$server" || server_rc=$?
