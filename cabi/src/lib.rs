@@ -17,6 +17,7 @@ mod pd;
 mod private;
 mod qp;
 mod srq;
+mod strs;
 #[rustfmt::skip]
 pub mod sys;
 mod unimplemented;

@@ -13,8 +13,8 @@ use std::os::raw::{c_char, c_int, c_void};
 
 use crate::errno::{set_errno, unsupported_errno, unsupported_neg, unsupported_null};
 use crate::sys::{
-    ibv_ah_attr, ibv_context, ibv_cq, ibv_dm, ibv_ece, ibv_event_type, ibv_gid, ibv_mr, ibv_node_type, ibv_pd,
-    ibv_port_state, ibv_qp, ibv_qp_attr, ibv_rate, ibv_wc_status, ibv_wr_opcode, IBV_RATE_MAX, IBV_REREG_MR_ERR_INPUT,
+    ibv_ah_attr, ibv_context, ibv_cq, ibv_dm, ibv_ece, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_rate,
+    ibv_wr_opcode, IBV_RATE_MAX, IBV_REREG_MR_ERR_INPUT,
 };
 
 #[no_mangle]
@@ -50,12 +50,6 @@ pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid
 symver!(ibv_detach_mcast);
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_event_type_str(_event: ibv_event_type) -> *const c_char {
-    unsupported_null()
-}
-symver!(ibv_event_type_str);
-
-#[no_mangle]
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     unsupported_null()
 }
@@ -84,18 +78,6 @@ pub unsafe extern "C" fn ibv_import_pd(_context: *mut ibv_context, _pd_handle: u
     unsupported_null()
 }
 symver!(ibv_import_pd);
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_node_type_str(_node_type: ibv_node_type) -> *const c_char {
-    unsupported_null()
-}
-symver!(ibv_node_type_str);
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_port_state_str(_port_state: ibv_port_state) -> *const c_char {
-    unsupported_null()
-}
-symver!(ibv_port_state_str);
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_int {
@@ -198,12 +180,6 @@ symver!(ibv_unimport_mr);
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
 symver!(ibv_unimport_pd);
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_wc_status_str(_status: ibv_wc_status) -> *const c_char {
-    unsupported_null()
-}
-symver!(ibv_wc_status_str);
 
 /// `IBV_RATE_MAX` (0) is rdma-core's answer for an unknown rate.
 #[no_mangle]
