@@ -200,7 +200,7 @@ fn device_and_port_attributes_are_rxes() {
     assert_eq!(attr.fw_ver, "0.0.0");
     assert_eq!(attr.max_mr_size, u64::MAX);
     assert_eq!(attr.page_size_cap, 0xffff_f000);
-    assert_eq!((attr.vendor_id, attr.vendor_part_id, attr.hw_ver), (0, 0, 0));
+    assert_eq!((attr.vendor_id, attr.vendor_part_id, attr.hw_ver), (0xff_ffff, 0, 0));
     assert_eq!((attr.max_qp, attr.max_qp_wr), (0x10000, 0x4000));
     assert_eq!((attr.max_sge, attr.max_sge_rd), (32, 32));
     assert_eq!((attr.max_cq, attr.max_cqe), (16384, 32767));

@@ -139,6 +139,10 @@ pub struct Ctx {
     pub(crate) cqs: Mutex<HashMap<u32, usize>>,
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
     pub(crate) srqs: Mutex<HashMap<u32, usize>>,
+    /// `cmd_fd`: the kernel's command channel, which softroce has none of.
+    /// Programs only `dup` it (pyverbs, to import a device elsewhere), so it
+    /// is a real descriptor that leads nowhere.
+    _cmd_fd: std::fs::File,
 }
 
 impl Ctx {
@@ -266,10 +270,18 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         vctx.sz = size_of::<verbs_context>();
         vctx.query_port = Some(query_port_op);
         vctx.create_cq_ex = Some(cq::create_cq_ex);
+        vctx.query_device_ex = Some(query_device_ex_op);
         vctx.create_qp_ex = Some(qp::create_qp_ex);
         let c = &mut vctx.context;
         c.device = device;
-        c.cmd_fd = -1;
+        let cmd_fd = match std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+            Ok(file) => file,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                return ptr::null_mut();
+            }
+        };
+        c.cmd_fd = std::os::fd::AsRawFd::as_raw_fd(&cmd_fd);
         c.async_fd = ctx.async_event_fd();
         c.num_comp_vectors = 1;
         // libibverbs' mark of a context that has the extended ops.
@@ -286,6 +298,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             cqs: Mutex::default(),
             qps: Mutex::default(),
             srqs: Mutex::default(),
+            _cmd_fd: cmd_fd,
         });
         let leaked = Box::leak(boxed);
         open.get_or_insert_with(|| Opened { ctx, ctxs: Vec::new() }).ctxs.push(ptr::from_ref(leaked) as usize);
@@ -378,6 +391,42 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
     })
 }
 symver!(ibv_query_device);
+
+/// `verbs_context::query_device_ex`: the classic attributes and the
+/// extended ones a software device has (one port; no ODP, timestamps, TSO,
+/// RSS, tag matching or device memory), written up to the caller's size.
+unsafe extern "C" fn query_device_ex_op(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    guard_int(|| {
+        if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        if unsafe { input.as_ref() }.is_some_and(|i| i.comp_mask != 0) {
+            return libc::EINVAL;
+        }
+        // SAFETY: all zeros is a valid ibv_device_attr_ex.
+        let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        let rc = unsafe { ibv_query_device(context, &mut ex.orig_attr) };
+        if rc != 0 {
+            return rc;
+        }
+        ex.phys_port_cnt_ex = ex.orig_attr.phys_port_cnt.into();
+        // SAFETY: the caller's struct is attr_size bytes.
+        unsafe {
+            ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
+            ptr::copy_nonoverlapping(
+                ptr::from_ref(&ex).cast::<u8>(),
+                attr.cast::<u8>(),
+                attr_size.min(size_of::<ibv_device_attr_ex>()),
+            );
+        }
+        0
+    })
+}
 
 fn port_attr(p: &PortAttr) -> ibv_port_attr {
     ibv_port_attr {

@@ -199,7 +199,9 @@ impl Device {
             sys_image_guid: guid,
             max_mr_size: u64::MAX,
             page_size_cap: 0xffff_f000,
-            vendor_id: 0,
+            // rxe's RXE_VENDOR_ID (0 before Linux 5.x; pyverbs' suite and
+            // SPDK expect it nonzero).
+            vendor_id: 0xff_ffff,
             vendor_part_id: 0,
             hw_ver: 0,
             max_qp: 0x10000,

@@ -455,7 +455,14 @@ fn two_process(server: bool, addr: &str) -> Result<()> {
     let gid_index = roce_gid_index(&ctx)?;
     let cq = ctx.create_cq(16, 0)?;
     let pd = ctx.alloc_pd()?;
-    let prepared = pd.create_qp(&cq, &cq, ibv_qp_type::IBV_QPT_RC).set_gid_index(gid_index).build()?;
+    // The ACK timeout of ibv_rc_pingpong and perftest (14: 67 ms), not the
+    // crate's default 4 (65 µs): softroce times out after 4.096 µs × 2^4
+    // as IBTA says, while kernel rxe rounds any timeout up to a jiffy (1 to
+    // 10 ms); two processes that busy-poll, with two engine threads, on two
+    // cores leave a peer off the CPU for longer than 7 × 65 µs often enough
+    // that the crate's default fails with RETRY_EXC_ERR in about half the
+    // runs.
+    let prepared = pd.create_qp(&cq, &cq, ibv_qp_type::IBV_QPT_RC).set_gid_index(gid_index).set_timeout(14).build()?;
     let local = prepared.endpoint();
 
     let mut stream = if server {
