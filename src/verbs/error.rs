@@ -80,7 +80,16 @@ impl Error {
             | Error::Modify(_)
             | Error::PostSend(_)
             | Error::PostRecv(_) => libc::EINVAL,
-            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io(e) => e.raw_os_error().unwrap_or(match e.kind() {
+                // Errors rewrapped with context keep their kind, not their code.
+                io::ErrorKind::AddrInUse => libc::EADDRINUSE,
+                io::ErrorKind::AddrNotAvailable => libc::EADDRNOTAVAIL,
+                io::ErrorKind::PermissionDenied => libc::EACCES,
+                io::ErrorKind::NotFound => libc::ENOENT,
+                io::ErrorKind::OutOfMemory => libc::ENOMEM,
+                io::ErrorKind::InvalidInput => libc::EINVAL,
+                _ => libc::EIO,
+            }),
         }
     }
 }
@@ -106,5 +115,19 @@ impl From<PostSendError> for Error {
 impl From<PostRecvError> for Error {
     fn from(e: PostRecvError) -> Error {
         Error::PostRecv(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_io_error_rewrapped_with_context_keeps_its_errno() {
+        let bind = io::Error::from_raw_os_error(libc::EADDRINUSE);
+        let rewrapped = Error::Io(io::Error::new(bind.kind(), format!("bind 127.0.0.1 port 4791: {bind}")));
+        assert_eq!(rewrapped.errno(), libc::EADDRINUSE);
+        assert_eq!(Error::Io(bind).errno(), libc::EADDRINUSE);
+        assert_eq!(Error::InvalidArgument("x".into()).errno(), libc::EINVAL);
     }
 }
