@@ -21,7 +21,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             capture.record(black_box(src), black_box(dst), black_box(n as u16), black_box(&roce));
             n = n.wrapping_add(1);
-            if n % 16 == 0 {
+            if n.is_multiple_of(16) {
                 capture.flush();
             }
         })

@@ -225,7 +225,14 @@ fn device_counters(shared: &EngineShared) -> DeviceCounters {
 }
 
 fn qp_counters(shared: &EngineShared) -> Vec<(u32, Counters)> {
-    lock(&shared.qps).iter().map(|(&qpn, cell)| (qpn, *lock(&cell.qp).counters())).collect()
+    let mut all = Vec::new();
+    qp_counters_into(shared, &mut all);
+    all
+}
+
+fn qp_counters_into(shared: &EngineShared, out: &mut Vec<(u32, Counters)>) {
+    out.clear();
+    out.extend(lock(&shared.qps).iter().map(|(&qpn, cell)| (qpn, *lock(&cell.qp).counters())));
 }
 
 /// What a context's counters publisher reads, without owning the context:
@@ -241,8 +248,9 @@ impl CounterSource {
         device_counters(&self.shared)
     }
 
-    pub(super) fn qp_counters(&self) -> Vec<(u32, Counters)> {
-        qp_counters(&self.shared)
+    /// Each live QP's counters into `out`, whose capacity is reused.
+    pub(super) fn qp_counters_into(&self, out: &mut Vec<(u32, Counters)>) {
+        qp_counters_into(&self.shared, out)
     }
 }
 

@@ -21,8 +21,8 @@ pub const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 const MAGIC: &str = "softroce-stats 1";
 
 /// A QP's counters under the names `softroce stat` shows.
-pub fn qp_counters(c: &Counters) -> Vec<(&'static str, u64)> {
-    vec![
+pub fn qp_counters(c: &Counters) -> [(&'static str, u64); 10] {
+    [
         ("sent_pkts", c.sent_packets),
         ("rcvd_pkts", c.received_packets),
         ("duplicate_request", c.duplicate_requests),
@@ -38,17 +38,18 @@ pub fn qp_counters(c: &Counters) -> Vec<(&'static str, u64)> {
     ]
 }
 
-/// A device's counters: the link's packets and drops, then its QPs' sums.
-pub fn device_counters(d: &DeviceCounters) -> Vec<(&'static str, u64)> {
-    let mut all = vec![
+/// A device's counters: the link's packets and drops, then its QPs' sums
+/// (but their packet counts, which the link's include).
+pub fn device_counters(d: &DeviceCounters) -> impl Iterator<Item = (&'static str, u64)> {
+    let link = [
         ("sent_pkts", d.link.sent),
         ("rcvd_pkts", d.link.received),
         ("icrc_err", d.link.icrc_errors),
         ("malformed_pkts", d.link.malformed + d.malformed),
         ("unknown_qp_pkts", d.unknown_qp),
     ];
-    all.extend(qp_counters(&d.qp).into_iter().filter(|(name, _)| !matches!(*name, "sent_pkts" | "rcvd_pkts")));
-    all
+    link.into_iter()
+        .chain(qp_counters(&d.qp).into_iter().filter(|(name, _)| !matches!(*name, "sent_pkts" | "rcvd_pkts")))
 }
 
 /// The per-user directory the files live in: `$XDG_RUNTIME_DIR/softroce`,
@@ -86,19 +87,22 @@ pub struct Published {
     pub qps: Vec<(u32, Vec<(String, u64)>)>,
 }
 
-fn render(pid: u32, device: &str, d: &DeviceCounters, qps: &[(u32, Counters)]) -> String {
-    let mut text = format!("{MAGIC}\npid {pid}\ndevice {device}\n");
+/// Writes the file's text into `text`, which keeps its capacity from one
+/// period to the next: the publisher allocates nothing in steady state.
+fn render(text: &mut String, pid: u32, device: &str, d: &DeviceCounters, qps: impl Iterator<Item = (u32, Counters)>) {
+    use std::fmt::Write;
+    text.clear();
+    let _ = write!(text, "{MAGIC}\npid {pid}\ndevice {device}\n");
     for (name, value) in device_counters(d) {
-        text.push_str(&format!("counter {name} {value}\n"));
+        let _ = writeln!(text, "counter {name} {value}");
     }
     for (qpn, c) in qps {
-        text.push_str(&format!("qp {qpn}"));
-        for (name, value) in qp_counters(c) {
-            text.push_str(&format!(" {name} {value}"));
+        let _ = write!(text, "qp {qpn}");
+        for (name, value) in qp_counters(&c) {
+            let _ = write!(text, " {name} {value}");
         }
         text.push('\n');
     }
-    text
 }
 
 fn parse(text: &str) -> Option<Published> {
@@ -182,12 +186,16 @@ impl Publisher {
             .name("softroce-stats".into())
             .spawn(move || {
                 let temporary = path.with_extension("tmp");
-                let mut last = String::new();
+                // Both buffers sized up front: they swap after each write, and
+                // growing one in a later period would allocate then.
+                let (mut text, mut last) = (String::with_capacity(1 << 14), String::with_capacity(1 << 14));
+                let mut qps = Vec::with_capacity(64);
                 loop {
-                    let text = render(pid, &source.device, &source.device_counters(), &source.qp_counters());
+                    source.qp_counters_into(&mut qps);
+                    render(&mut text, pid, &source.device, &source.device_counters(), qps.iter().copied());
                     if text != last && fs::write(&temporary, &text).and_then(|()| fs::rename(&temporary, &path)).is_ok()
                     {
-                        last = text;
+                        std::mem::swap(&mut text, &mut last);
                     }
                     if stopped.recv_timeout(PUBLISH_EVERY) != Err(RecvTimeoutError::Timeout) {
                         break;
@@ -217,7 +225,8 @@ mod tests {
     fn a_published_file_reads_back() {
         let d = DeviceCounters { unknown_qp: 3, ..DeviceCounters::default() };
         let qp = Counters { sent_packets: 5, retries: 2, ..Counters::default() };
-        let text = render(42, "sr_lo", &d, &[(0x11, qp)]);
+        let mut text = String::new();
+        render(&mut text, 42, "sr_lo", &d, [(0x11, qp)].into_iter());
         let p = parse(&text).unwrap();
         assert_eq!((p.pid, p.device.as_str()), (42, "sr_lo"));
         assert!(p.device_counters.contains(&("unknown_qp_pkts".to_string(), 3)));
