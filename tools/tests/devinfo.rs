@@ -40,7 +40,7 @@ fn loopback_device_prints_as_ibv_devinfo_does() {
 \tfw_ver:\t\t\t\t0.0.0
 \tnode_guid:\t\t\t0200:00ff:fe00:0000
 \tsys_image_guid:\t\t\t0200:00ff:fe00:0000
-\tvendor_id:\t\t\t0x0000
+\tvendor_id:\t\t\t0xffffff
 \tvendor_part_id:\t\t\t0
 \thw_ver:\t\t\t\t0x0
 \tphys_port_cnt:\t\t\t1
