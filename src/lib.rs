@@ -47,7 +47,7 @@
 //!
 //! // Both use the same RoCE UDP port: 4791 by default, a free one here.
 //! let options = ContextOptions { port: free_port(ip_a, ip_b), ..ContextOptions::default() };
-//! let (ctx_a, ctx_b) = (Context::open(&dev_a, options)?, Context::open(&dev_b, options)?);
+//! let (ctx_a, ctx_b) = (Context::open(&dev_a, options.clone())?, Context::open(&dev_b, options)?);
 //! let (pd_a, pd_b) = (ctx_a.alloc_pd()?, ctx_b.alloc_pd()?);
 //!
 //! // A's buffer is only read locally; B's may be written by its peer.
