@@ -10,20 +10,18 @@
 //! deterministic tests, fuzzing and teaching possible.
 
 pub mod attr;
-mod completer;
 pub mod memory;
 mod qp;
-mod requester;
-mod responder;
+mod queue;
 pub mod srq;
 pub mod types;
 
 pub use attr::{AttrMask, ModifyError, Mtu, QpAttr, QpState};
 pub use memory::{AtomicOp, MemError, Memory, MemoryTable, Region};
 pub use qp::{
-    Counters, CqKind, Incoming, PostSendError, Qp, QpCap, Transmit, ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS,
-    MAX_WINDOW_PSNS, PIECED_READS, TRANSMIT_HEADROOM,
+    grh_area, Counters, PostSendError, Qp, QpCap, ACK_ASK_DELAY, GRH_LEN, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS,
+    MAX_WINDOW_PSNS, PIECED_READS,
 };
-pub use responder::{grh_area, GRH_LEN};
+pub use queue::{CqKind, Incoming, Transmit, TRANSMIT_HEADROOM};
 pub use srq::{PostRecvError, Srq};
 pub use types::*;

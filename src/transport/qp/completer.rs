@@ -6,12 +6,33 @@ use std::time::Duration;
 
 use tracing::debug;
 
-use super::attr::QpState;
-use super::memory::Memory;
-use super::qp::{Incoming, Qp, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS};
-use super::requester::for_each_piece;
-use super::types::{Access, AsyncEvent, QpType, SendOp, WcStatus};
+use super::Qp;
+use crate::transport::attr::QpState;
+use crate::transport::memory::{for_each_piece, Memory};
+use crate::transport::queue::Incoming;
+use crate::transport::types::{Access, AsyncEvent, QpType, SendOp, WcStatus};
 use crate::wire::{NakCode, Operation, Psn, Syndrome};
+
+/// Completer progress.
+#[derive(Debug, Clone, Default)]
+pub(super) struct CompState {
+    /// Oldest PSN not yet acknowledged.
+    pub(super) psn: Psn,
+    pub(super) retry_left: u8,
+    pub(super) rnr_left: u8,
+    /// Local ACK timeout deadline.
+    pub(super) timer: Option<Duration>,
+    /// Until then the requester waits after an RNR NAK, then resends from `rnr_psn`.
+    pub(super) rnr_until: Option<Duration>,
+    pub(super) rnr_psn: Psn,
+    /// A retry was already started for this `psn`: further gaps seen before
+    /// progress must not start another.
+    pub(super) retry_started_at: Option<Psn>,
+    /// An ACK timeout went back: only the oldest unacknowledged packet goes
+    /// out until the peer shows progress, so a peer that is slow rather than
+    /// lossy is not buried under a window of duplicates per timeout.
+    pub(super) probing: bool,
+}
 
 /// Outcome of retiring acknowledged WQEs up to a PSN.
 enum Retire {
@@ -22,7 +43,7 @@ enum Retire {
 }
 
 impl Qp {
-    pub(crate) fn handle_response(&mut self, now: Duration, pkt: Incoming<'_>, mem: &mut dyn Memory) {
+    pub(super) fn handle_response(&mut self, now: Duration, pkt: Incoming<'_>, mem: &mut dyn Memory) {
         let hdr = pkt.header;
         let psn = hdr.bth.psn;
         let receiving = matches!(self.attr.state, QpState::Rts | QpState::Sqd | QpState::Sqe);
@@ -95,26 +116,6 @@ impl Qp {
         if self.comp.psn == self.req.sent_end {
             // Nothing sent is unacknowledged: nothing to ask for.
             self.req.ask_by = None;
-        }
-    }
-
-    /// PSNs up to `psn` (exclusive) are acknowledged: the window grows by
-    /// them while round trips are short against the ACK timeout, and halves
-    /// on a long one.
-    fn adapt_window(&mut self, now: Duration, psn: Psn) {
-        if let Some((timed, sent_at)) = self.comp.timed {
-            if timed.is_before(psn) {
-                self.comp.timed = None;
-                let round_trip = now.saturating_sub(sent_at);
-                self.comp.fast_peer = self.ack_timeout().is_none_or(|t| round_trip * 4 <= t);
-                if !self.comp.fast_peer {
-                    self.comp.grown /= 2;
-                }
-            }
-        }
-        if self.comp.fast_peer {
-            let acked = psn.diff(self.comp.psn).max(0) as u32;
-            self.comp.grown = (self.comp.grown + acked).min(MAX_WINDOW_PSNS - MAX_UNACKED_PSNS);
         }
     }
 
@@ -197,7 +198,7 @@ impl Qp {
         true
     }
 
-    pub(crate) fn on_ack_timeout(&mut self, now: Duration) {
+    pub(super) fn on_ack_timeout(&mut self, now: Duration) {
         if self.comp.psn == self.req.psn || self.attr.state == QpState::Err {
             return;
         }
