@@ -14,6 +14,7 @@ pub mod memory;
 mod qp;
 mod queue;
 pub mod srq;
+mod timer;
 pub mod types;
 
 pub use attr::{AttrMask, ModifyError, Mtu, QpAttr, QpState};

@@ -25,6 +25,7 @@ use super::attr::{check_modify, AttrMask, ModifyError, QpAttr, QpState};
 use super::memory::Memory;
 use super::queue::{CqKind, Incoming, Transmit, Wqe, TRANSMIT_HEADROOM};
 use super::srq::{PostRecvError, Srq};
+use super::timer::{Timer, TimerTable};
 use super::types::{AsyncEvent, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::{Psn, RoceRepr};
 use completer::CompState;
@@ -165,6 +166,8 @@ pub struct Qp {
     req: ReqState,
     comp: CompState,
     resp: RespState,
+    /// The deadlines of the roles' timers.
+    timers: TimerTable,
     completions: VecDeque<(CqKind, WorkCompletion)>,
     events: VecDeque<AsyncEvent>,
     counters: Counters,
@@ -193,6 +196,7 @@ impl Qp {
             req: ReqState::default(),
             comp: CompState::default(),
             resp: RespState::default(),
+            timers: TimerTable::default(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
@@ -380,8 +384,8 @@ impl Qp {
     fn flush(&mut self) {
         self.flush_send_queue();
         self.req.rd_atomic = 0;
-        self.comp.timer = None;
-        self.comp.rnr_until = None;
+        self.timers.stop(Timer::AckTimeout);
+        self.timers.stop(Timer::RnrWait);
         let in_progress = self.resp.abandon();
         for wr in in_progress.into_iter().chain(self.rq.drain(..)) {
             let wc = WorkCompletion::new(wr.wr_id, self.qpn, WcStatus::WrFlushErr, WcOpcode::Recv);
@@ -583,7 +587,8 @@ impl Qp {
     /// driver may leave new requests to go with the packets it lets out.
     pub fn unacked_awaiting_ack(&self) -> Option<u32> {
         let asked = self.req.ack_asked?;
-        let pending = self.qp_type == QpType::Rc && !self.comp.psn.is_after(asked) && self.comp.timer.is_some();
+        let pending =
+            self.qp_type == QpType::Rc && !self.comp.psn.is_after(asked) && self.timers.is_armed(Timer::AckTimeout);
         pending.then(|| self.req.psn.diff(self.comp.psn).max(0) as u32)
     }
 
@@ -604,24 +609,20 @@ impl Qp {
 
     /// The earliest time [`Qp::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        [self.comp.timer, self.comp.rnr_until, self.req.ask_by].into_iter().flatten().min()
+        self.timers.next()
     }
 
-    /// The retransmission part of an RC completer: local ACK timeout and the
-    /// end of an RNR wait.
+    /// Handles every timer due at `now`: the end of an RNR wait, the local
+    /// ACK timeout, an ACK to ask for.
     pub fn handle_timeout(&mut self, now: Duration) {
-        if self.comp.rnr_until.is_some_and(|t| t <= now) {
-            self.comp.rnr_until = None;
-            let psn = self.comp.rnr_psn;
-            self.go_back_to(psn);
-        }
-        if self.comp.timer.is_some_and(|t| t <= now) {
-            self.comp.timer = None;
-            self.on_ack_timeout(now);
-        }
-        if self.req.ask_by.is_some_and(|t| t <= now) {
-            self.req.ask_by = None;
-            self.ask_for_ack();
+        for timer in Timer::ALL {
+            if self.timers.expire(timer, now) {
+                match timer {
+                    Timer::RnrWait => self.end_rnr_wait(),
+                    Timer::AckTimeout => self.on_ack_timeout(now),
+                    Timer::AskForAck => self.ask_for_ack(),
+                }
+            }
         }
     }
 
@@ -630,6 +631,15 @@ impl Qp {
         match self.attr.timeout {
             0 => None,
             t => Some(Duration::from_nanos(4096u64 << t)),
+        }
+    }
+
+    /// Arms the local ACK timer a full timeout from `now` (none where the
+    /// timeout is infinite).
+    fn restart_ack_timer(&mut self, now: Duration) {
+        match self.ack_timeout() {
+            Some(timeout) => self.timers.set(Timer::AckTimeout, now + timeout),
+            None => self.timers.stop(Timer::AckTimeout),
         }
     }
 

@@ -10,6 +10,7 @@ use super::Qp;
 use crate::transport::attr::QpState;
 use crate::transport::memory::{for_each_piece, Memory};
 use crate::transport::queue::Incoming;
+use crate::transport::timer::Timer;
 use crate::transport::types::{Access, AsyncEvent, QpType, SendOp, WcStatus};
 use crate::wire::{NakCode, Operation, Psn, Syndrome};
 
@@ -20,10 +21,8 @@ pub(super) struct CompState {
     pub(super) psn: Psn,
     pub(super) retry_left: u8,
     pub(super) rnr_left: u8,
-    /// Local ACK timeout deadline.
-    pub(super) timer: Option<Duration>,
-    /// Until then the requester waits after an RNR NAK, then resends from `rnr_psn`.
-    pub(super) rnr_until: Option<Duration>,
+    /// Where the requester resends from when the RNR wait
+    /// ([`Timer::RnrWait`]) ends.
     pub(super) rnr_psn: Psn,
     /// A retry was already started for this `psn`: further gaps seen before
     /// progress must not start another.
@@ -112,10 +111,14 @@ impl Qp {
         self.comp.rnr_left = self.attr.rnr_retry;
         self.comp.retry_started_at = None;
         self.comp.probing = false;
-        self.comp.timer = if self.comp.psn == self.req.psn { None } else { self.ack_timeout().map(|t| now + t) };
+        if self.comp.psn == self.req.psn {
+            self.timers.stop(Timer::AckTimeout);
+        } else {
+            self.restart_ack_timer(now);
+        }
         if self.comp.psn == self.req.sent_end {
             // Nothing sent is unacknowledged: nothing to ask for.
-            self.req.ask_by = None;
+            self.timers.stop(Timer::AskForAck);
         }
     }
 
@@ -158,8 +161,8 @@ impl Qp {
         debug!(qpn = self.qpn, psn = psn.value(), ?wait, "RNR NAK");
         // Nothing is sent until the wait is over; then the requester goes
         // back to `psn` (see `handle_timeout`).
-        self.comp.timer = None;
-        self.comp.rnr_until = Some(now + wait);
+        self.timers.stop(Timer::AckTimeout);
+        self.timers.set(Timer::RnrWait, now + wait);
         self.comp.rnr_psn = psn;
     }
 
@@ -176,7 +179,7 @@ impl Qp {
                 // RNR-NAKed one, asks for a go-back already under way. If the
                 // resent packets are lost too, the ACK timer catches it.
                 let under_way = self.comp.retry_started_at == Some(psn)
-                    || (self.comp.rnr_until.is_some() && self.comp.rnr_psn == psn);
+                    || (self.timers.is_armed(Timer::RnrWait) && self.comp.rnr_psn == psn);
                 if !under_way && self.take_retry() {
                     self.go_back_to(psn);
                 }
@@ -198,6 +201,12 @@ impl Qp {
         true
     }
 
+    /// The RNR NAK's wait is over: the requester resends from the NAKed PSN.
+    pub(super) fn end_rnr_wait(&mut self) {
+        let psn = self.comp.rnr_psn;
+        self.go_back_to(psn);
+    }
+
     pub(super) fn on_ack_timeout(&mut self, now: Duration) {
         if self.comp.psn == self.req.psn || self.attr.state == QpState::Err {
             return;
@@ -208,7 +217,7 @@ impl Qp {
             let psn = self.comp.psn;
             self.go_back_to(psn);
             self.comp.probing = true;
-            self.comp.timer = self.ack_timeout().map(|t| now + t);
+            self.restart_ack_timer(now);
         }
     }
 

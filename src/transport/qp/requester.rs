@@ -17,6 +17,7 @@ use super::Qp;
 use crate::transport::attr::QpState;
 use crate::transport::memory::{for_each_piece, MemError, Memory};
 use crate::transport::queue::{Transmit, TRANSMIT_HEADROOM};
+use crate::transport::timer::Timer;
 use crate::transport::types::{Access, AsyncEvent, PsnRange, QpType, SendOp, WcStatus};
 use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, Psn, RethRepr, RoceRepr, Transport};
 
@@ -63,10 +64,8 @@ pub(super) struct ReqState {
     pub(super) noack_msgs: u32,
     /// One past the highest PSN sent: a packet before it is a resend.
     pub(super) sent_end: Psn,
-    /// When a message that ended without AckReq must have its ACK asked
-    /// for ([`ACK_ASK_DELAY`]).
-    pub(super) ask_by: Option<Duration>,
-    /// The next request packet asks for an ACK: `ask_by` passed.
+    /// The next request packet asks for an ACK: [`Timer::AskForAck`]
+    /// expired.
     pub(super) ask_next: bool,
     /// READ and atomic requests sent and not answered in full.
     pub(super) rd_atomic: u32,
@@ -97,7 +96,7 @@ struct Plan {
 
 impl Qp {
     pub(super) fn next_request(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
-        if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_until.is_some() {
+        if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) || self.timers.is_armed(Timer::RnrWait) {
             return None;
         }
         let index = self.req.next;
@@ -193,16 +192,16 @@ impl Qp {
             if end.is_after(self.req.sent_end) {
                 self.req.sent_end = end;
             }
-            if self.comp.timer.is_none() {
-                self.comp.timer = self.ack_timeout().map(|t| now + t);
+            if !self.timers.is_armed(Timer::AckTimeout) {
+                self.restart_ack_timer(now);
             }
             // A message that ended without asking is asked for within a
             // bound (T-6). A packet within a message needs no such bound:
             // more of the message follows, within the window.
             if plan.repr.bth.ack_req {
-                self.req.ask_by = None;
-            } else if plan.last && self.req.ask_by.is_none() {
-                self.req.ask_by = Some(now + self.ack_ask_delay());
+                self.timers.stop(Timer::AskForAck);
+            } else if plan.last && !self.timers.is_armed(Timer::AskForAck) {
+                self.timers.set(Timer::AskForAck, now + self.ack_ask_delay());
             }
             // Time the round trip of one packet at a time, never of a resent one.
             if plan.repr.bth.ack_req && self.req.timed.is_none() && self.comp.retry_started_at.is_none() {
