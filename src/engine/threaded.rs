@@ -33,7 +33,7 @@ use super::eventfd::EventFd;
 use super::registry::{Registry, RegistryAccess};
 use crate::net::{wait_readable, Link, LinkStats, Outgoing};
 use crate::transport::{
-    AsyncEvent, Counters, CqKind, Incoming, Memory, Qp, QpType, Srq, WorkCompletion, TRANSMIT_HEADROOM,
+    AsyncEvent, Counters, CqKind, Incoming, Memory, Qp, QpType, Srq, TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
 };
 use crate::wire::packet::{rxe_source_port, rxe_ud_source_port};
 use crate::wire::{Bth, RoceRepr};
@@ -302,7 +302,7 @@ impl Engine {
         let mut qp = lock(&cell.qp);
         let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= BUSY_UNACKED);
         let few = busy && qp.unsent_packets(SEND_BATCH) < SEND_BATCH;
-        let order = if few { Order::ResponsesOnly } else { Order::RequestsFirst };
+        let order = if few { TransmitOrder::ResponsesOnly } else { TransmitOrder::RequestsFirst };
         let sent = transmit(&mut qp, &mut p.out, &self.shared, now, KICK_LIMIT, order);
         cell.drain(&mut qp, &self.shared.events);
         let (timer, ack_coming) = (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some());
@@ -313,7 +313,7 @@ impl Engine {
             let Progress { out, qps, .. } = &mut *p;
             for other in qps.iter().filter(|other| !std::ptr::eq(&***other, cell)) {
                 let mut qp = lock(&other.qp);
-                transmit(&mut qp, out, &self.shared, now, KICK_LIMIT, Order::ResponsesFirst);
+                transmit(&mut qp, out, &self.shared, now, KICK_LIMIT, TransmitOrder::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
             }
         }
@@ -743,7 +743,7 @@ impl Progress {
                     // a requester whose window is the peer's small socket
                     // buffer would otherwise stop and wait for every round.
                     acked_at = handled;
-                    transmit_with(qp, &mut self.out, &mem, now, usize::MAX, Order::ResponsesOnly);
+                    transmit_with(qp, &mut self.out, &mem, now, usize::MAX, TransmitOrder::ResponsesOnly);
                     self.out.link.flush();
                 }
                 if let Some(answered) = answered {
@@ -789,7 +789,7 @@ impl Progress {
                 qp.handle_timeout(now);
                 busy = true;
             }
-            let sent = transmit(&mut qp, &mut self.out, shared, now, 64, Order::ResponsesFirst);
+            let sent = transmit(&mut qp, &mut self.out, shared, now, 64, TransmitOrder::ResponsesFirst);
             busy |= sent > 0;
             cell.drain(&mut qp, &shared.events);
             self.waiting_on_peer += usize::from(qp.poll_timeout().is_some());
@@ -803,7 +803,7 @@ impl Progress {
         // answers to resends they got this round.
         for cell in std::mem::take(&mut self.answering) {
             let mut qp = lock(&cell.qp);
-            let sent = transmit(&mut qp, &mut self.out, shared, now, usize::MAX, Order::ResponsesFirst);
+            let sent = transmit(&mut qp, &mut self.out, shared, now, usize::MAX, TransmitOrder::ResponsesFirst);
             busy |= sent > 0;
         }
         while self.linger_until.front().is_some_and(|&(until, _)| until <= now) {
@@ -919,25 +919,28 @@ fn nanos(t: Duration) -> u64 {
     u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Which of a QP's packets go first when it has both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Order {
-    /// The transport's own order: a busy requester cannot starve the peer of ACKs.
-    ResponsesFirst,
-    /// For a posting thread: its new requests, then what the QP owes.
-    RequestsFirst,
-    /// For a posting thread whose requests wait for an ACK: what the QP owes.
-    ResponsesOnly,
-}
-
 /// Hands up to `limit` of the QP's packets to the link; returns how many.
-fn transmit(qp: &mut Qp, out: &mut Outbox, shared: &EngineShared, now: Duration, limit: usize, order: Order) -> usize {
+fn transmit(
+    qp: &mut Qp,
+    out: &mut Outbox,
+    shared: &EngineShared,
+    now: Duration,
+    limit: usize,
+    order: TransmitOrder,
+) -> usize {
     let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
     transmit_with(qp, out, &RegistryAccess(&registry), now, limit, order)
 }
 
 /// [`transmit`] under a registry guard the caller holds.
-fn transmit_with(qp: &mut Qp, out: &mut Outbox, mem: &dyn Memory, now: Duration, limit: usize, order: Order) -> usize {
+fn transmit_with(
+    qp: &mut Qp,
+    out: &mut Outbox,
+    mem: &dyn Memory,
+    now: Duration,
+    limit: usize,
+    order: TransmitOrder,
+) -> usize {
     let Outbox { link, locals, buf } = out;
     let mut sent = 0;
     while sent < limit {
@@ -945,12 +948,7 @@ fn transmit_with(qp: &mut Qp, out: &mut Outbox, mem: &dyn Memory, now: Duration,
         let room = link.send_buffer(buf.len());
         let in_link = room.is_some();
         let space = room.unwrap_or(&mut *buf);
-        let next = match order {
-            Order::ResponsesFirst => qp.poll_transmit(now, mem, space),
-            Order::RequestsFirst => qp.poll_transmit_requests_first(now, mem, space),
-            Order::ResponsesOnly => qp.poll_transmit_responses(now, mem, space),
-        };
-        let Some(t) = next else { break };
+        let Some(t) = qp.poll_transmit(now, mem, space, order) else { break };
         let remote_qpn = Bth::new_unchecked(&space[..t.len]).dest_qpn();
         let src_port = match qp.qp_type() {
             QpType::Ud => rxe_ud_source_port(qp.qpn()),

@@ -11,7 +11,7 @@ use tracing::trace;
 use crate::net::{Link, Outgoing, Received};
 use crate::transport::{
     Access, AsyncEvent, CqKind, Incoming, MemoryTable, ModifyError, Qp, QpAttr, QpCap, QpType, Region, Srq,
-    WorkCompletion, TRANSMIT_HEADROOM,
+    TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
 };
 use crate::wire::packet::rxe_source_port;
 use crate::wire::{Bth, Psn, RoceRepr};
@@ -226,7 +226,7 @@ impl<L: Link> World<L> {
         let host = &mut self.hosts[h];
         let mut sent = false;
         for qp in host.qps.values_mut() {
-            while let Some(tx) = qp.poll_transmit(now, &host.mem, &mut self.buf) {
+            while let Some(tx) = qp.poll_transmit(now, &host.mem, &mut self.buf, TransmitOrder::ResponsesFirst) {
                 sent = true;
                 let roce = &mut self.buf[..tx.len];
                 let remote_qpn = Bth::new_unchecked(&*roce).dest_qpn();

@@ -144,11 +144,19 @@ pub struct Counters {
     pub dropped: u64,
 }
 
-/// Which of a QP's packets [`Qp::transmit_next`] takes.
-#[derive(Debug, Clone, Copy)]
-enum Turn {
+/// Which of a QP's packets [`Qp::poll_transmit`] hands out first, when it
+/// has both requests and answers to its peer's (ACKs, READ responses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransmitOrder {
+    /// Answers first, so a busy requester cannot starve the peer of ACKs:
+    /// the order for a driver's rounds.
     ResponsesFirst,
+    /// Requests first: for the thread that just posted them, since the peer
+    /// waits for the request and the answers this QP owes can trail it in
+    /// the same batch.
     RequestsFirst,
+    /// Answers only: for a driver that leaves the requests for later
+    /// ([`Qp::unacked_awaiting_ack`]).
     ResponsesOnly,
 }
 
@@ -500,46 +508,31 @@ impl Qp {
         Some(pkt.src) == self.attr.dest && self.attr.peer_port.is_none_or(|port| port == pkt.src_port)
     }
 
-    /// Writes the next packet to send into `buf` (which must hold the path MTU
-    /// plus [`TRANSMIT_HEADROOM`] bytes; a smaller one yields nothing) and says where it goes. Responses go before requests so
-    /// a busy requester cannot starve the peer of ACKs.
-    #[inline]
-    pub fn poll_transmit(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit_next(now, mem, buf, Turn::ResponsesFirst)
-    }
-
-    /// As [`Qp::poll_transmit`], but requests before responses: for the
-    /// thread that just posted them, since the peer waits for the request
-    /// and the answers this QP owes (ACKs) can trail it in the same batch.
-    #[inline]
-    pub fn poll_transmit_requests_first(
+    /// Writes the next packet to send into `buf` (which must hold the path
+    /// MTU plus [`TRANSMIT_HEADROOM`] bytes; a smaller one yields nothing)
+    /// and says where it goes; `order` says whether requests or answers go
+    /// first.
+    pub fn poll_transmit(
         &mut self,
         now: Duration,
         mem: &dyn Memory,
         buf: &mut [u8],
+        order: TransmitOrder,
     ) -> Option<Transmit> {
-        self.transmit_next(now, mem, buf, Turn::RequestsFirst)
-    }
-
-    /// As [`Qp::poll_transmit`], but only the QP's answers to its peer
-    /// (ACKs, READ responses): for a driver that leaves the requests for
-    /// later ([`Qp::unacked_awaiting_ack`]).
-    #[inline]
-    pub fn poll_transmit_responses(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit_next(now, mem, buf, Turn::ResponsesOnly)
-    }
-
-    fn transmit_next(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8], turn: Turn) -> Option<Transmit> {
         let needed = self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM;
         if buf.len() < needed {
             tracing::warn!(qpn = self.qpn, needed, got = buf.len(), "transmit buffer too small");
             return None;
         }
         let _span = tracing::trace_span!("qp", qpn = self.qpn).entered();
-        let tx = match turn {
-            Turn::ResponsesFirst => self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?,
-            Turn::RequestsFirst => self.next_request(now, mem, buf).or_else(|| self.next_response(mem, buf))?,
-            Turn::ResponsesOnly => self.next_response(mem, buf)?,
+        let tx = match order {
+            TransmitOrder::ResponsesFirst => {
+                self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?
+            }
+            TransmitOrder::RequestsFirst => {
+                self.next_request(now, mem, buf).or_else(|| self.next_response(mem, buf))?
+            }
+            TransmitOrder::ResponsesOnly => self.next_response(mem, buf)?,
         };
         self.counters.sent_packets += 1;
         if tracing::enabled!(tracing::Level::TRACE) {
