@@ -117,7 +117,7 @@ impl MemoryRegion {
 }
 
 /// A region as a peer addresses it: VA, R_Key and length. 20 bytes on the
-/// wire (big-endian), for out-of-band exchange next to an [`Endpoint`].
+/// wire (big-endian), for out-of-band exchange next to an [`Endpoint`](super::Endpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteRegion {
     /// Virtual address of the first byte, as the peer addresses it.
