@@ -26,6 +26,7 @@ mod eventfd;
 #[allow(unsafe_code)]
 mod registry;
 pub(crate) mod threaded;
+mod tuning;
 pub mod world;
 
 pub use eventfd::EventFd;

@@ -31,6 +31,7 @@ use tracing::{debug, debug_span, trace};
 
 use super::eventfd::EventFd;
 use super::registry::{Registry, RegistryAccess};
+use super::tuning::Tuning;
 use crate::net::{wait_readable, Link, LinkStats, Outgoing};
 use crate::transport::{
     AsyncEvent, Counters, CqKind, Incoming, Memory, Qp, QpType, Srq, TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
@@ -226,15 +227,15 @@ impl EngineShared {
     }
 
     /// How long the engine keeps off the sockets, where it would only race
-    /// an application thread for each packet: [`HANDOVER`] while one drives
-    /// progress, else what is left of it since one last did; `None` once
-    /// the engine is on its own.
-    fn handover_left(&self, now: Duration) -> Option<Duration> {
+    /// an application thread for each packet: a whole `handover` while one
+    /// drives progress, else what is left of it since one last did; `None`
+    /// once the engine is on its own.
+    fn handover_left(&self, now: Duration, handover: Duration) -> Option<Duration> {
         if self.drivers.load(Ordering::SeqCst) > 0 {
-            return Some(HANDOVER);
+            return Some(handover);
         }
         let since = nanos(now).saturating_sub(self.driven_at.load(Ordering::SeqCst));
-        let left = nanos(HANDOVER).saturating_sub(since);
+        let left = nanos(handover).saturating_sub(since);
         (left > 0).then(|| Duration::from_nanos(left))
     }
 }
@@ -246,9 +247,7 @@ pub(crate) struct Engine {
     progress: Arc<Mutex<Progress>>,
     /// Threads that drive progress poll instead of sleeping.
     busy_poll: bool,
-    /// How long a thread that waits polls after its last packet before it
-    /// sleeps ([`WAIT_SPIN`], none with a single CPU).
-    wait_spin: Duration,
+    tuning: Tuning,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -258,25 +257,22 @@ impl Engine {
     /// sleeping (lowest latency, a core spent per waiting thread); the
     /// engine thread always sleeps when idle, so idle devices cost nothing.
     pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
+        let tuning = Tuning::for_cpus(std::thread::available_parallelism().map_or(1, usize::from));
         let shared = Arc::new(EngineShared {
             doorbell: Some(EventFd::new()?),
             events: AsyncEvents::new()?,
             receive_buffer: link.receive_buffer(),
             ..EngineShared::default()
         });
-        let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared)));
+        let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared, tuning)));
         let (thread_shared, thread_progress) = (Arc::clone(&shared), Arc::clone(&progress));
         let span_name = name.to_string();
-        // Polling where the peer needs this thread's only CPU would only delay it.
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let (wait_spin, engine_spin) =
-            if cpus > 1 { (WAIT_SPIN, ENGINE_SPIN) } else { (Duration::ZERO, Duration::ZERO) };
         let thread = std::thread::Builder::new().name(format!("softroce-{name}")).spawn(move || {
             block_async_signals();
             let _span = debug_span!("engine", device = %span_name).entered();
-            run(&thread_progress, &thread_shared, engine_spin)
+            run(&thread_progress, &thread_shared, &tuning)
         })?;
-        Ok(Engine { shared, progress, busy_poll, wait_spin, thread: Some(thread) })
+        Ok(Engine { shared, progress, busy_poll, tuning, thread: Some(thread) })
     }
 
     /// After a post to `cell`'s QP: sends its new packets from this thread
@@ -291,19 +287,20 @@ impl Engine {
         // The posts change what the QPs have to send and when they time out.
         p.quiet_until = Duration::ZERO;
         // A posting thread may not be back for the ACKs: the engine keeps
-        // off only KICK_HANDOVER for it (a poller or waiter holds it off
+        // off only a kick handover for it (a poller or waiter holds it off
         // longer).
-        let mark = nanos(now).saturating_sub(nanos(HANDOVER - KICK_HANDOVER));
+        let tuning = &self.tuning;
+        let mark = nanos(now).saturating_sub(nanos(tuning.handover.saturating_sub(tuning.kick_handover)));
         self.shared.driven_at.fetch_max(mark, Ordering::SeqCst);
         // The new requests first: the peer waits for them. But while an ACK
         // is on its way to a busy QP, a few wait for it and leave with the
         // packets it lets out, as one batch: a stream of posts each sent
         // alone costs a system call per packet on both sides.
         let mut qp = lock(&cell.qp);
-        let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= BUSY_UNACKED);
-        let few = busy && qp.unsent_packets(SEND_BATCH) < SEND_BATCH;
+        let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= tuning.busy_unacked);
+        let few = busy && qp.unsent_packets(tuning.send_batch) < tuning.send_batch;
         let order = if few { TransmitOrder::ResponsesOnly } else { TransmitOrder::RequestsFirst };
-        let sent = transmit(&mut qp, &mut p.out, &self.shared, now, KICK_LIMIT, order);
+        let sent = transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, order);
         cell.drain(&mut qp, &self.shared.events);
         let (timer, ack_coming) = (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some());
         drop(qp);
@@ -313,7 +310,7 @@ impl Engine {
             let Progress { out, qps, .. } = &mut *p;
             for other in qps.iter().filter(|other| !std::ptr::eq(&***other, cell)) {
                 let mut qp = lock(&other.qp);
-                transmit(&mut qp, out, &self.shared, now, KICK_LIMIT, TransmitOrder::ResponsesFirst);
+                transmit(&mut qp, out, &self.shared, now, tuning.kick_limit, TransmitOrder::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
             }
         }
@@ -322,7 +319,7 @@ impl Engine {
         drop(p);
         // More to send (unless the ACK on its way will send it), or a timer
         // the sleeping engine does not know about.
-        if (sent == KICK_LIMIT && !ack_coming) || timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
+        if (sent == tuning.kick_limit && !ack_coming) || timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
             self.shared.ring();
         }
     }
@@ -363,11 +360,11 @@ impl Engine {
         if owed {
             self.shared.answers_owed.store(true, Ordering::SeqCst);
         }
-        // An engine due back within HANDOVER (it is keeping off while
+        // An engine due back within a handover (it is keeping off while
         // applications drive) needs no look at every QP's timer: a spinning
         // poller would pay that on every poll.
         let wake = self.shared.engine_wake_at.load(Ordering::SeqCst);
-        let soon = wake != 0 && wake <= nanos(now + HANDOVER);
+        let soon = wake != 0 && wake <= nanos(now + self.tuning.handover);
         let next_timer = if soon { None } else { p.next_timer() };
         drop(p);
         let asleep_long = wake != 0 && !soon;
@@ -390,7 +387,7 @@ impl Engine {
                 // Someone else drives: they hand completions over. Look
                 // again soon, in case they stop.
                 let left = deadline.saturating_duration_since(Instant::now());
-                if let Ok(wc) = cq.entries.1.recv_timeout(left.min(HANDOVER)) {
+                if let Ok(wc) = cq.entries.1.recv_timeout(left.min(self.tuning.handover)) {
                     return Some(wc);
                 }
             }
@@ -414,7 +411,7 @@ impl Engine {
                 return;
             }
             if !self.drive_until(&ready, deadline) {
-                wait_readable(&[channel.fd.as_raw_fd()], left.min(HANDOVER));
+                wait_readable(&[channel.fd.as_raw_fd()], left.min(self.tuning.handover));
             }
         }
     }
@@ -446,8 +443,8 @@ impl Engine {
                 continue;
             }
             let idle = now.saturating_sub(*idle_since.get_or_insert(now));
-            if self.busy_poll || idle < self.wait_spin {
-                if idle >= YIELD_AFTER {
+            if self.busy_poll || idle < self.tuning.wait_spin {
+                if idle >= self.tuning.yield_after {
                     std::thread::yield_now();
                 }
                 continue;
@@ -472,66 +469,6 @@ impl Drop for Engine {
         }
     }
 }
-
-/// Packets a post sends from the posting thread before leaving the rest
-/// to the engine.
-const KICK_LIMIT: usize = 64;
-/// PSNs unacknowledged from which a post's requests may wait for the ACK
-/// on its way (see [`Engine::kick`]): a few messages' worth, so that a post
-/// or two after another still leaves at once.
-const BUSY_UNACKED: u32 = 32;
-/// Packets handled in a round after which one that asks for an ACK gets it
-/// at once rather than at the end of the round (up to 64 packets).
-const EARLY_ACK_AFTER: u32 = 8;
-/// Packets that a post sends at once even to a busy QP: a batch as large
-/// as waiting for the ACK would make.
-const SEND_BATCH: u32 = 16;
-/// How long a waiter whose engine is busy waits for a hand-off before
-/// trying to drive progress itself again.
-const HANDOVER: Duration = Duration::from_millis(1);
-/// How long a waiting thread keeps polling after its last packet before
-/// it sleeps: a loopback round trip. A sleeping thread's wake-up costs
-/// little on one CPU, but the scheduler puts a thread that is woken while
-/// its waker keeps running onto an idle CPU, and waking an idle CPU takes
-/// 30-70 µs on a VM (a UDP ping-pong whose two threads share a CPU answers
-/// in 4 µs there; a SEND ping-pong, which works between sending and
-/// sleeping, took 70-90 µs).
-const WAIT_SPIN: Duration = Duration::from_micros(20);
-/// How much later than the end of a handover the engine may look again
-/// while an application thread waits or polls: a clock tick at 250 Hz, the
-/// common kernel default, so that the look rides on the tick's interrupt.
-const HANDOVER_SLACK: Duration = Duration::from_millis(4);
-/// How long the engine keeps off after a post alone: about a round trip
-/// on loopback, after which the ACKs that move a transfer on would wait
-/// for a thread that may have gone.
-const KICK_HANDOVER: Duration = Duration::from_micros(100);
-/// How long a polling thread has seen nothing before it lets other threads
-/// have its CPU between polls (`sched_yield`): longer than a ping-pong's
-/// round trip, which so never yields, while threads that poll on fewer
-/// CPUs than they are (the engines of several devices) take turns.
-const YIELD_AFTER: Duration = Duration::from_micros(10);
-/// How long the engine thread keeps polling after its last busy round
-/// before it sleeps, yielding its CPU between polls. A stream's packets
-/// and ACKs come back within that, so a busy engine does not sleep and
-/// wake for each window: under a small socket buffer (a non-root user's
-/// 208 KiB) that is every few tens of µs, and a wake-up on an idle vCPU
-/// takes 30-70 µs. An idle device does not poll.
-const ENGINE_SPIN: Duration = Duration::from_micros(50);
-/// How long after a full round that found nothing to do the rounds that
-/// receive nothing look only at the sockets: a thread polling for an
-/// answer skips the walk over every QP, its locks and the counters'
-/// publication (about a third of an idle round), so a packet waits less
-/// for the poll that finds it. Work posted meanwhile calls a full round in
-/// ([`EngineShared::ring`]); what a missed change could wait is bounded by
-/// this.
-const QUIET_SPAN: Duration = Duration::from_micros(20);
-/// The longest the engine sleeps: it re-reads the QP table at least this often.
-const IDLE: Duration = Duration::from_millis(100);
-/// How long a destroyed RC QP answers resends of its last messages: many
-/// ACK timeouts of the usual 67 ms (timeout 14), as a peer resends.
-const LINGER: Duration = Duration::from_secs(1);
-/// Destroyed QPs lingering at most, so churn cannot pile them up.
-const MAX_LINGERING: usize = 1024;
 
 /// Locks `m` if no one holds it (a poisoned lock is taken over, as in [`lock`]).
 fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
@@ -571,10 +508,11 @@ pub(crate) struct Progress {
     waiting_on_peer: usize,
     /// Until then a round that receives nothing only looks at the sockets:
     /// the last full round found nothing to do, and nothing has changed
-    /// since (see [`QUIET_SPAN`]).
+    /// since (see [`Tuning::quiet_span`]).
     quiet_until: Duration,
     /// The earliest QP timer the last full round saw.
     seen_timer: Option<Duration>,
+    tuning: Tuning,
 }
 
 /// Where QPs' packets go: the link, the local addresses they leave from,
@@ -600,7 +538,7 @@ struct Step {
 }
 
 impl Progress {
-    fn new(link: Box<dyn Link + Send>, shared: &EngineShared) -> Progress {
+    fn new(link: Box<dyn Link + Send>, shared: &EngineShared, tuning: Tuning) -> Progress {
         // A context binds its addresses before the engine starts.
         let locals = link.local_addrs();
         let mut fds = link.raw_fds();
@@ -623,6 +561,7 @@ impl Progress {
             waiting_on_peer: 0,
             quiet_until: Duration::ZERO,
             seen_timer: None,
+            tuning,
         }
     }
 
@@ -630,17 +569,17 @@ impl Progress {
         self.start.elapsed()
     }
 
-    /// Keeps a destroyed RC QP answering resends for [`LINGER`], within
-    /// [`MAX_LINGERING`] QPs (the oldest goes first).
+    /// Keeps a destroyed RC QP answering resends for [`Tuning::linger`],
+    /// within [`Tuning::max_lingering`] QPs (the oldest goes first).
     fn linger(&mut self, now: Duration, cell: Arc<QpCell>) {
-        if self.linger_until.len() >= MAX_LINGERING {
+        if self.linger_until.len() >= self.tuning.max_lingering {
             if let Some((_, qpn)) = self.linger_until.pop_front() {
                 self.lingering.remove(&qpn);
             }
         }
         let qpn = lock(&cell.qp).qpn();
         self.lingering.insert(qpn, cell);
-        self.linger_until.push_back((now + LINGER, qpn));
+        self.linger_until.push_back((now + self.tuning.linger, qpn));
     }
 
     /// The earliest timer of any QP.
@@ -700,7 +639,7 @@ impl Progress {
             let mut mem = RegistryAccess(&registry);
             let mut held: Option<(u32, MutexGuard<'_, Qp>)> = None;
             let (mut handled, mut acked_at) = (0, 0);
-            for _ in 0..64 {
+            for _ in 0..self.tuning.round_receive {
                 let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
                     drained = true;
                     break;
@@ -738,7 +677,7 @@ impl Progress {
                 let asks_ack = pkt.header.bth.ack_req;
                 qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
                 handled += 1;
-                if asks_ack && handled - acked_at >= EARLY_ACK_AFTER {
+                if asks_ack && handled - acked_at >= self.tuning.early_ack_after {
                     // The ACK leaves now, not after the rest of the round:
                     // a requester whose window is the peer's small socket
                     // buffer would otherwise stop and wait for every round.
@@ -789,7 +728,8 @@ impl Progress {
                 qp.handle_timeout(now);
                 busy = true;
             }
-            let sent = transmit(&mut qp, &mut self.out, shared, now, 64, TransmitOrder::ResponsesFirst);
+            let limit = self.tuning.round_transmit;
+            let sent = transmit(&mut qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
             busy |= sent > 0;
             cell.drain(&mut qp, &shared.events);
             self.waiting_on_peer += usize::from(qp.poll_timeout().is_some());
@@ -815,39 +755,37 @@ impl Progress {
         *lock(&shared.link_stats) = self.out.link.stats();
         self.seen_timer = next_timer;
         self.quiet_until =
-            if busy { Duration::ZERO } else { (now + QUIET_SPAN).min(next_timer.unwrap_or(Duration::MAX)) };
+            if busy { Duration::ZERO } else { (now + self.tuning.quiet_span).min(next_timer.unwrap_or(Duration::MAX)) };
         Step { busy, next_timer }
     }
 }
 
-/// The engine loop: drive progress, polling for `spin` after the last busy
-/// round, then sleep until the link or the doorbell has something (or the
+/// The engine loop: drive progress, polling for [`Tuning::engine_spin`]
+/// after the last busy round, then sleep until the link or the doorbell has something (or the
 /// next timer is due). While an application thread drives progress, the
 /// engine keeps off.
-fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
+fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
     let (fds, start) = {
         let p = lock(progress);
         (p.fds.clone(), p.start)
     };
     let doorbell: Vec<RawFd> = shared.doorbell.iter().map(|d| d.as_raw_fd()).collect();
     let mut last_busy = Duration::ZERO;
-    // Whether the thread's timer slack is HANDOVER_SLACK: it is changed
+    // Whether the thread's timer slack is the handover slack: it is changed
     // only when a wait wants the other, not twice a wake-up.
     let mut lax_slack = false;
     while !shared.stop.load(Ordering::SeqCst) {
         let now = start.elapsed();
-        if let Some(left) = shared.handover_left(now) {
+        if let Some(left) = shared.handover_left(now, tuning.handover) {
             // Only a doorbell (work an application thread could not hand
             // over) calls the engine in while the application drives.
             shared.engine_wake_at.store(nanos(now + left), Ordering::SeqCst);
             // While a thread waits or polls, the engine looks again at the
-            // first clock tick after the handover, not at its end: a wake-up
-            // that programs a timer of its own costs whichever thread it
-            // lands on 15-25 µs on a VM, a thousand times a second. After a
+            // first clock tick after the handover, not at its end; after a
             // post alone, when the poster may have gone, it is back on time.
-            let lax = shared.drivers.load(Ordering::SeqCst) > 0 || left > KICK_HANDOVER;
+            let lax = shared.drivers.load(Ordering::SeqCst) > 0 || left > tuning.kick_handover;
             if lax != lax_slack {
-                set_timer_slack(if lax { HANDOVER_SLACK } else { Duration::ZERO });
+                set_timer_slack(if lax { tuning.handover_slack } else { Duration::ZERO });
                 lax_slack = lax;
             }
             let rung = wait_readable(&doorbell, left) != 0;
@@ -865,11 +803,11 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
             last_busy = now;
             continue;
         }
-        if now.saturating_sub(last_busy) < spin {
+        if now.saturating_sub(last_busy) < tuning.engine_spin {
             std::thread::yield_now();
             continue;
         }
-        let wait = step.next_timer.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
+        let wait = step.next_timer.map_or(tuning.idle, |t| t.saturating_sub(now)).min(tuning.idle);
         shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
         if shared.answers_owed.swap(false, Ordering::SeqCst) {
             // Not asleep after all: a full round sends them first.
@@ -1014,7 +952,7 @@ mod tests {
     fn idle_rounds_look_only_at_the_link_until_a_ring() {
         let full_rounds = Arc::new(AtomicUsize::new(0));
         let shared = EngineShared::default();
-        let mut p = Progress::new(Box::new(Counting(Arc::clone(&full_rounds))), &shared);
+        let mut p = Progress::new(Box::new(Counting(Arc::clone(&full_rounds))), &shared, Tuning::default());
         p.iterate(&shared, None);
         assert_eq!(full_rounds.load(Ordering::SeqCst), 1, "the first round reads the QP table and walks it");
         assert!(p.quiet_until > p.round_at, "a full round that found nothing starts a quiet span");
