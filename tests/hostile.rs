@@ -474,7 +474,7 @@ fn a_maximum_length_read_streams_and_a_retry_cuts_it_short() {
         );
     };
     let mut next = |qp: &mut Qp, mem: &Huge| {
-        let tx = qp.poll_transmit(now, mem, &mut buf)?;
+        let tx = qp.poll_transmit(now, mem, &mut buf, TransmitOrder::ResponsesFirst)?;
         let parsed = RoceRepr::parse(&buf[..tx.len]).unwrap();
         Some((parsed.header.bth.opcode.operation(), parsed.header.bth.psn.value(), parsed.payload.to_vec()))
     };

@@ -186,7 +186,9 @@ mod support {
         /// Every packet the QP has to send now.
         pub fn transmit(&mut self) -> Vec<Sent> {
             let mut sent = Vec::new();
-            while let Some(tx) = self.qp.poll_transmit(self.now, &self.mem, &mut self.buf) {
+            while let Some(tx) =
+                self.qp.poll_transmit(self.now, &self.mem, &mut self.buf, TransmitOrder::ResponsesFirst)
+            {
                 let parsed = RoceRepr::parse(&self.buf[..tx.len]).expect("the QP emits valid packets");
                 sent.push(Sent { dest: tx.dest, header: parsed.header, payload: parsed.payload.to_vec() });
             }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use softroce::transport::{
     grh_area, Access, AsyncEvent, AtomicOp, CqKind, Incoming, MemError, Memory, MemoryTable, Mtu, Qp, QpAttr, QpCap,
-    QpState, QpType, RecvWr, Region, Sge, WcOpcode, WcStatus, TRANSMIT_HEADROOM,
+    QpState, QpType, RecvWr, Region, Sge, TransmitOrder, WcOpcode, WcStatus, TRANSMIT_HEADROOM,
 };
 use softroce::wire::opcode::{Position, OPERATIONS};
 use softroce::wire::{
@@ -637,7 +637,9 @@ impl Responder {
         let mut sent = 0;
         while sent < limit {
             let mem = Audited { table: &mut self.mem, grants: &mut self.grants };
-            let Some(tx) = self.qp.poll_transmit(self.now, &mem, &mut self.buf) else { break };
+            let Some(tx) = self.qp.poll_transmit(self.now, &mem, &mut self.buf, TransmitOrder::ResponsesFirst) else {
+                break;
+            };
             sent += 1;
             assert_eq!(self.service, Service::Rc, "UC and UD responders never answer");
             assert!(sent <= self.max_queued, "more than {} packets queued", self.max_queued);

@@ -3,7 +3,8 @@
 //! delivering completions to completion queues.
 //!
 //! Progress is driven by whichever thread is there, one at a time (the
-//! [`Progress`] state sits behind a mutex):
+//! [`Progress`] state sits behind a mutex; [`Handover`] holds the rules by
+//! which the threads take turns):
 //! - an application thread that posts sends its QP's packets itself
 //!   ([`Engine::kick`]);
 //! - one that waits on or polls an empty CQ receives and handles packets
@@ -21,22 +22,24 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use tracing::{debug, debug_span, trace};
+use tracing::{debug_span, trace};
 
+use super::dispatch::{self, Egress};
 use super::eventfd::EventFd;
+use super::handover::Handover;
 use super::registry::{Registry, RegistryAccess};
-use crate::net::{wait_readable, Link, LinkStats, Outgoing};
+use super::tuning::Tuning;
+use crate::net::{wait_readable, Link, LinkStats};
 use crate::transport::{
-    AsyncEvent, Counters, CqKind, Incoming, Memory, Qp, QpType, Srq, WorkCompletion, TRANSMIT_HEADROOM,
+    AsyncEvent, Counters, CqKind, Qp, QpType, Srq, TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
 };
-use crate::wire::packet::{rxe_source_port, rxe_ud_source_port};
-use crate::wire::{Bth, RoceRepr};
+use crate::wire::RoceRepr;
 
 /// Locks a mutex, recovering it if a thread panicked while holding it: the
 /// state inside stays consistent because every critical section is a single
@@ -168,7 +171,8 @@ pub(crate) struct EngineShared {
     pub qps_version: AtomicU64,
     pub events: AsyncEvents,
     pub stop: AtomicBool,
-    pub doorbell: Option<EventFd>,
+    /// Who drives progress, and the doorbell that calls them in.
+    pub handover: Handover,
     pub link_stats: Mutex<LinkStats>,
     /// Destroyed QPs whose queued answers the engine still has to send.
     pub closing: Mutex<Vec<Arc<QpCell>>>,
@@ -180,63 +184,9 @@ pub(crate) struct EngineShared {
     pub unknown_qp: AtomicU64,
     /// Sleeps of the threads driving progress for want of packets.
     pub sleeps: AtomicU64,
-    /// When the sleeping engine thread wakes (ns on the transport's clock);
-    /// 0 while it is awake.
-    pub engine_wake_at: AtomicU64,
-    /// Application threads driving progress right now.
-    pub drivers: AtomicUsize,
-    /// A thread that stopped driving left answers unsent ([`Engine::release`]).
-    pub answers_owed: AtomicBool,
-    /// The next round must look at every QP, not only at the sockets
-    /// ([`EngineShared::ring`]).
-    pub full_round_wanted: AtomicBool,
-    /// When an application thread last drove progress (ns on the
-    /// transport's clock).
-    pub driven_at: AtomicU64,
     /// The link's receive buffer, which RC windows keep within
     /// ([`Qp::set_peer_buffer`]).
     pub receive_buffer: Option<usize>,
-}
-
-impl EngineShared {
-    /// Calls whoever drives progress in for a full round: a thread that
-    /// changed a QP (a post it could not send itself, a modify, a destroy).
-    pub fn ring(&self) {
-        self.full_round_wanted.store(true, Ordering::SeqCst);
-        if let Some(d) = &self.doorbell {
-            d.signal();
-        }
-    }
-
-    /// Whether the engine thread is awake, or asleep until after `timer`
-    /// (on the transport's clock): then it must be rung to honour it.
-    fn engine_sleeps_past(&self, timer: Duration) -> bool {
-        let wake = self.engine_wake_at.load(Ordering::SeqCst);
-        wake == 0 || nanos(timer) < wake
-    }
-
-    /// Reads the doorbell, the last of `fds`, if `ready` (from
-    /// [`wait_readable`] on them) says it rang: reading it every wake-up
-    /// would cost a system call each.
-    fn drain_doorbell(&self, fds: &[RawFd], ready: u64) {
-        let doorbell_bit = 1 << fds.len().saturating_sub(1).min(63);
-        if let Some(d) = self.doorbell.as_ref().filter(|_| ready & doorbell_bit != 0) {
-            d.drain();
-        }
-    }
-
-    /// How long the engine keeps off the sockets, where it would only race
-    /// an application thread for each packet: [`HANDOVER`] while one drives
-    /// progress, else what is left of it since one last did; `None` once
-    /// the engine is on its own.
-    fn handover_left(&self, now: Duration) -> Option<Duration> {
-        if self.drivers.load(Ordering::SeqCst) > 0 {
-            return Some(HANDOVER);
-        }
-        let since = nanos(now).saturating_sub(self.driven_at.load(Ordering::SeqCst));
-        let left = nanos(HANDOVER).saturating_sub(since);
-        (left > 0).then(|| Duration::from_nanos(left))
-    }
 }
 
 /// The engine thread, stopped and joined on drop.
@@ -246,9 +196,7 @@ pub(crate) struct Engine {
     progress: Arc<Mutex<Progress>>,
     /// Threads that drive progress poll instead of sleeping.
     busy_poll: bool,
-    /// How long a thread that waits polls after its last packet before it
-    /// sleeps ([`WAIT_SPIN`], none with a single CPU).
-    wait_spin: Duration,
+    tuning: Tuning,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -258,52 +206,47 @@ impl Engine {
     /// sleeping (lowest latency, a core spent per waiting thread); the
     /// engine thread always sleeps when idle, so idle devices cost nothing.
     pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
+        let tuning = Tuning::for_cpus(std::thread::available_parallelism().map_or(1, usize::from));
         let shared = Arc::new(EngineShared {
-            doorbell: Some(EventFd::new()?),
+            handover: Handover::new(Some(EventFd::new()?), &tuning),
             events: AsyncEvents::new()?,
             receive_buffer: link.receive_buffer(),
             ..EngineShared::default()
         });
-        let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared)));
+        let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared, tuning)));
         let (thread_shared, thread_progress) = (Arc::clone(&shared), Arc::clone(&progress));
         let span_name = name.to_string();
-        // Polling where the peer needs this thread's only CPU would only delay it.
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let (wait_spin, engine_spin) =
-            if cpus > 1 { (WAIT_SPIN, ENGINE_SPIN) } else { (Duration::ZERO, Duration::ZERO) };
         let thread = std::thread::Builder::new().name(format!("softroce-{name}")).spawn(move || {
             block_async_signals();
             let _span = debug_span!("engine", device = %span_name).entered();
-            run(&thread_progress, &thread_shared, engine_spin)
+            run(&thread_progress, &thread_shared, &tuning)
         })?;
-        Ok(Engine { shared, progress, busy_poll, wait_spin, thread: Some(thread) })
+        Ok(Engine { shared, progress, busy_poll, tuning, thread: Some(thread) })
     }
 
     /// After a post to `cell`'s QP: sends its new packets from this thread
     /// when nobody else is driving progress (no doorbell, no engine wake-up),
     /// else rings the doorbell for whoever is.
     pub fn kick(&self, cell: &QpCell) {
+        let handover = &self.shared.handover;
         let Some(mut p) = try_lock(&self.progress) else {
-            self.shared.ring();
+            handover.ring();
             return;
         };
         let now = p.now();
         // The posts change what the QPs have to send and when they time out.
         p.quiet_until = Duration::ZERO;
-        // A posting thread may not be back for the ACKs: the engine keeps
-        // off only KICK_HANDOVER for it (a poller or waiter holds it off
-        // longer).
-        let mark = nanos(now).saturating_sub(nanos(HANDOVER - KICK_HANDOVER));
-        self.shared.driven_at.fetch_max(mark, Ordering::SeqCst);
+        handover.posted(now);
         // The new requests first: the peer waits for them. But while an ACK
         // is on its way to a busy QP, a few wait for it and leave with the
         // packets it lets out, as one batch: a stream of posts each sent
         // alone costs a system call per packet on both sides.
+        let tuning = &self.tuning;
         let mut qp = lock(&cell.qp);
-        let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= BUSY_UNACKED);
-        let few = busy && qp.unsent_packets(SEND_BATCH) < SEND_BATCH;
-        let order = if few { Order::ResponsesOnly } else { Order::RequestsFirst };
-        let sent = transmit(&mut qp, &mut p.out, &self.shared, now, KICK_LIMIT, order);
+        let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= tuning.busy_unacked);
+        let few = busy && qp.unsent_packets(tuning.send_batch) < tuning.send_batch;
+        let order = if few { TransmitOrder::ResponsesOnly } else { TransmitOrder::RequestsFirst };
+        let sent = transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, order);
         cell.drain(&mut qp, &self.shared.events);
         let (timer, ack_coming) = (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some());
         drop(qp);
@@ -313,7 +256,7 @@ impl Engine {
             let Progress { out, qps, .. } = &mut *p;
             for other in qps.iter().filter(|other| !std::ptr::eq(&***other, cell)) {
                 let mut qp = lock(&other.qp);
-                transmit(&mut qp, out, &self.shared, now, KICK_LIMIT, Order::ResponsesFirst);
+                transmit(&mut qp, out, &self.shared, now, tuning.kick_limit, TransmitOrder::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
             }
         }
@@ -322,8 +265,8 @@ impl Engine {
         drop(p);
         // More to send (unless the ACK on its way will send it), or a timer
         // the sleeping engine does not know about.
-        if (sent == KICK_LIMIT && !ack_coming) || timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
-            self.shared.ring();
+        if (sent == tuning.kick_limit && !ack_coming) || timer.is_some_and(|t| handover.engine_sleeps_past(t)) {
+            handover.ring();
         }
     }
 
@@ -343,36 +286,20 @@ impl Engine {
     /// whose QP still has an ACK to send) and is not going to wait.
     pub fn progress_now(&self) {
         let Some(mut p) = try_lock(&self.progress) else {
-            self.shared.ring();
+            self.shared.handover.ring();
             return;
         };
         p.iterate(&self.shared, None);
         self.release(p);
     }
 
-    /// Lets go of driving progress: notes when, and rings the engine if it
-    /// sleeps past a timer this thread armed.
+    /// Lets go of driving progress, ringing the engine if the hand-over
+    /// says it must hear of it ([`Handover::release`]).
     fn release(&self, p: MutexGuard<'_, Progress>) {
-        let now = p.now();
-        self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
-        // A round that ended at this thread's completion left the answers
-        // it owes (an ACK, say) for the thread's next post to carry. Should
-        // it never post, the engine sends them: it sees this before it
-        // sleeps, or is rung below if already asleep for long.
-        let owed = p.owed;
-        if owed {
-            self.shared.answers_owed.store(true, Ordering::SeqCst);
-        }
-        // An engine due back within HANDOVER (it is keeping off while
-        // applications drive) needs no look at every QP's timer: a spinning
-        // poller would pay that on every poll.
-        let wake = self.shared.engine_wake_at.load(Ordering::SeqCst);
-        let soon = wake != 0 && wake <= nanos(now + HANDOVER);
-        let next_timer = if soon { None } else { p.next_timer() };
+        let ring = self.shared.handover.release(p.now(), p.owed, || p.next_timer());
         drop(p);
-        let asleep_long = wake != 0 && !soon;
-        if (owed && asleep_long) || next_timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
-            self.shared.ring();
+        if ring {
+            self.shared.handover.ring();
         }
     }
 
@@ -390,7 +317,7 @@ impl Engine {
                 // Someone else drives: they hand completions over. Look
                 // again soon, in case they stop.
                 let left = deadline.saturating_duration_since(Instant::now());
-                if let Ok(wc) = cq.entries.1.recv_timeout(left.min(HANDOVER)) {
+                if let Ok(wc) = cq.entries.1.recv_timeout(left.min(self.tuning.handover)) {
                     return Some(wc);
                 }
             }
@@ -414,7 +341,7 @@ impl Engine {
                 return;
             }
             if !self.drive_until(&ready, deadline) {
-                wait_readable(&[channel.fd.as_raw_fd()], left.min(HANDOVER));
+                wait_readable(&[channel.fd.as_raw_fd()], left.min(self.tuning.handover));
             }
         }
     }
@@ -423,7 +350,7 @@ impl Engine {
     /// nobody else is driving; returns whether it could.
     fn drive_until(&self, ready: &dyn Fn() -> bool, deadline: Instant) -> bool {
         let Some(mut p) = try_lock(&self.progress) else { return false };
-        self.shared.drivers.fetch_add(1, Ordering::SeqCst);
+        let driving = self.shared.handover.driving();
         // On the transport's clock, which each round reads once: the loop
         // reads no clock of its own.
         let deadline = deadline.saturating_duration_since(p.start);
@@ -446,8 +373,8 @@ impl Engine {
                 continue;
             }
             let idle = now.saturating_sub(*idle_since.get_or_insert(now));
-            if self.busy_poll || idle < self.wait_spin {
-                if idle >= YIELD_AFTER {
+            if self.busy_poll || idle < self.tuning.wait_spin {
+                if idle >= self.tuning.yield_after {
                     std::thread::yield_now();
                 }
                 continue;
@@ -455,9 +382,9 @@ impl Engine {
             let timer = step.next_timer.map_or(left, |t| t.saturating_sub(now));
             self.shared.sleeps.fetch_add(1, Ordering::Relaxed);
             let ready = wait_readable(&p.fds, left.min(timer));
-            self.shared.drain_doorbell(&p.fds, ready);
+            self.shared.handover.drain_doorbell(&p.fds, ready);
         }
-        self.shared.drivers.fetch_sub(1, Ordering::SeqCst);
+        drop(driving);
         self.release(p);
         true
     }
@@ -466,72 +393,12 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.ring();
+        self.shared.handover.ring();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
-
-/// Packets a post sends from the posting thread before leaving the rest
-/// to the engine.
-const KICK_LIMIT: usize = 64;
-/// PSNs unacknowledged from which a post's requests may wait for the ACK
-/// on its way (see [`Engine::kick`]): a few messages' worth, so that a post
-/// or two after another still leaves at once.
-const BUSY_UNACKED: u32 = 32;
-/// Packets handled in a round after which one that asks for an ACK gets it
-/// at once rather than at the end of the round (up to 64 packets).
-const EARLY_ACK_AFTER: u32 = 8;
-/// Packets that a post sends at once even to a busy QP: a batch as large
-/// as waiting for the ACK would make.
-const SEND_BATCH: u32 = 16;
-/// How long a waiter whose engine is busy waits for a hand-off before
-/// trying to drive progress itself again.
-const HANDOVER: Duration = Duration::from_millis(1);
-/// How long a waiting thread keeps polling after its last packet before
-/// it sleeps: a loopback round trip. A sleeping thread's wake-up costs
-/// little on one CPU, but the scheduler puts a thread that is woken while
-/// its waker keeps running onto an idle CPU, and waking an idle CPU takes
-/// 30-70 µs on a VM (a UDP ping-pong whose two threads share a CPU answers
-/// in 4 µs there; a SEND ping-pong, which works between sending and
-/// sleeping, took 70-90 µs).
-const WAIT_SPIN: Duration = Duration::from_micros(20);
-/// How much later than the end of a handover the engine may look again
-/// while an application thread waits or polls: a clock tick at 250 Hz, the
-/// common kernel default, so that the look rides on the tick's interrupt.
-const HANDOVER_SLACK: Duration = Duration::from_millis(4);
-/// How long the engine keeps off after a post alone: about a round trip
-/// on loopback, after which the ACKs that move a transfer on would wait
-/// for a thread that may have gone.
-const KICK_HANDOVER: Duration = Duration::from_micros(100);
-/// How long a polling thread has seen nothing before it lets other threads
-/// have its CPU between polls (`sched_yield`): longer than a ping-pong's
-/// round trip, which so never yields, while threads that poll on fewer
-/// CPUs than they are (the engines of several devices) take turns.
-const YIELD_AFTER: Duration = Duration::from_micros(10);
-/// How long the engine thread keeps polling after its last busy round
-/// before it sleeps, yielding its CPU between polls. A stream's packets
-/// and ACKs come back within that, so a busy engine does not sleep and
-/// wake for each window: under a small socket buffer (a non-root user's
-/// 208 KiB) that is every few tens of µs, and a wake-up on an idle vCPU
-/// takes 30-70 µs. An idle device does not poll.
-const ENGINE_SPIN: Duration = Duration::from_micros(50);
-/// How long after a full round that found nothing to do the rounds that
-/// receive nothing look only at the sockets: a thread polling for an
-/// answer skips the walk over every QP, its locks and the counters'
-/// publication (about a third of an idle round), so a packet waits less
-/// for the poll that finds it. Work posted meanwhile calls a full round in
-/// ([`EngineShared::ring`]); what a missed change could wait is bounded by
-/// this.
-const QUIET_SPAN: Duration = Duration::from_micros(20);
-/// The longest the engine sleeps: it re-reads the QP table at least this often.
-const IDLE: Duration = Duration::from_millis(100);
-/// How long a destroyed RC QP answers resends of its last messages: many
-/// ACK timeouts of the usual 67 ms (timeout 14), as a peer resends.
-const LINGER: Duration = Duration::from_secs(1);
-/// Destroyed QPs lingering at most, so churn cannot pile them up.
-const MAX_LINGERING: usize = 1024;
 
 /// Locks `m` if no one holds it (a poisoned lock is taken over, as in [`lock`]).
 fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
@@ -559,22 +426,17 @@ pub(crate) struct Progress {
     fds: Vec<RawFd>,
     /// A round ended early: QPs may have packets to send.
     owed: bool,
-    /// Destroyed RC QPs that still re-acknowledge their peers' resends
-    /// ([`Qp::linger`]), by QPN, and when each goes, oldest first.
-    lingering: BTreeMap<u32, Arc<QpCell>>,
-    linger_until: VecDeque<(Duration, u32)>,
-    /// Destroyed QPs that may owe answers: those destroyed since the last
-    /// full round, and lingering ones that got a packet.
-    answering: Vec<Arc<QpCell>>,
+    lingering: Lingering,
     /// QPs that waited on their peers (packets unacknowledged) last round:
     /// they share the peer's receive buffer.
     waiting_on_peer: usize,
     /// Until then a round that receives nothing only looks at the sockets:
     /// the last full round found nothing to do, and nothing has changed
-    /// since (see [`QUIET_SPAN`]).
+    /// since (see [`Tuning::quiet_span`]).
     quiet_until: Duration,
     /// The earliest QP timer the last full round saw.
     seen_timer: Option<Duration>,
+    tuning: Tuning,
 }
 
 /// Where QPs' packets go: the link, the local addresses they leave from,
@@ -583,6 +445,13 @@ struct Outbox {
     link: Box<dyn Link + Send>,
     locals: Vec<IpAddr>,
     buf: Vec<u8>,
+}
+
+impl Outbox {
+    /// The link, its addresses and the buffer, as QPs' packets leave on them.
+    fn egress(&mut self) -> Egress<'_> {
+        Egress { link: &mut *self.link, locals: &self.locals, buf: &mut self.buf }
+    }
 }
 
 impl std::fmt::Debug for Progress {
@@ -599,14 +468,21 @@ struct Step {
     next_timer: Option<Duration>,
 }
 
+/// How a round's receiving ended ([`Progress::receive_batch`]).
+enum Batch {
+    /// What the driver waits for holds: the round ends here.
+    Ready,
+    /// The batch is over: whether it `received` anything, and whether the
+    /// link is `drained` (else the batch was full).
+    Done { received: bool, drained: bool },
+}
+
 impl Progress {
-    fn new(link: Box<dyn Link + Send>, shared: &EngineShared) -> Progress {
+    fn new(link: Box<dyn Link + Send>, shared: &EngineShared, tuning: Tuning) -> Progress {
         // A context binds its addresses before the engine starts.
         let locals = link.local_addrs();
         let mut fds = link.raw_fds();
-        if let Some(d) = &shared.doorbell {
-            fds.push(d.as_raw_fd());
-        }
+        fds.extend(shared.handover.doorbell_fd());
         Progress {
             out: Outbox { link, locals, buf: vec![0u8; 4096 + TRANSMIT_HEADROOM + 64] },
             start: Instant::now(),
@@ -617,30 +493,16 @@ impl Progress {
             version: u64::MAX,
             fds,
             owed: false,
-            lingering: BTreeMap::new(),
-            linger_until: VecDeque::new(),
-            answering: Vec::new(),
+            lingering: Lingering::new(&tuning),
             waiting_on_peer: 0,
             quiet_until: Duration::ZERO,
             seen_timer: None,
+            tuning,
         }
     }
 
     fn now(&self) -> Duration {
         self.start.elapsed()
-    }
-
-    /// Keeps a destroyed RC QP answering resends for [`LINGER`], within
-    /// [`MAX_LINGERING`] QPs (the oldest goes first).
-    fn linger(&mut self, now: Duration, cell: Arc<QpCell>) {
-        if self.linger_until.len() >= MAX_LINGERING {
-            if let Some((_, qpn)) = self.linger_until.pop_front() {
-                self.lingering.remove(&qpn);
-            }
-        }
-        let qpn = lock(&cell.qp).qpn();
-        self.lingering.insert(qpn, cell);
-        self.linger_until.push_back((now + LINGER, qpn));
     }
 
     /// The earliest timer of any QP.
@@ -654,6 +516,44 @@ impl Progress {
     /// ACK, say) leave with the waiter's next post, in one batch with it
     /// (see [`Engine::kick`]), or with the next round.
     fn iterate(&mut self, shared: &EngineShared, until: Option<&dyn Fn() -> bool>) -> Step {
+        let changed = self.refresh_qps(shared);
+        let now = self.now();
+        self.round_at = now;
+        let quiet = !changed && !shared.handover.take_full_round_call() && now < self.quiet_until;
+        // QPs destroyed since the last round leave the table before this
+        // round's packets are read (a destroy pushes them here, then bumps
+        // the version), so a resend in this very round finds its lingering QP.
+        if changed {
+            self.lingering.adopt(now, std::mem::take(&mut *lock(&shared.closing)));
+        }
+        let (received, drained) = match self.receive_batch(shared, now, until) {
+            Batch::Ready => {
+                self.owed = true;
+                self.quiet_until = Duration::ZERO;
+                *lock(&shared.link_stats) = self.out.link.stats();
+                return Step { busy: true, next_timer: None };
+            }
+            Batch::Done { received, drained } => (received, drained),
+        };
+        self.owed = false;
+        if quiet && !received {
+            return Step { busy: false, next_timer: self.seen_timer };
+        }
+        let (served, next_timer) = self.run_timers_and_transmit(shared, now, drained);
+        let answered = self.lingering.answer(&mut self.out, shared, now);
+        self.lingering.expire(now);
+        let busy = received || served || answered;
+        self.out.link.flush();
+        *lock(&shared.link_stats) = self.out.link.stats();
+        self.seen_timer = next_timer;
+        self.quiet_until =
+            if busy { Duration::ZERO } else { (now + self.tuning.quiet_span).min(next_timer.unwrap_or(Duration::MAX)) };
+        Step { busy, next_timer }
+    }
+
+    /// Re-reads the QP table if it changed since the last round; says
+    /// whether it did.
+    fn refresh_qps(&mut self, shared: &EngineShared) -> bool {
         let seen = shared.qps_version.load(Ordering::Acquire);
         let changed = seen != self.version;
         if changed {
@@ -661,17 +561,150 @@ impl Progress {
             self.qps = self.by_qpn.values().cloned().collect();
             self.version = seen;
         }
-        let now = self.now();
-        self.round_at = now;
-        let wanted =
-            shared.full_round_wanted.load(Ordering::SeqCst) && shared.full_round_wanted.swap(false, Ordering::SeqCst);
-        let quiet = !changed && !wanted && now < self.quiet_until;
-        // QPs destroyed since the last round leave the table before this
-        // round's packets are read (a destroy pushes them here, then bumps
-        // the version): RC ones linger a while from now on, answering
-        // resends of what they executed, so a resend in this very round
-        // finds its QP; all still owe the answers they had queued.
-        let closing = if changed { std::mem::take(&mut *lock(&shared.closing)) } else { Vec::new() };
+        changed
+    }
+
+    /// Receives up to a round's packets and hands each to its QP (or to a
+    /// destroyed one that lingers); stops early once `until` holds.
+    fn receive_batch(&mut self, shared: &EngineShared, now: Duration, until: Option<&dyn Fn() -> bool>) -> Batch {
+        // One registry guard for the whole batch, and a QP's lock kept
+        // across its consecutive packets: every lock and unlock is a
+        // locked instruction, which waits until the payload copied into
+        // registered memory has left the store buffer.
+        let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
+        let mut mem = RegistryAccess(&registry);
+        let mut held: Option<(u32, MutexGuard<'_, Qp>)> = None;
+        let (mut handled, mut acked_at) = (0, 0);
+        let mut received = false;
+        for _ in 0..self.tuning.round_receive {
+            let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
+                return Batch::Done { received, drained: true };
+            };
+            received = true;
+            let Ok(pkt) = RoceRepr::parse(roce) else {
+                shared.malformed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let qpn = pkt.header.bth.dest_qpn;
+            let (cell, lingering) = match (self.by_qpn.get(&qpn), self.lingering.cells.get(&qpn)) {
+                (Some(cell), _) => (cell, false),
+                (None, Some(cell)) => (cell, true),
+                (None, None) => {
+                    trace!(qpn, "packet for an unknown QP");
+                    shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            if held.as_ref().is_none_or(|(of, _)| *of != qpn) {
+                // One QP lock at a time.
+                drop(held.take());
+                held = Some((qpn, lock(&cell.qp)));
+            }
+            let Some((_, qp)) = held.as_mut() else { continue };
+            let mut srq = cell.srq.as_ref().map(|s| lock(s));
+            let answered = lingering.then(|| qp.counters().duplicate_requests);
+            let asks_ack = pkt.header.bth.ack_req;
+            dispatch::deliver(qp, now, &r, &pkt, &mut mem, srq.as_deref_mut());
+            handled += 1;
+            if asks_ack && handled - acked_at >= self.tuning.early_ack_after {
+                // The ACK leaves now, not after the rest of the round:
+                // a requester whose window is the peer's small socket
+                // buffer would otherwise stop and wait for every round.
+                acked_at = handled;
+                self.out.egress().transmit(qp, &mem, now, usize::MAX, TransmitOrder::ResponsesOnly);
+                self.out.link.flush();
+            }
+            if let Some(answered) = answered {
+                // A destroyed QP answers only a resend of its last messages;
+                // anything else was for a QP the device no longer has.
+                if qp.counters().duplicate_requests == answered {
+                    shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.lingering.answering.push(Arc::clone(cell));
+                }
+            }
+            drop(srq);
+            cell.drain(qp, &shared.events);
+            // The rest of a GRO train first: an ACK behind the answer
+            // it came with would wait in the link, signalled to nobody,
+            // while the waiter's next post waits for it (a thread that
+            // then drives another device left it to the engine's next
+            // look, up to 5 ms away).
+            if until.is_some_and(|ready| ready()) && !self.out.link.amid_datagram() {
+                return Batch::Ready;
+            }
+        }
+        Batch::Done { received, drained: false }
+    }
+
+    /// Every QP in turn: its share of the peer's buffer, its due timers
+    /// (only once the link is `drained`: an ACK waiting in the socket must
+    /// not lose the race to the timeout it would cancel), its packets and
+    /// its completions. Says whether any QP did something, and the earliest
+    /// timer left.
+    fn run_timers_and_transmit(
+        &mut self,
+        shared: &EngineShared,
+        now: Duration,
+        drained: bool,
+    ) -> (bool, Option<Duration>) {
+        let mut busy = false;
+        let mut next_timer: Option<Duration> = None;
+        // The device's QPs send into one socket buffer at a peer on this
+        // host, so each window gets a share of it (rxe-spec T-7).
+        let share = shared.receive_buffer.map(|bytes| bytes / self.waiting_on_peer.max(1));
+        self.waiting_on_peer = 0;
+        for cell in &self.qps {
+            let mut qp = lock(&cell.qp);
+            qp.set_peer_buffer(share);
+            if drained {
+                busy |= dispatch::run_due_timers(&mut qp, now);
+            }
+            let limit = self.tuning.round_transmit;
+            let sent = transmit(&mut qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
+            busy |= sent > 0;
+            cell.drain(&mut qp, &shared.events);
+            self.waiting_on_peer += usize::from(qp.poll_timeout().is_some());
+            next_timer = match (next_timer, qp.poll_timeout()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        (busy, next_timer)
+    }
+}
+
+/// Destroyed QPs that still owe their peers answers.
+struct Lingering {
+    /// Destroyed RC QPs that still re-acknowledge their peers' resends
+    /// ([`Qp::linger`]), by QPN,
+    cells: BTreeMap<u32, Arc<QpCell>>,
+    /// and when each goes, oldest first.
+    until: VecDeque<(Duration, u32)>,
+    /// Destroyed QPs that may owe answers: those destroyed since the last
+    /// full round, and lingering ones that got a packet.
+    answering: Vec<Arc<QpCell>>,
+    /// [`Tuning::linger`].
+    linger: Duration,
+    /// [`Tuning::max_lingering`].
+    max: usize,
+}
+
+impl Lingering {
+    fn new(tuning: &Tuning) -> Lingering {
+        Lingering {
+            cells: BTreeMap::new(),
+            until: VecDeque::new(),
+            answering: Vec::new(),
+            linger: tuning.linger,
+            max: tuning.max_lingering,
+        }
+    }
+
+    /// Takes in QPs just destroyed: RC ones linger from `now` on, answering
+    /// resends of what they executed; all still owe the answers they had
+    /// queued.
+    fn adopt(&mut self, now: Duration, closing: Vec<Arc<QpCell>>) {
         for cell in closing {
             let lingers = {
                 let mut qp = lock(&cell.qp);
@@ -682,182 +715,81 @@ impl Progress {
                 lingers
             };
             if lingers {
-                self.linger(now, Arc::clone(&cell));
+                self.keep(now, Arc::clone(&cell));
             }
             self.answering.push(cell);
         }
-        let mut busy = false;
+    }
 
-        // Timers run only once the link is drained: an ACK waiting in the
-        // socket must not lose the race to the timeout it would cancel.
-        let mut drained = false;
-        {
-            // One registry guard for the whole round, and a QP's lock kept
-            // across its consecutive packets: every lock and unlock is a
-            // locked instruction, which waits until the payload copied into
-            // registered memory has left the store buffer.
-            let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-            let mut mem = RegistryAccess(&registry);
-            let mut held: Option<(u32, MutexGuard<'_, Qp>)> = None;
-            let (mut handled, mut acked_at) = (0, 0);
-            for _ in 0..64 {
-                let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
-                    drained = true;
-                    break;
-                };
-                busy = true;
-                let Ok(pkt) = RoceRepr::parse(roce) else {
-                    shared.malformed.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                let qpn = pkt.header.bth.dest_qpn;
-                let (cell, lingering) = match (self.by_qpn.get(&qpn), self.lingering.get(&qpn)) {
-                    (Some(cell), _) => (cell, false),
-                    (None, Some(cell)) => (cell, true),
-                    (None, None) => {
-                        trace!(qpn, "packet for an unknown QP");
-                        shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                };
-                if held.as_ref().is_none_or(|(of, _)| *of != qpn) {
-                    // One QP lock at a time.
-                    drop(held.take());
-                    held = Some((qpn, lock(&cell.qp)));
-                }
-                let Some((_, qp)) = held.as_mut() else { continue };
-                let mut srq = cell.srq.as_ref().map(|s| lock(s));
-                let incoming = Incoming {
-                    src: r.src,
-                    src_port: r.src_port,
-                    dst: r.dst,
-                    header: &pkt.header,
-                    payload: pkt.payload,
-                };
-                let answered = lingering.then(|| qp.counters().duplicate_requests);
-                let asks_ack = pkt.header.bth.ack_req;
-                qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
-                handled += 1;
-                if asks_ack && handled - acked_at >= EARLY_ACK_AFTER {
-                    // The ACK leaves now, not after the rest of the round:
-                    // a requester whose window is the peer's small socket
-                    // buffer would otherwise stop and wait for every round.
-                    acked_at = handled;
-                    transmit_with(qp, &mut self.out, &mem, now, usize::MAX, Order::ResponsesOnly);
-                    self.out.link.flush();
-                }
-                if let Some(answered) = answered {
-                    // A destroyed QP answers only a resend of its last messages;
-                    // anything else was for a QP the device no longer has.
-                    if qp.counters().duplicate_requests == answered {
-                        shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        self.answering.push(Arc::clone(cell));
-                    }
-                }
-                drop(srq);
-                cell.drain(qp, &shared.events);
-                // The rest of a GRO train first: an ACK behind the answer
-                // it came with would wait in the link, signalled to nobody,
-                // while the waiter's next post waits for it (a thread that
-                // then drives another device left it to the engine's next
-                // look, up to 5 ms away).
-                if until.is_some_and(|ready| ready()) && !self.out.link.amid_datagram() {
-                    drop(held);
-                    drop(registry);
-                    self.owed = true;
-                    self.quiet_until = Duration::ZERO;
-                    *lock(&shared.link_stats) = self.out.link.stats();
-                    return Step { busy: true, next_timer: None };
-                }
+    /// Keeps a destroyed RC QP answering resends for [`Tuning::linger`],
+    /// within [`Tuning::max_lingering`] QPs (the oldest goes first).
+    fn keep(&mut self, now: Duration, cell: Arc<QpCell>) {
+        if self.until.len() >= self.max {
+            if let Some((_, qpn)) = self.until.pop_front() {
+                self.cells.remove(&qpn);
             }
         }
-        self.owed = false;
-        if quiet && !busy {
-            return Step { busy, next_timer: self.seen_timer };
-        }
+        let qpn = lock(&cell.qp).qpn();
+        self.cells.insert(qpn, cell);
+        self.until.push_back((now + self.linger, qpn));
+    }
 
-        let mut next_timer: Option<Duration> = None;
-        // The device's QPs send into one socket buffer at a peer on this
-        // host, so each window gets a share of it (rxe-spec T-7).
-        let share = shared.receive_buffer.map(|bytes| bytes / self.waiting_on_peer.max(1));
-        self.waiting_on_peer = 0;
-        for cell in &self.qps {
-            let mut qp = lock(&cell.qp);
-            qp.set_peer_buffer(share);
-            if drained && qp.poll_timeout().is_some_and(|t| t <= now) {
-                qp.handle_timeout(now);
-                busy = true;
-            }
-            let sent = transmit(&mut qp, &mut self.out, shared, now, 64, Order::ResponsesFirst);
-            busy |= sent > 0;
-            cell.drain(&mut qp, &shared.events);
-            self.waiting_on_peer += usize::from(qp.poll_timeout().is_some());
-            next_timer = match (next_timer, qp.poll_timeout()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-        }
-        // Destroyed QPs still owe their peers the answers they had queued
-        // (the ACK of the last message, say), and lingering ones the
-        // answers to resends they got this round.
+    /// Sends what the QPs that may owe answers owe (the ACK of the last
+    /// message, say, or of a resend); says whether they sent anything.
+    fn answer(&mut self, out: &mut Outbox, shared: &EngineShared, now: Duration) -> bool {
+        let mut sent = false;
         for cell in std::mem::take(&mut self.answering) {
             let mut qp = lock(&cell.qp);
-            let sent = transmit(&mut qp, &mut self.out, shared, now, usize::MAX, Order::ResponsesFirst);
-            busy |= sent > 0;
+            sent |= transmit(&mut qp, out, shared, now, usize::MAX, TransmitOrder::ResponsesFirst) > 0;
         }
-        while self.linger_until.front().is_some_and(|&(until, _)| until <= now) {
-            if let Some((_, qpn)) = self.linger_until.pop_front() {
-                self.lingering.remove(&qpn);
+        sent
+    }
+
+    /// Lets go of the QPs whose time to linger is over.
+    fn expire(&mut self, now: Duration) {
+        while self.until.front().is_some_and(|&(until, _)| until <= now) {
+            if let Some((_, qpn)) = self.until.pop_front() {
+                self.cells.remove(&qpn);
             }
         }
-        self.out.link.flush();
-        *lock(&shared.link_stats) = self.out.link.stats();
-        self.seen_timer = next_timer;
-        self.quiet_until =
-            if busy { Duration::ZERO } else { (now + QUIET_SPAN).min(next_timer.unwrap_or(Duration::MAX)) };
-        Step { busy, next_timer }
     }
 }
 
-/// The engine loop: drive progress, polling for `spin` after the last busy
-/// round, then sleep until the link or the doorbell has something (or the
-/// next timer is due). While an application thread drives progress, the
-/// engine keeps off.
-fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
+/// The engine loop: drive progress, polling for [`Tuning::engine_spin`]
+/// after the last busy round, then sleep until the link or the doorbell has
+/// something (or the next timer is due). While an application thread drives
+/// progress, the engine keeps off ([`Handover::engine_keeps_off`]).
+fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
     let (fds, start) = {
         let p = lock(progress);
         (p.fds.clone(), p.start)
     };
-    let doorbell: Vec<RawFd> = shared.doorbell.iter().map(|d| d.as_raw_fd()).collect();
+    let handover = &shared.handover;
+    let doorbell: Vec<RawFd> = handover.doorbell_fd().into_iter().collect();
     let mut last_busy = Duration::ZERO;
-    // Whether the thread's timer slack is HANDOVER_SLACK: it is changed
+    // Whether the thread's timer slack is the handover slack: it is changed
     // only when a wait wants the other, not twice a wake-up.
     let mut lax_slack = false;
     while !shared.stop.load(Ordering::SeqCst) {
         let now = start.elapsed();
-        if let Some(left) = shared.handover_left(now) {
+        if let Some(left) = handover.engine_keeps_off(now) {
             // Only a doorbell (work an application thread could not hand
             // over) calls the engine in while the application drives.
-            shared.engine_wake_at.store(nanos(now + left), Ordering::SeqCst);
+            handover.engine_sleeps_until(now + left);
             // While a thread waits or polls, the engine looks again at the
-            // first clock tick after the handover, not at its end: a wake-up
-            // that programs a timer of its own costs whichever thread it
-            // lands on 15-25 µs on a VM, a thousand times a second. After a
+            // first clock tick after the handover, not at its end; after a
             // post alone, when the poster may have gone, it is back on time.
-            let lax = shared.drivers.load(Ordering::SeqCst) > 0 || left > KICK_HANDOVER;
+            let lax = handover.is_driven() || left > tuning.kick_handover;
             if lax != lax_slack {
-                set_timer_slack(if lax { HANDOVER_SLACK } else { Duration::ZERO });
+                set_timer_slack(if lax { tuning.handover_slack } else { Duration::ZERO });
                 lax_slack = lax;
             }
-            let rung = wait_readable(&doorbell, left) != 0;
-            shared.engine_wake_at.store(0, Ordering::SeqCst);
-            if !rung {
+            let ready = wait_readable(&doorbell, left);
+            handover.engine_wakes();
+            if ready == 0 {
                 continue;
             }
-            if let Some(d) = &shared.doorbell {
-                d.drain();
-            }
+            handover.drain_doorbell(&doorbell, ready);
         }
         let step = lock(progress).iterate(shared, None);
         let now = start.elapsed();
@@ -865,15 +797,14 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
             last_busy = now;
             continue;
         }
-        if now.saturating_sub(last_busy) < spin {
+        if now.saturating_sub(last_busy) < tuning.engine_spin {
             std::thread::yield_now();
             continue;
         }
-        let wait = step.next_timer.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
-        shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
-        if shared.answers_owed.swap(false, Ordering::SeqCst) {
-            // Not asleep after all: a full round sends them first.
-            shared.engine_wake_at.store(0, Ordering::SeqCst);
+        let wait = step.next_timer.map_or(tuning.idle, |t| t.saturating_sub(now)).min(tuning.idle);
+        if !handover.engine_may_sleep_until(now + wait) {
+            // Not asleep after all: a full round sends the answers a driver
+            // left first.
             continue;
         }
         if lax_slack {
@@ -883,14 +814,11 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, spin: Duration) {
         }
         shared.sleeps.fetch_add(1, Ordering::Relaxed);
         let ready = wait_readable(&fds, wait);
-        shared.engine_wake_at.store(0, Ordering::SeqCst);
-        shared.drain_doorbell(&fds, ready);
+        handover.engine_wakes();
+        handover.drain_doorbell(&fds, ready);
     }
 }
 
-/// Sets how much later than asked the calling thread's timed waits may end
-/// (`PR_SET_TIMERSLACK`), so that the kernel can end them with another
-/// timer's interrupt; zero restores the thread's default (50 µs).
 /// Keeps the program's signals off this thread: a program that arms
 /// `SIGALRM` (perftest's `-D`) or handles `SIGINT` expects it on one of its
 /// own threads, whose system calls it interrupts. Faults stay deliverable.
@@ -908,6 +836,9 @@ fn block_async_signals() {
     }
 }
 
+/// Sets how much later than asked the calling thread's timed waits may end
+/// (`PR_SET_TIMERSLACK`), so that the kernel can end them with another
+/// timer's interrupt; zero restores the thread's default (50 µs).
 #[allow(unsafe_code)]
 fn set_timer_slack(slack: Duration) {
     let ns = libc::c_ulong::try_from(slack.as_nanos()).unwrap_or(libc::c_ulong::MAX);
@@ -915,71 +846,26 @@ fn set_timer_slack(slack: Duration) {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns, 0, 0, 0) };
 }
 
-fn nanos(t: Duration) -> u64 {
-    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// Which of a QP's packets go first when it has both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Order {
-    /// The transport's own order: a busy requester cannot starve the peer of ACKs.
-    ResponsesFirst,
-    /// For a posting thread: its new requests, then what the QP owes.
-    RequestsFirst,
-    /// For a posting thread whose requests wait for an ACK: what the QP owes.
-    ResponsesOnly,
-}
-
-/// Hands up to `limit` of the QP's packets to the link; returns how many.
-fn transmit(qp: &mut Qp, out: &mut Outbox, shared: &EngineShared, now: Duration, limit: usize, order: Order) -> usize {
+/// Hands up to `limit` of the QP's packets to the link, under a registry
+/// guard of its own; returns how many.
+fn transmit(
+    qp: &mut Qp,
+    out: &mut Outbox,
+    shared: &EngineShared,
+    now: Duration,
+    limit: usize,
+    order: TransmitOrder,
+) -> usize {
     let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-    transmit_with(qp, out, &RegistryAccess(&registry), now, limit, order)
-}
-
-/// [`transmit`] under a registry guard the caller holds.
-fn transmit_with(qp: &mut Qp, out: &mut Outbox, mem: &dyn Memory, now: Duration, limit: usize, order: Order) -> usize {
-    let Outbox { link, locals, buf } = out;
-    let mut sent = 0;
-    while sent < limit {
-        // Build in the link's send buffer where it has one: no copy there.
-        let room = link.send_buffer(buf.len());
-        let in_link = room.is_some();
-        let space = room.unwrap_or(&mut *buf);
-        let next = match order {
-            Order::ResponsesFirst => qp.poll_transmit(now, mem, space),
-            Order::RequestsFirst => qp.poll_transmit_requests_first(now, mem, space),
-            Order::ResponsesOnly => qp.poll_transmit_responses(now, mem, space),
-        };
-        let Some(t) = next else { break };
-        let remote_qpn = Bth::new_unchecked(&space[..t.len]).dest_qpn();
-        let src_port = match qp.qp_type() {
-            QpType::Ud => rxe_ud_source_port(qp.qpn()),
-            _ => rxe_source_port(qp.qpn(), remote_qpn),
-        };
-        let src = source_for(locals, t.dest);
-        let sent_now = if in_link {
-            link.transmit_built(now, src, t.dest, src_port, t.len)
-        } else {
-            link.transmit(now, Outgoing { src, dst: t.dest, src_port, roce: &mut buf[..t.len] })
-        };
-        if let Err(e) = sent_now {
-            debug!(qpn = qp.qpn(), error = %e, "send failed");
-        }
-        sent += 1;
-    }
-    sent
-}
-
-/// The local address a packet to `dest` leaves from: the first of the same
-/// IP version.
-fn source_for(locals: &[std::net::IpAddr], dest: std::net::IpAddr) -> std::net::IpAddr {
-    locals.iter().copied().find(|a| a.is_ipv4() == dest.is_ipv4()).unwrap_or(dest)
+    out.egress().transmit(qp, &RegistryAccess(&registry), now, limit, order)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+
     use super::*;
-    use crate::net::Received;
+    use crate::net::{Outgoing, Received};
 
     /// A link with nothing to receive that counts the rounds that flush it:
     /// only full rounds (and posts) do.
@@ -1016,7 +902,7 @@ mod tests {
     fn idle_rounds_look_only_at_the_link_until_a_ring() {
         let full_rounds = Arc::new(AtomicUsize::new(0));
         let shared = EngineShared::default();
-        let mut p = Progress::new(Box::new(Counting(Arc::clone(&full_rounds))), &shared);
+        let mut p = Progress::new(Box::new(Counting(Arc::clone(&full_rounds))), &shared, Tuning::default());
         p.iterate(&shared, None);
         assert_eq!(full_rounds.load(Ordering::SeqCst), 1, "the first round reads the QP table and walks it");
         assert!(p.quiet_until > p.round_at, "a full round that found nothing starts a quiet span");
@@ -1026,7 +912,7 @@ mod tests {
             assert!(!p.iterate(&shared, None).busy);
         }
         assert_eq!(full_rounds.load(Ordering::SeqCst), 1);
-        shared.ring();
+        shared.handover.ring();
         p.iterate(&shared, None);
         assert_eq!(full_rounds.load(Ordering::SeqCst), 2, "a ring calls a full round in");
         p.quiet_until = Duration::MAX;

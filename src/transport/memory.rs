@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use super::types::Access;
+use super::types::{Access, Sge};
 
 /// Why a memory access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +110,33 @@ pub fn offset_in(region_addr: u64, region_len: u64, addr: u64, len: u64) -> Resu
         return Err(MemError::OutOfBounds);
     }
     Ok((addr - region_addr) as usize)
+}
+
+/// Walks the pieces of an SGE list covering `len` bytes from `offset`:
+/// calls `f(sge, address, position in the output, length)` for each.
+pub(crate) fn for_each_piece<E>(
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut skip = offset;
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let sge_len = u64::from(sge.length);
+        if skip >= sge_len {
+            skip -= sge_len;
+            continue;
+        }
+        let n = ((sge_len - skip) as usize).min(len - done);
+        f(sge, sge.addr + skip, done, n)?;
+        done += n;
+        skip = 0;
+    }
+    Ok(())
 }
 
 impl Region {

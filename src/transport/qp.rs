@@ -2,54 +2,37 @@
 //! which time and packets go in and packets, completions, events and timer
 //! deadlines come out.
 //!
-//! The work itself is split as in kernel rxe: [`super::requester`] turns work
-//! requests into packets, [`super::completer`] turns responses into
-//! completions and retransmissions, [`super::responder`] executes requests
-//! from the peer.
+//! The work itself is split as in kernel rxe's `rxe_qp { req, comp, resp }`:
+//! one child module per role, each beside its own state. [`requester`]
+//! turns work requests into packets, [`completer`] turns responses into
+//! completions and retransmissions, [`responder`] executes the peer's
+//! requests. The roles import nothing from one another (what they share is
+//! in the leaves `queue`, `memory` and `types`), and the QP's fields are
+//! private to this module and its roles. This file keeps the getters, the
+//! `handle_*` and `poll_*` interface, and the mutators of the QP's state and
+//! queues.
+
+mod completer;
+mod requester;
+mod responder;
 
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use tracing::debug;
 
 use super::attr::{check_modify, AttrMask, ModifyError, QpAttr, QpState};
 use super::memory::Memory;
-use super::responder::RespState;
+use super::queue::{CqKind, Incoming, Transmit, Wqe, TRANSMIT_HEADROOM};
 use super::srq::{PostRecvError, Srq};
-use super::types::{AsyncEvent, PsnRange, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use super::timer::{Timer, TimerTable};
+use super::types::{AsyncEvent, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::{Psn, RoceRepr};
-
-/// Unacknowledged PSNs a requester may have in flight when it starts, and
-/// again after every go-back (rxe's `RXE_MAX_UNACKED_PSNS`, its fixed window).
-pub const MAX_UNACKED_PSNS: u32 = 128;
-/// The most unacknowledged PSNs a requester's window grows to while the peer
-/// acknowledges without loss: 2 MiB at MTU 4096, which a kernel socket
-/// buffer of 8 MiB holds for four QPs. Larger windows only cost retries.
-pub const MAX_WINDOW_PSNS: u32 = 512;
-/// The smallest window a small peer buffer shrinks it to: a handful of
-/// packets keeps a stream moving where a buffer is smaller still.
-pub const MIN_WINDOW_PSNS: u32 = 8;
-/// Packets a requester sends before asking for an ACK within a long message
-/// (rxe's `RXE_MAX_PKT_PER_ACK`), while its window is at most four times
-/// this; a larger window asks every quarter window.
-pub const MAX_PKTS_PER_ACK: u32 = 64;
-/// READs that go in pieces after responses to a READ were lost, where the
-/// responses of one would not fit the receive buffer (rxe-spec T-7). Whole
-/// READs are faster while the receiver keeps up, pieces never overflow it.
-pub const PIECED_READS: u32 = 16;
-/// The longest a message sent without AckReq waits before the requester
-/// asks for its ACK (rxe-spec T-6): after that, or a quarter of the local
-/// ACK timeout if shorter, it resends its last packet with AckReq. Traffic
-/// of more than a quarter send queue's messages in that time asks by itself
-/// (a ping-pong at 6.4k round trips a second with the default queue); at
-/// 1 ms, a ping-pong slowed by a VM's stalls resent every millisecond and
-/// the engine woke for it, and the round trips behind slowed further.
-pub const ACK_ASK_DELAY: Duration = Duration::from_millis(10);
-
-/// Bytes beyond the path MTU a transmit buffer needs: the largest header
-/// set (BTH, DETH, RETH, ImmDt…), pad and ICRC.
-pub const TRANSMIT_HEADROOM: usize = 64;
+use completer::CompState;
+use requester::ReqState;
+pub use requester::{ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
+use responder::RespState;
+pub use responder::{grh_area, GRH_LEN};
 
 /// Capacities fixed at QP creation (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,15 +53,6 @@ impl Default for QpCap {
     fn default() -> QpCap {
         QpCap { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 16, max_recv_sge: 16, max_inline_data: 256 }
     }
-}
-
-/// Which completion queue a completion belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CqKind {
-    /// The send CQ: completions of send work requests.
-    Send,
-    /// The receive CQ: completions of receive work requests.
-    Recv,
 }
 
 /// Why a send could not be posted. Nothing was queued.
@@ -145,31 +119,6 @@ impl std::fmt::Display for PostSendError {
 
 impl std::error::Error for PostSendError {}
 
-/// A packet the QP wants sent: its RoCE bytes (BTH up to and including a zero
-/// ICRC placeholder) are at the start of the buffer given to `poll_transmit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transmit {
-    /// IP address to send the packet to.
-    pub dest: IpAddr,
-    /// Length of the RoCE bytes in the buffer, BTH through ICRC.
-    pub len: usize,
-}
-
-/// A received packet as the QP sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct Incoming<'a> {
-    /// IP source address (a connected QP accepts only its peer's).
-    pub src: IpAddr,
-    /// UDP source port (checked when the QP has a `peer_port`).
-    pub src_port: u16,
-    /// IP destination address (UD receives copy it into the GRH area).
-    pub dst: IpAddr,
-    /// BTH and extended headers, parsed.
-    pub header: &'a RoceRepr,
-    /// The payload, without pad and ICRC.
-    pub payload: &'a [u8],
-}
-
 /// Per-QP counters, like rxe's hw_counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -195,144 +144,48 @@ pub struct Counters {
     pub dropped: u64,
 }
 
-/// A send work request on the send queue.
-#[derive(Debug, Clone)]
-pub(crate) struct Wqe {
-    pub wr: SendWr,
-    /// PSNs, assigned at first transmission. A READ takes one per response packet.
-    pub psn: Option<PsnRange>,
-    /// Index of the next packet to (re)send; for a READ, the first response
-    /// packet the next request asks for.
-    pub next_pkt: u32,
-    /// All packets handed to the wire.
-    pub sent: bool,
-    /// READ or atomic requests counted against max_rd_atomic and not yet
-    /// answered in full.
-    pub rd_atomic_counted: u32,
-    /// Response packets each READ request asks for at most, fixed when the
-    /// READ starts: after a loss, a READ whose responses would overflow the
-    /// receive buffer goes as several requests (rxe-spec T-7), its pieces.
-    pub read_piece: u32,
-    /// Pieces of the READ requested at least once (each counted once).
-    pub pieces_requested: u32,
-}
-
-impl Wqe {
-    /// Which READ piece holds response packet `index`.
-    pub(crate) fn piece_of(&self, index: u32) -> u32 {
-        index / self.read_piece.max(1)
-    }
-
-    /// The first response packet past the READ piece that holds packet
-    /// `index`, of a READ of `packets` response packets.
-    pub(crate) fn piece_end(&self, index: u32, packets: u32) -> u32 {
-        self.piece_of(index).saturating_add(1).saturating_mul(self.read_piece.max(1)).min(packets)
-    }
-
-    /// The same end in bytes of the READ, at `mtu` bytes a packet.
-    pub(crate) fn piece_end_byte(&self, index: u32, packets: u32, mtu: u64) -> u64 {
-        (u64::from(self.piece_end(index, packets)) * mtu).min(self.wr.length())
-    }
-
-    /// Whether the next request of this READ starts a piece not asked for
-    /// before: one more outstanding READ request for the peer.
-    pub(crate) fn asks_new_piece(&self) -> bool {
-        self.piece_of(self.next_pkt) >= self.pieces_requested
-    }
-}
-
-/// Requester progress.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ReqState {
-    /// Index in the send queue of the WQE to transmit next.
-    pub next: usize,
-    /// PSN the next new WQE will get.
-    pub psn: Psn,
-    /// Packets sent since the last one with AckReq.
-    pub noack_pkts: u32,
-    /// The last packet sent with AckReq: its ACK is on its way until
-    /// the completer passes it.
-    pub ack_asked: Option<Psn>,
-    /// Messages ended without AckReq since the last packet with it.
-    pub noack_msgs: u32,
-    /// One past the highest PSN sent: a packet before it is a resend.
-    pub sent_end: Psn,
-    /// When a message that ended without AckReq must have its ACK asked
-    /// for ([`ACK_ASK_DELAY`]).
-    pub ask_by: Option<Duration>,
-    /// The next request packet asks for an ACK: `ask_by` passed.
-    pub ask_next: bool,
-    /// READ and atomic requests sent and not answered in full.
-    pub rd_atomic: u32,
-    /// READs still to go in pieces since responses to one were lost
-    /// ([`PIECED_READS`]).
-    pub pieced_reads: u32,
-}
-
-/// Completer progress.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct CompState {
-    /// Oldest PSN not yet acknowledged.
-    pub psn: Psn,
-    pub retry_left: u8,
-    pub rnr_left: u8,
-    /// Local ACK timeout deadline.
-    pub timer: Option<Duration>,
-    /// Until then the requester waits after an RNR NAK, then resends from `rnr_psn`.
-    pub rnr_until: Option<Duration>,
-    pub rnr_psn: Psn,
-    /// A retry was already started for this `psn`: further gaps seen before
-    /// progress must not start another.
-    pub retry_started_at: Option<Psn>,
-    /// An ACK timeout went back: only the oldest unacknowledged packet goes
-    /// out until the peer shows progress, so a peer that is slow rather than
-    /// lossy is not buried under a window of duplicates per timeout.
-    pub probing: bool,
-    /// PSNs the window has grown beyond [`MAX_UNACKED_PSNS`]: by every PSN
-    /// acknowledged while the peer answers fast (doubling per round trip, as
-    /// TCP's slow start), up to [`MAX_WINDOW_PSNS`]; halved by a slow round
-    /// trip, none after a go-back.
-    pub grown: u32,
-    /// The packet whose round trip is being timed, and when it left.
-    pub timed: Option<(Psn, Duration)>,
-    /// Whether the last timed round trip took at most a quarter of the ACK
-    /// timeout: a peer that slow (an emulated VM) would time out on a
-    /// larger window, so it keeps rxe's.
-    pub fast_peer: bool,
-}
-
-/// Which of a QP's packets [`Qp::transmit_next`] takes.
-#[derive(Debug, Clone, Copy)]
-enum Turn {
+/// Which of a QP's packets [`Qp::poll_transmit`] hands out first, when it
+/// has both requests and answers to its peer's (ACKs, READ responses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransmitOrder {
+    /// Answers first, so a busy requester cannot starve the peer of ACKs:
+    /// the order for a driver's rounds.
     ResponsesFirst,
+    /// Requests first: for the thread that just posted them, since the peer
+    /// waits for the request and the answers this QP owes can trail it in
+    /// the same batch.
     RequestsFirst,
+    /// Answers only: for a driver that leaves the requests for later
+    /// ([`Qp::unacked_awaiting_ack`]).
     ResponsesOnly,
 }
 
 /// A queue pair.
 #[derive(Debug)]
 pub struct Qp {
-    pub(crate) qpn: u32,
-    pub(crate) qp_type: QpType,
-    pub(crate) pd: u32,
-    pub(crate) cap: QpCap,
-    pub(crate) srq: Option<u32>,
-    pub(crate) attr: QpAttr,
-    pub(crate) sq: VecDeque<Wqe>,
-    pub(crate) rq: VecDeque<RecvWr>,
-    pub(crate) req: ReqState,
-    pub(crate) comp: CompState,
-    pub(crate) resp: RespState,
-    pub(crate) completions: VecDeque<(CqKind, WorkCompletion)>,
-    pub(crate) events: VecDeque<AsyncEvent>,
-    pub(crate) counters: Counters,
-    pub(crate) sqd_notified: bool,
+    qpn: u32,
+    qp_type: QpType,
+    pd: u32,
+    cap: QpCap,
+    srq: Option<u32>,
+    attr: QpAttr,
+    sq: VecDeque<Wqe>,
+    rq: VecDeque<RecvWr>,
+    req: ReqState,
+    comp: CompState,
+    resp: RespState,
+    /// The deadlines of the roles' timers.
+    timers: TimerTable,
+    completions: VecDeque<(CqKind, WorkCompletion)>,
+    events: VecDeque<AsyncEvent>,
+    counters: Counters,
+    sqd_notified: bool,
     /// Bytes the peer can hold unread, if known: the window never puts more
     /// in flight (see [`Qp::set_peer_buffer`]).
-    pub(crate) peer_buffer: Option<usize>,
+    peer_buffer: Option<usize>,
     /// Destroyed, and only answering duplicates of what it executed (see
     /// [`Qp::linger`]).
-    pub(crate) lingering: bool,
+    lingering: bool,
 }
 
 impl Qp {
@@ -351,6 +204,7 @@ impl Qp {
             req: ReqState::default(),
             comp: CompState::default(),
             resp: RespState::default(),
+            timers: TimerTable::default(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
@@ -492,7 +346,7 @@ impl Qp {
     }
 
     /// Moves to `to`, doing what entering that state entails.
-    pub(crate) fn enter(&mut self, to: QpState) {
+    fn enter(&mut self, to: QpState) {
         let from = self.attr.state;
         self.attr.state = to;
         self.attr.cur_state = to;
@@ -510,7 +364,7 @@ impl Qp {
     }
 
     /// Moves to ERR because of an error the QP detected, raising `event`.
-    pub(crate) fn fail(&mut self, event: AsyncEvent) {
+    fn fail(&mut self, event: AsyncEvent) {
         if self.attr.state != QpState::Err {
             self.events.push_back(event);
             self.enter(QpState::Err);
@@ -520,7 +374,7 @@ impl Qp {
     /// A UC or UD send failed locally: the send queue stops (SQE) and its
     /// other requests are flushed, while the receive side keeps working, as
     /// IBTA specifies; `modify` to RTS resumes sending.
-    pub(crate) fn send_queue_error(&mut self) {
+    fn send_queue_error(&mut self) {
         self.flush_send_queue();
         self.attr.state = QpState::Sqe;
         self.attr.cur_state = QpState::Sqe;
@@ -538,8 +392,8 @@ impl Qp {
     fn flush(&mut self) {
         self.flush_send_queue();
         self.req.rd_atomic = 0;
-        self.comp.timer = None;
-        self.comp.rnr_until = None;
+        self.timers.stop(Timer::AckTimeout);
+        self.timers.stop(Timer::RnrWait);
         let in_progress = self.resp.abandon();
         for wr in in_progress.into_iter().chain(self.rq.drain(..)) {
             let wc = WorkCompletion::new(wr.wr_id, self.qpn, WcStatus::WrFlushErr, WcOpcode::Recv);
@@ -562,15 +416,7 @@ impl Qp {
             self.completions.push_back((CqKind::Send, wc));
             return Ok(());
         }
-        self.sq.push_back(Wqe {
-            wr,
-            psn: None,
-            next_pkt: 0,
-            sent: false,
-            rd_atomic_counted: 0,
-            read_piece: 0,
-            pieces_requested: 0,
-        });
+        self.sq.push_back(Wqe::new(wr));
         Ok(())
     }
 
@@ -658,50 +504,35 @@ impl Qp {
 
     /// Whether a packet for this connected QP comes from its peer: the peer's
     /// address, and its source port when one was configured.
-    pub(crate) fn is_from_peer(&self, pkt: &Incoming<'_>) -> bool {
+    fn is_from_peer(&self, pkt: &Incoming<'_>) -> bool {
         Some(pkt.src) == self.attr.dest && self.attr.peer_port.is_none_or(|port| port == pkt.src_port)
     }
 
-    /// Writes the next packet to send into `buf` (which must hold the path MTU
-    /// plus [`TRANSMIT_HEADROOM`] bytes; a smaller one yields nothing) and says where it goes. Responses go before requests so
-    /// a busy requester cannot starve the peer of ACKs.
-    #[inline]
-    pub fn poll_transmit(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit_next(now, mem, buf, Turn::ResponsesFirst)
-    }
-
-    /// As [`Qp::poll_transmit`], but requests before responses: for the
-    /// thread that just posted them, since the peer waits for the request
-    /// and the answers this QP owes (ACKs) can trail it in the same batch.
-    #[inline]
-    pub fn poll_transmit_requests_first(
+    /// Writes the next packet to send into `buf` (which must hold the path
+    /// MTU plus [`TRANSMIT_HEADROOM`] bytes; a smaller one yields nothing)
+    /// and says where it goes; `order` says whether requests or answers go
+    /// first.
+    pub fn poll_transmit(
         &mut self,
         now: Duration,
         mem: &dyn Memory,
         buf: &mut [u8],
+        order: TransmitOrder,
     ) -> Option<Transmit> {
-        self.transmit_next(now, mem, buf, Turn::RequestsFirst)
-    }
-
-    /// As [`Qp::poll_transmit`], but only the QP's answers to its peer
-    /// (ACKs, READ responses): for a driver that leaves the requests for
-    /// later ([`Qp::unacked_awaiting_ack`]).
-    #[inline]
-    pub fn poll_transmit_responses(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit_next(now, mem, buf, Turn::ResponsesOnly)
-    }
-
-    fn transmit_next(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8], turn: Turn) -> Option<Transmit> {
         let needed = self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM;
         if buf.len() < needed {
             tracing::warn!(qpn = self.qpn, needed, got = buf.len(), "transmit buffer too small");
             return None;
         }
         let _span = tracing::trace_span!("qp", qpn = self.qpn).entered();
-        let tx = match turn {
-            Turn::ResponsesFirst => self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?,
-            Turn::RequestsFirst => self.next_request(now, mem, buf).or_else(|| self.next_response(mem, buf))?,
-            Turn::ResponsesOnly => self.next_response(mem, buf)?,
+        let tx = match order {
+            TransmitOrder::ResponsesFirst => {
+                self.next_response(mem, buf).or_else(|| self.next_request(now, mem, buf))?
+            }
+            TransmitOrder::RequestsFirst => {
+                self.next_request(now, mem, buf).or_else(|| self.next_response(mem, buf))?
+            }
+            TransmitOrder::ResponsesOnly => self.next_response(mem, buf)?,
         };
         self.counters.sent_packets += 1;
         if tracing::enabled!(tracing::Level::TRACE) {
@@ -743,45 +574,14 @@ impl Qp {
         self.peer_buffer = bytes;
     }
 
-    /// Unacknowledged PSNs the requester may have in flight now: rxe's 128
-    /// plus what the window has grown, within the peer's buffer; 1 while
-    /// probing after a timeout.
-    pub(crate) fn window(&self) -> u32 {
-        if self.comp.probing {
-            return 1;
-        }
-        let grown = MAX_UNACKED_PSNS + self.comp.grown;
-        grown.min(self.peer_buffer_psns()).max(MIN_WINDOW_PSNS)
-    }
-
-    /// Packets the peer's buffer holds ([`Qp::set_peer_buffer`]); no limit
-    /// where it is not known.
-    pub(crate) fn peer_buffer_psns(&self) -> u32 {
-        // The kernel charges a receive buffer for whole allocations: a
-        // lone 4 KiB datagram takes twice its bytes, a packet of a GSO train
-        // (how bulk leaves the UDP link) 1.15-1.22 times; measured on
-        // Linux 6.18 by filling a 416 KiB buffer.
-        self.peer_buffer.map_or(u32::MAX, |bytes| {
-            let charge = 5 * (self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM) / 4;
-            u32::try_from(bytes / charge).unwrap_or(u32::MAX)
-        })
-    }
-
-    /// Packets sent between two that ask for an ACK: half of rxe's window
-    /// (64), a quarter of a larger one, half of a smaller one, so that an
-    /// ACK always comes back before the window closes.
-    pub(crate) fn ack_every(&self) -> u32 {
-        let window = self.window();
-        (window / 4).max(MAX_PKTS_PER_ACK.min(window / 2)).max(1)
-    }
-
     /// PSNs handed out to requests and not yet acknowledged, when an ACK
     /// is on its way for some of them (a packet that asked for one is
     /// unacknowledged): the ACK's arrival will open the window again, so a
     /// driver may leave new requests to go with the packets it lets out.
     pub fn unacked_awaiting_ack(&self) -> Option<u32> {
         let asked = self.req.ack_asked?;
-        let pending = self.qp_type == QpType::Rc && !self.comp.psn.is_after(asked) && self.comp.timer.is_some();
+        let pending =
+            self.qp_type == QpType::Rc && !self.comp.psn.is_after(asked) && self.timers.is_armed(Timer::AckTimeout);
         pending.then(|| self.req.psn.diff(self.comp.psn).max(0) as u32)
     }
 
@@ -802,62 +602,41 @@ impl Qp {
 
     /// The earliest time [`Qp::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        [self.comp.timer, self.comp.rnr_until, self.req.ask_by].into_iter().flatten().min()
+        self.timers.next()
     }
 
-    /// The retransmission part of an RC completer: local ACK timeout and the
-    /// end of an RNR wait.
+    /// Handles every timer due at `now`: the end of an RNR wait, the local
+    /// ACK timeout, an ACK to ask for.
     pub fn handle_timeout(&mut self, now: Duration) {
-        if self.comp.rnr_until.is_some_and(|t| t <= now) {
-            self.comp.rnr_until = None;
-            let psn = self.comp.rnr_psn;
-            self.go_back_to(psn);
+        for timer in Timer::ALL {
+            if self.timers.expire(timer, now) {
+                match timer {
+                    Timer::RnrWait => self.end_rnr_wait(),
+                    Timer::AckTimeout => self.on_ack_timeout(now),
+                    Timer::AskForAck => self.ask_for_ack(),
+                }
+            }
         }
-        if self.comp.timer.is_some_and(|t| t <= now) {
-            self.comp.timer = None;
-            self.on_ack_timeout(now);
-        }
-        if self.req.ask_by.is_some_and(|t| t <= now) {
-            self.req.ask_by = None;
-            self.ask_for_ack();
-        }
-    }
-
-    /// A message ended without AckReq and nothing asked since: the last
-    /// packet sent goes again, asking, and the responder acknowledges the
-    /// duplicate (C9-105). (Were it a READ's or an atomic's, whose
-    /// responses answer for it, the next packet would ask instead.)
-    fn ask_for_ack(&mut self) {
-        if self.comp.psn == self.req.sent_end || self.attr.state == QpState::Err {
-            return;
-        }
-        self.req.ask_next = true;
-        let last = self.req.sent_end.wrapping_sub(1);
-        let Some(index) = self.wqe_index_of(last) else { return };
-        let wqe = &mut self.sq[index];
-        if wqe.wr.op.is_read_or_atomic() {
-            return;
-        }
-        let range = wqe.psn.expect("found by its PSN");
-        wqe.next_pkt = last.diff(range.first) as u32;
-        wqe.sent = false;
-        self.req.next = index;
-    }
-
-    /// How long a packet sent without AckReq waits for one that asks.
-    pub(crate) fn ack_ask_delay(&self) -> Duration {
-        self.ack_timeout().map_or(ACK_ASK_DELAY, |t| ACK_ASK_DELAY.min(t / 4))
     }
 
     /// The local ACK timeout: 4.096 µs × 2^timeout, or none for 0.
-    pub(crate) fn ack_timeout(&self) -> Option<Duration> {
+    fn ack_timeout(&self) -> Option<Duration> {
         match self.attr.timeout {
             0 => None,
             t => Some(Duration::from_nanos(4096u64 << t)),
         }
     }
 
-    pub(crate) fn complete_send(&mut self, wqe: &Wqe, status: WcStatus) {
+    /// Arms the local ACK timer a full timeout from `now` (none where the
+    /// timeout is infinite).
+    fn restart_ack_timer(&mut self, now: Duration) {
+        match self.ack_timeout() {
+            Some(timeout) => self.timers.set(Timer::AckTimeout, now + timeout),
+            None => self.timers.stop(Timer::AckTimeout),
+        }
+    }
+
+    fn complete_send(&mut self, wqe: &Wqe, status: WcStatus) {
         if status != WcStatus::Success || wqe.wr.flags.signaled {
             let mut wc = WorkCompletion::new(wqe.wr.wr_id, self.qpn, status, wqe.wr.op.wc_opcode());
             if status == WcStatus::Success {
@@ -868,35 +647,12 @@ impl Qp {
     }
 
     /// The WQE that holds `psn`, by index in the send queue.
-    pub(crate) fn wqe_index_of(&self, psn: Psn) -> Option<usize> {
+    fn wqe_index_of(&self, psn: Psn) -> Option<usize> {
         self.sq.iter().position(|w| w.psn.is_some_and(|r| r.contains(psn)))
     }
 
-    /// Go-back-N: the requester resends from `psn`, which must be an
-    /// unacknowledged PSN of a WQE already sent.
-    pub(crate) fn go_back_to(&mut self, psn: Psn) {
-        let Some(index) = self.wqe_index_of(psn) else { return };
-        self.counters.retries += 1;
-        debug!(qpn = self.qpn, psn = psn.value(), "go back");
-        if matches!(self.sq[index].wr.op, SendOp::RdmaRead { .. }) {
-            // READ responses were lost: the next READs go in pieces the
-            // receive buffer holds.
-            self.req.pieced_reads = PIECED_READS;
-        }
-        for (i, wqe) in self.sq.iter_mut().enumerate().skip(index) {
-            let Some(range) = wqe.psn else { break };
-            wqe.next_pkt = if i == index { psn.diff(range.first) as u32 } else { 0 };
-            wqe.sent = false;
-        }
-        self.req.next = index;
-        self.comp.retry_started_at = Some(self.comp.psn);
-        // The peer or the path did not keep up: back to rxe's window.
-        self.comp.grown = 0;
-        self.comp.timed = None;
-    }
-
     /// SQD: once nothing is in flight, say so (if asked to) once.
-    pub(crate) fn check_sq_drained(&mut self) {
+    fn check_sq_drained(&mut self) {
         if self.attr.state == QpState::Sqd && !self.sqd_notified && self.sq.iter().all(|w| w.psn.is_none()) {
             self.sqd_notified = true;
             if self.attr.en_sqd_async_notify {

@@ -5,21 +5,85 @@
 //! message, every quarter send queue of messages, [`ACK_ASK_DELAY`] after
 //! one that did not ask) and every [`MAX_PKTS_PER_ACK`] packets (or quarter
 //! window) within long ones, the window of [`MAX_UNACKED_PSNS`] growing to
-//! [`MAX_WINDOW_PSNS`], fences, the max_rd_atomic limit, and READs in
-//! pieces the receive buffer holds after responses were lost
-//! ([`PIECED_READS`]).
+//! [`MAX_WINDOW_PSNS`], fences, the max_rd_atomic limit, READs in pieces
+//! the receive buffer holds after responses were lost ([`PIECED_READS`]),
+//! and the go-back-N the completer asks for.
 
 use std::time::Duration;
 
-use tracing::trace;
+use tracing::{debug, trace};
 
-use super::attr::QpState;
-use super::memory::Memory;
-use super::qp::{Qp, Transmit};
-#[cfg(doc)]
-use super::qp::{ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
-use super::types::{Access, PsnRange, QpType, SendOp, Sge, WcStatus};
-use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, RethRepr, RoceRepr, Transport};
+use super::Qp;
+use crate::transport::attr::QpState;
+use crate::transport::memory::{for_each_piece, MemError, Memory};
+use crate::transport::queue::{Transmit, TRANSMIT_HEADROOM};
+use crate::transport::timer::Timer;
+use crate::transport::types::{Access, AsyncEvent, PsnRange, QpType, SendOp, WcStatus};
+use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, Psn, RethRepr, RoceRepr, Transport};
+
+/// Unacknowledged PSNs a requester may have in flight when it starts, and
+/// again after every go-back (rxe's `RXE_MAX_UNACKED_PSNS`, its fixed window).
+pub const MAX_UNACKED_PSNS: u32 = 128;
+/// The most unacknowledged PSNs a requester's window grows to while the peer
+/// acknowledges without loss: 2 MiB at MTU 4096, which a kernel socket
+/// buffer of 8 MiB holds for four QPs. Larger windows only cost retries.
+pub const MAX_WINDOW_PSNS: u32 = 512;
+/// The smallest window a small peer buffer shrinks it to: a handful of
+/// packets keeps a stream moving where a buffer is smaller still.
+const MIN_WINDOW_PSNS: u32 = 8;
+/// Packets a requester sends before asking for an ACK within a long message
+/// (rxe's `RXE_MAX_PKT_PER_ACK`), while its window is at most four times
+/// this; a larger window asks every quarter window.
+pub const MAX_PKTS_PER_ACK: u32 = 64;
+/// READs that go in pieces after responses to a READ were lost, where the
+/// responses of one would not fit the receive buffer (rxe-spec T-7). Whole
+/// READs are faster while the receiver keeps up, pieces never overflow it.
+pub const PIECED_READS: u32 = 16;
+/// The longest a message sent without AckReq waits before the requester
+/// asks for its ACK (rxe-spec T-6): after that, or a quarter of the local
+/// ACK timeout if shorter, it resends its last packet with AckReq. Traffic
+/// of more than a quarter send queue's messages in that time asks by itself
+/// (a ping-pong at 6.4k round trips a second with the default queue); at
+/// 1 ms, a ping-pong slowed by a VM's stalls resent every millisecond and
+/// the engine woke for it, and the round trips behind slowed further.
+pub const ACK_ASK_DELAY: Duration = Duration::from_millis(10);
+
+/// Requester progress.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ReqState {
+    /// Index in the send queue of the WQE to transmit next.
+    pub(super) next: usize,
+    /// PSN the next new WQE will get.
+    pub(super) psn: Psn,
+    /// Packets sent since the last one with AckReq.
+    pub(super) noack_pkts: u32,
+    /// The last packet sent with AckReq: its ACK is on its way until
+    /// the completer passes it.
+    pub(super) ack_asked: Option<Psn>,
+    /// Messages ended without AckReq since the last packet with it.
+    pub(super) noack_msgs: u32,
+    /// One past the highest PSN sent: a packet before it is a resend.
+    pub(super) sent_end: Psn,
+    /// The next request packet asks for an ACK: [`Timer::AskForAck`]
+    /// expired.
+    pub(super) ask_next: bool,
+    /// READ and atomic requests sent and not answered in full.
+    pub(super) rd_atomic: u32,
+    /// READs still to go in pieces since responses to one were lost
+    /// ([`PIECED_READS`]).
+    pub(super) pieced_reads: u32,
+    /// PSNs the window has grown beyond [`MAX_UNACKED_PSNS`]: by every PSN
+    /// acknowledged while the peer answers fast (doubling per round trip, as
+    /// TCP's slow start), up to [`MAX_WINDOW_PSNS`]; halved by a slow round
+    /// trip, none after a go-back.
+    pub(super) grown: u32,
+    /// The packet whose round trip is being timed, and when it left.
+    pub(super) timed: Option<(Psn, Duration)>,
+    /// Whether the last timed round trip took at most a quarter of the ACK
+    /// timeout: a peer that slow (an emulated VM) would time out on a
+    /// larger window, so it keeps rxe's.
+    pub(super) fast_peer: bool,
+}
 
 /// What one request packet carries.
 struct Plan {
@@ -31,8 +95,8 @@ struct Plan {
 }
 
 impl Qp {
-    pub(crate) fn next_request(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
-        if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_until.is_some() {
+    pub(super) fn next_request(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+        if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) || self.timers.is_armed(Timer::RnrWait) {
             return None;
         }
         let index = self.req.next;
@@ -100,7 +164,7 @@ impl Qp {
             let wqe = self.sq.remove(index).expect("index checked above");
             self.complete_send(&wqe, WcStatus::LocProtErr);
             if self.qp_type == QpType::Rc {
-                self.fail(super::types::AsyncEvent::QpFatal { qpn: self.qpn });
+                self.fail(AsyncEvent::QpFatal { qpn: self.qpn });
             } else {
                 self.send_queue_error();
             }
@@ -128,20 +192,20 @@ impl Qp {
             if end.is_after(self.req.sent_end) {
                 self.req.sent_end = end;
             }
-            if self.comp.timer.is_none() {
-                self.comp.timer = self.ack_timeout().map(|t| now + t);
+            if !self.timers.is_armed(Timer::AckTimeout) {
+                self.restart_ack_timer(now);
             }
             // A message that ended without asking is asked for within a
             // bound (T-6). A packet within a message needs no such bound:
             // more of the message follows, within the window.
             if plan.repr.bth.ack_req {
-                self.req.ask_by = None;
-            } else if plan.last && self.req.ask_by.is_none() {
-                self.req.ask_by = Some(now + self.ack_ask_delay());
+                self.timers.stop(Timer::AskForAck);
+            } else if plan.last && !self.timers.is_armed(Timer::AskForAck) {
+                self.timers.set(Timer::AskForAck, now + self.ack_ask_delay());
             }
             // Time the round trip of one packet at a time, never of a resent one.
-            if plan.repr.bth.ack_req && self.comp.timed.is_none() && self.comp.retry_started_at.is_none() {
-                self.comp.timed = Some((psn, now));
+            if plan.repr.bth.ack_req && self.req.timed.is_none() && self.comp.retry_started_at.is_none() {
+                self.req.timed = Some((psn, now));
             }
         } else if plan.last {
             // UC and UD complete once the last packet is on the wire.
@@ -293,13 +357,7 @@ impl Qp {
 
     /// Copies `out.len()` bytes of the WQE's data, starting at `offset` of
     /// the message, from its SGEs (or inline data).
-    fn gather(
-        &self,
-        index: usize,
-        offset: u64,
-        out: &mut [u8],
-        mem: &dyn Memory,
-    ) -> Result<(), super::memory::MemError> {
+    fn gather(&self, index: usize, offset: u64, out: &mut [u8], mem: &dyn Memory) -> Result<(), MemError> {
         let wqe = &self.sq[index];
         if wqe.wr.flags.inline {
             let start = offset as usize;
@@ -310,31 +368,105 @@ impl Qp {
             mem.read(sge.lkey, self.pd, addr, &mut out[at..at + n], Access::NONE)
         })
     }
-}
 
-/// Walks the pieces of an SGE list covering `len` bytes from `offset`:
-/// calls `f(sge, address, position in the output, length)` for each.
-pub(crate) fn for_each_piece<E>(
-    sges: &[Sge],
-    offset: u64,
-    len: usize,
-    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), E>,
-) -> Result<(), E> {
-    let mut skip = offset;
-    let mut done = 0usize;
-    for sge in sges {
-        if done == len {
-            break;
+    /// Unacknowledged PSNs the requester may have in flight now: rxe's 128
+    /// plus what the window has grown, within the peer's buffer; 1 while
+    /// probing after a timeout.
+    fn window(&self) -> u32 {
+        if self.comp.probing {
+            return 1;
         }
-        let sge_len = u64::from(sge.length);
-        if skip >= sge_len {
-            skip -= sge_len;
-            continue;
-        }
-        let n = ((sge_len - skip) as usize).min(len - done);
-        f(sge, sge.addr + skip, done, n)?;
-        done += n;
-        skip = 0;
+        let grown = MAX_UNACKED_PSNS + self.req.grown;
+        grown.min(self.peer_buffer_psns()).max(MIN_WINDOW_PSNS)
     }
-    Ok(())
+
+    /// Packets the peer's buffer holds ([`Qp::set_peer_buffer`]); no limit
+    /// where it is not known.
+    fn peer_buffer_psns(&self) -> u32 {
+        // The kernel charges a receive buffer for whole allocations: a
+        // lone 4 KiB datagram takes twice its bytes, a packet of a GSO train
+        // (how bulk leaves the UDP link) 1.15-1.22 times; measured on
+        // Linux 6.18 by filling a 416 KiB buffer.
+        self.peer_buffer.map_or(u32::MAX, |bytes| {
+            let charge = 5 * (self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM) / 4;
+            u32::try_from(bytes / charge).unwrap_or(u32::MAX)
+        })
+    }
+
+    /// PSNs up to `psn` (exclusive) are acknowledged: the window grows by
+    /// them while round trips are short against the ACK timeout, and halves
+    /// on a long one.
+    pub(super) fn adapt_window(&mut self, now: Duration, psn: Psn) {
+        if let Some((timed, sent_at)) = self.req.timed {
+            if timed.is_before(psn) {
+                self.req.timed = None;
+                let round_trip = now.saturating_sub(sent_at);
+                self.req.fast_peer = self.ack_timeout().is_none_or(|t| round_trip * 4 <= t);
+                if !self.req.fast_peer {
+                    self.req.grown /= 2;
+                }
+            }
+        }
+        if self.req.fast_peer {
+            let acked = psn.diff(self.comp.psn).max(0) as u32;
+            self.req.grown = (self.req.grown + acked).min(MAX_WINDOW_PSNS - MAX_UNACKED_PSNS);
+        }
+    }
+
+    /// Packets sent between two that ask for an ACK: half of rxe's window
+    /// (64), a quarter of a larger one, half of a smaller one, so that an
+    /// ACK always comes back before the window closes.
+    fn ack_every(&self) -> u32 {
+        let window = self.window();
+        (window / 4).max(MAX_PKTS_PER_ACK.min(window / 2)).max(1)
+    }
+
+    /// A message ended without AckReq and nothing asked since: the last
+    /// packet sent goes again, asking, and the responder acknowledges the
+    /// duplicate (C9-105). (Were it a READ's or an atomic's, whose
+    /// responses answer for it, the next packet would ask instead.)
+    pub(super) fn ask_for_ack(&mut self) {
+        if self.comp.psn == self.req.sent_end || self.attr.state == QpState::Err {
+            return;
+        }
+        self.req.ask_next = true;
+        let last = self.req.sent_end.wrapping_sub(1);
+        let Some(index) = self.wqe_index_of(last) else { return };
+        let wqe = &mut self.sq[index];
+        if wqe.wr.op.is_read_or_atomic() {
+            return;
+        }
+        let range = wqe.psn.expect("found by its PSN");
+        wqe.next_pkt = last.diff(range.first) as u32;
+        wqe.sent = false;
+        self.req.next = index;
+    }
+
+    /// How long a packet sent without AckReq waits for one that asks.
+    fn ack_ask_delay(&self) -> Duration {
+        self.ack_timeout().map_or(ACK_ASK_DELAY, |t| ACK_ASK_DELAY.min(t / 4))
+    }
+
+    /// Go-back-N: the requester resends from `psn`, which must be an
+    /// unacknowledged PSN of a WQE already sent.
+    pub(super) fn go_back_to(&mut self, psn: Psn) {
+        let Some(index) = self.wqe_index_of(psn) else { return };
+        self.counters.retries += 1;
+        debug!(qpn = self.qpn, psn = psn.value(), "go back");
+        if matches!(self.sq[index].wr.op, SendOp::RdmaRead { .. }) {
+            // READ responses were lost: the next READs go in pieces the
+            // receive buffer holds.
+            self.req.pieced_reads = PIECED_READS;
+        }
+        for (i, wqe) in self.sq.iter_mut().enumerate().skip(index) {
+            let Some(range) = wqe.psn else { break };
+            wqe.next_pkt = if i == index { psn.diff(range.first) as u32 } else { 0 };
+            wqe.sent = false;
+        }
+        self.req.next = index;
+        self.comp.retry_started_at = Some(self.comp.psn);
+        // The peer or the path did not keep up: back to rxe's window.
+        self.req.grown = 0;
+        self.req.timed = None;
+    }
 }

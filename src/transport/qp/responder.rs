@@ -10,12 +10,12 @@ use std::net::IpAddr;
 
 use tracing::{debug, trace};
 
-use super::attr::QpState;
-use super::memory::{AtomicOp, Memory};
-use super::qp::{CqKind, Incoming, Qp, Transmit};
-use super::requester::for_each_piece;
-use super::srq::Srq;
-use super::types::{Access, AsyncEvent, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use super::Qp;
+use crate::transport::attr::QpState;
+use crate::transport::memory::{for_each_piece, AtomicOp, Memory};
+use crate::transport::queue::{CqKind, Incoming, Transmit};
+use crate::transport::srq::Srq;
+use crate::transport::types::{Access, AsyncEvent, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::opcode::Position;
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Psn, RoceRepr, Syndrome, Transport,
@@ -26,7 +26,7 @@ pub const GRH_LEN: usize = 40;
 
 /// A multi-packet message being received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Message {
+pub(super) enum Message {
     Send,
     Write { addr: u64, rkey: u32, remaining: u64, total: u64 },
 }
@@ -34,14 +34,14 @@ pub(crate) enum Message {
 /// What the responder remembers of a READ or atomic, to answer a duplicate
 /// without executing it again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Resource {
+pub(super) enum Resource {
     Read { first: Psn, last: Psn, addr: u64, rkey: u32, len: u64 },
     Atomic { psn: Psn, original: u64 },
 }
 
 /// A response waiting to be sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Response {
+pub(super) enum Response {
     Ack {
         psn: Psn,
         syndrome: Syndrome,
@@ -65,33 +65,33 @@ pub(crate) enum Response {
 
 /// Responder progress.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct RespState {
+pub(super) struct RespState {
     /// The PSN expected next.
-    pub psn: Psn,
+    pub(super) psn: Psn,
     /// PSN after the last SEND/WRITE/atomic executed: a duplicate SEND or
     /// WRITE is acknowledged with the PSN before it (never a READ's PSN).
-    pub ack_psn: Psn,
-    pub msn: u32,
+    pub(super) ack_psn: Psn,
+    pub(super) msn: u32,
     /// A sequence NAK was sent and the expected PSN has not arrived since.
-    pub sent_psn_nak: bool,
-    pub message: Option<Message>,
+    pub(super) sent_psn_nak: bool,
+    pub(super) message: Option<Message>,
     /// The receive WQE the current SEND fills, and how far.
-    pub recv: Option<RecvWr>,
-    pub recv_offset: u64,
-    pub resources: VecDeque<Resource>,
-    pub responses: VecDeque<Response>,
+    pub(super) recv: Option<RecvWr>,
+    pub(super) recv_offset: u64,
+    pub(super) resources: VecDeque<Resource>,
+    pub(super) responses: VecDeque<Response>,
     /// UC: drop packets until the next FIRST or ONLY.
-    pub drop_msg: bool,
+    pub(super) drop_msg: bool,
 }
 
 impl RespState {
-    pub(crate) fn reset_psn(&mut self, psn: Psn) {
+    pub(super) fn reset_psn(&mut self, psn: Psn) {
         self.psn = psn;
         self.ack_psn = psn;
     }
 
     /// Forgets the message in progress; returns the receive WQE it held.
-    pub(crate) fn abandon(&mut self) -> Option<RecvWr> {
+    pub(super) fn abandon(&mut self) -> Option<RecvWr> {
         self.message = None;
         self.recv_offset = 0;
         self.recv.take()
@@ -106,7 +106,7 @@ enum Refusal {
 }
 
 impl Qp {
-    pub(crate) fn handle_request(&mut self, pkt: Incoming<'_>, mem: &mut dyn Memory, mut srq: Option<&mut Srq>) {
+    pub(super) fn handle_request(&mut self, pkt: Incoming<'_>, mem: &mut dyn Memory, mut srq: Option<&mut Srq>) {
         let hdr = pkt.header;
         if self.lingering {
             let resent = self.qp_type == QpType::Rc
@@ -590,7 +590,7 @@ impl Qp {
     }
 
     /// Builds the next queued response into `buf`.
-    pub(crate) fn next_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+    pub(super) fn next_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
         if self.attr.state == QpState::Reset {
             return None;
         }

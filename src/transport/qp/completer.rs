@@ -6,12 +6,32 @@ use std::time::Duration;
 
 use tracing::debug;
 
-use super::attr::QpState;
-use super::memory::Memory;
-use super::qp::{Incoming, Qp, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS};
-use super::requester::for_each_piece;
-use super::types::{Access, AsyncEvent, QpType, SendOp, WcStatus};
+use super::Qp;
+use crate::transport::attr::QpState;
+use crate::transport::memory::{for_each_piece, Memory};
+use crate::transport::queue::Incoming;
+use crate::transport::timer::Timer;
+use crate::transport::types::{Access, AsyncEvent, QpType, SendOp, WcStatus};
 use crate::wire::{NakCode, Operation, Psn, Syndrome};
+
+/// Completer progress.
+#[derive(Debug, Clone, Default)]
+pub(super) struct CompState {
+    /// Oldest PSN not yet acknowledged.
+    pub(super) psn: Psn,
+    pub(super) retry_left: u8,
+    pub(super) rnr_left: u8,
+    /// Where the requester resends from when the RNR wait
+    /// ([`Timer::RnrWait`]) ends.
+    pub(super) rnr_psn: Psn,
+    /// A retry was already started for this `psn`: further gaps seen before
+    /// progress must not start another.
+    pub(super) retry_started_at: Option<Psn>,
+    /// An ACK timeout went back: only the oldest unacknowledged packet goes
+    /// out until the peer shows progress, so a peer that is slow rather than
+    /// lossy is not buried under a window of duplicates per timeout.
+    pub(super) probing: bool,
+}
 
 /// Outcome of retiring acknowledged WQEs up to a PSN.
 enum Retire {
@@ -22,7 +42,7 @@ enum Retire {
 }
 
 impl Qp {
-    pub(crate) fn handle_response(&mut self, now: Duration, pkt: Incoming<'_>, mem: &mut dyn Memory) {
+    pub(super) fn handle_response(&mut self, now: Duration, pkt: Incoming<'_>, mem: &mut dyn Memory) {
         let hdr = pkt.header;
         let psn = hdr.bth.psn;
         let receiving = matches!(self.attr.state, QpState::Rts | QpState::Sqd | QpState::Sqe);
@@ -91,30 +111,14 @@ impl Qp {
         self.comp.rnr_left = self.attr.rnr_retry;
         self.comp.retry_started_at = None;
         self.comp.probing = false;
-        self.comp.timer = if self.comp.psn == self.req.psn { None } else { self.ack_timeout().map(|t| now + t) };
+        if self.comp.psn == self.req.psn {
+            self.timers.stop(Timer::AckTimeout);
+        } else {
+            self.restart_ack_timer(now);
+        }
         if self.comp.psn == self.req.sent_end {
             // Nothing sent is unacknowledged: nothing to ask for.
-            self.req.ask_by = None;
-        }
-    }
-
-    /// PSNs up to `psn` (exclusive) are acknowledged: the window grows by
-    /// them while round trips are short against the ACK timeout, and halves
-    /// on a long one.
-    fn adapt_window(&mut self, now: Duration, psn: Psn) {
-        if let Some((timed, sent_at)) = self.comp.timed {
-            if timed.is_before(psn) {
-                self.comp.timed = None;
-                let round_trip = now.saturating_sub(sent_at);
-                self.comp.fast_peer = self.ack_timeout().is_none_or(|t| round_trip * 4 <= t);
-                if !self.comp.fast_peer {
-                    self.comp.grown /= 2;
-                }
-            }
-        }
-        if self.comp.fast_peer {
-            let acked = psn.diff(self.comp.psn).max(0) as u32;
-            self.comp.grown = (self.comp.grown + acked).min(MAX_WINDOW_PSNS - MAX_UNACKED_PSNS);
+            self.timers.stop(Timer::AskForAck);
         }
     }
 
@@ -157,8 +161,8 @@ impl Qp {
         debug!(qpn = self.qpn, psn = psn.value(), ?wait, "RNR NAK");
         // Nothing is sent until the wait is over; then the requester goes
         // back to `psn` (see `handle_timeout`).
-        self.comp.timer = None;
-        self.comp.rnr_until = Some(now + wait);
+        self.timers.stop(Timer::AckTimeout);
+        self.timers.set(Timer::RnrWait, now + wait);
         self.comp.rnr_psn = psn;
     }
 
@@ -175,7 +179,7 @@ impl Qp {
                 // RNR-NAKed one, asks for a go-back already under way. If the
                 // resent packets are lost too, the ACK timer catches it.
                 let under_way = self.comp.retry_started_at == Some(psn)
-                    || (self.comp.rnr_until.is_some() && self.comp.rnr_psn == psn);
+                    || (self.timers.is_armed(Timer::RnrWait) && self.comp.rnr_psn == psn);
                 if !under_way && self.take_retry() {
                     self.go_back_to(psn);
                 }
@@ -197,7 +201,13 @@ impl Qp {
         true
     }
 
-    pub(crate) fn on_ack_timeout(&mut self, now: Duration) {
+    /// The RNR NAK's wait is over: the requester resends from the NAKed PSN.
+    pub(super) fn end_rnr_wait(&mut self) {
+        let psn = self.comp.rnr_psn;
+        self.go_back_to(psn);
+    }
+
+    pub(super) fn on_ack_timeout(&mut self, now: Duration) {
         if self.comp.psn == self.req.psn || self.attr.state == QpState::Err {
             return;
         }
@@ -207,7 +217,7 @@ impl Qp {
             let psn = self.comp.psn;
             self.go_back_to(psn);
             self.comp.probing = true;
-            self.comp.timer = self.ack_timeout().map(|t| now + t);
+            self.restart_ack_timer(now);
         }
     }
 
