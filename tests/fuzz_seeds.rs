@@ -9,13 +9,14 @@
 //!   traffic even without the export. `write_fuzz_seeds` (ignored) regenerates
 //!   them; `committed_seeds_are_current` checks that they match.
 
-mod common;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use softroce::capture;
 use softroce::wire::Packet;
+use support::captures;
 
 /// Frames in a capture's head: enough for a few packets of each direction.
 const HEAD_FRAMES: usize = 3;
@@ -41,15 +42,15 @@ fn pcap_head(pcap: &[u8], frames: usize) -> Vec<u8> {
 /// Every input derived from the captures, by file name.
 fn corpus() -> BTreeMap<String, Vec<u8>> {
     let mut corpus = BTreeMap::new();
-    for name in common::capture_names() {
-        for (i, ip) in common::roce_ip_packets(&name).into_iter().enumerate() {
+    for name in captures::capture_names() {
+        for (i, ip) in captures::roce_ip_packets(&name).into_iter().enumerate() {
             corpus.insert(format!("{name}-{i:02}.ip"), ip);
         }
-        let pcap = common::capture_bytes(&name);
+        let pcap = captures::capture_bytes(&name);
         let (frames, err) = capture::read(&pcap);
         assert_eq!(err, None, "{name}");
         corpus.insert(format!("{name}-head.pcap"), pcap_head(&pcap, HEAD_FRAMES));
-        corpus.insert(format!("{name}-head.pcapng"), common::to_pcapng(&frames[..HEAD_FRAMES]));
+        corpus.insert(format!("{name}-head.pcapng"), captures::to_pcapng(&frames[..HEAD_FRAMES]));
     }
     corpus
 }

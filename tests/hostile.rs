@@ -11,25 +11,26 @@
 //! the engine matters: unknown QPs, malformed datagrams, spoofed sources,
 //! floods and teardown.
 
-mod hostile_support;
-mod roce_build;
-mod verbs_common;
+mod support;
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use hostile_support::*;
 use softroce::transport::memory::offset_in;
 use softroce::transport::*;
 use softroce::verbs::{ConnectOptions, ContextOptions, MemoryRegion, QueuePair};
 use softroce::wire::{
     AtomicAckEthRepr, NakCode, Opcode, Operation as Op, Psn, RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT,
 };
-use verbs_common::{
-    assert_holds_only, connect, contents, fill, free_port, next_async_event, nodes, options, wait_for, Node,
+use support::fake_peer::FakePeer;
+use support::qp::*;
+use support::verbs::{
+    assert_holds_only, connect, contents, fill, free_port, next_async_event, next_wc, nodes, options, wait_for, Node,
     ALL_ACCESS, FILL, IP_A, QUIET, WAIT,
 };
+use support::{pattern, Rng};
 
 /// Duplicates in a flood.
 const FLOOD: usize = 10_000;
@@ -40,12 +41,32 @@ fn psn_plus(psn: u32, n: i64) -> u32 {
 }
 
 /// (queue, wr_id, status) of each completion.
-fn summary(wcs: &[(CqKind, WorkCompletion)]) -> Vec<(CqKind, u64, WcStatus)> {
+fn statuses(wcs: &[(CqKind, WorkCompletion)]) -> Vec<(CqKind, u64, WcStatus)> {
     wcs.iter().map(|(cq, wc)| (*cq, wc.wr_id, wc.status)).collect()
 }
 
+/// Where the tests post receive buffers in the target's region.
+const RECV_AT: u64 = 0x8000;
+/// An off-path attacker: any address but the peer's.
+const ATTACKER: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 66));
+
+/// The target of the sans-IO attacks: an RC QP in RTS whose region holds a
+/// pattern, not zeros, so that a write of zeros shows too.
+fn target() -> TestQp {
+    target_with(attr())
+}
+
+/// [`target`] with other attributes.
+fn target_with(attr: QpAttr) -> TestQp {
+    // Made once: a debug build takes a while over 256 KiB.
+    static CONTENTS: OnceLock<Vec<u8>> = OnceLock::new();
+    let mut t = TestQp::new(QpType::Rc, attr);
+    t.fill(0, CONTENTS.get_or_init(|| pattern(REGION_LEN, 0x5a)));
+    t
+}
+
 /// The current 64-bit word at `offset` of the target's region.
-fn word(t: &Target, offset: u64) -> u64 {
+fn word(t: &TestQp, offset: u64) -> u64 {
     u64::from_ne_bytes(t.bytes(offset, 8).try_into().unwrap())
 }
 
@@ -109,13 +130,13 @@ fn every_remote_op(what: &str, va: u64, rkey: u32, code: NakCode) -> Vec<Refusal
 /// posted) and checks: exactly one NAK with its code for its PSN, to the
 /// peer; the QP in ERR with the matching event; both receives flushed; no
 /// byte of any region changed; silence afterwards.
-fn assert_refusals(setup: fn(&mut Target), refusals: Vec<Refusal>) {
+fn assert_refusals(setup: fn(&mut TestQp), refusals: Vec<Refusal>) {
     for r in refusals {
         let what = &r.what;
-        let mut t = Target::rc();
+        let mut t = target();
         setup(&mut t);
-        t.post_recv(1, 0, 4096);
-        t.post_recv(2, 4096, 4096);
+        t.post_recv(1, RECV_AT, 4096);
+        t.post_recv(2, RECV_AT + 4096, 4096);
         let before = t.snapshot();
         t.feed(r.header, &r.payload);
 
@@ -135,7 +156,7 @@ fn assert_refusals(setup: fn(&mut Target), refusals: Vec<Refusal>) {
         };
         assert_eq!(t.events(), vec![event], "{what}");
         let flushed = vec![(CqKind::Recv, 1, WcStatus::WrFlushErr), (CqKind::Recv, 2, WcStatus::WrFlushErr)];
-        assert_eq!(summary(&t.completions()), flushed, "{what}");
+        assert_eq!(statuses(&t.completions()), flushed, "{what}");
         t.assert_memory_is(&before, what);
         t.feed(rc(Op::SendOnly, RQ_PSN + 1).ack_req(), &[1; 4]);
         assert!(t.transmit().is_empty(), "{what}: answered in ERR");
@@ -156,7 +177,7 @@ const FOREIGN_VA: u64 = 0x4000_0000;
 
 #[test]
 fn rkeys_of_another_pd_are_remote_access_errors() {
-    fn foreign(t: &mut Target) {
+    fn foreign(t: &mut TestQp) {
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
         t.register(FOREIGN_KEY, Region { pd: PD + 1, addr: FOREIGN_VA, access, data: pattern(8192, 9) });
     }
@@ -169,7 +190,7 @@ const NO_RIGHTS_KEY: u32 = 0xf0_0004;
 
 #[test]
 fn regions_without_the_right_are_remote_access_errors() {
-    fn limited(t: &mut Target) {
+    fn limited(t: &mut TestQp) {
         let region = |addr, access| Region { pd: PD, addr, access, data: pattern(8192, addr as u32) };
         t.register(READ_ONLY_KEY, region(0x5000_0000, Access::LOCAL_WRITE | Access::REMOTE_READ));
         t.register(WRITE_ONLY_KEY, region(0x6000_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE));
@@ -194,7 +215,7 @@ const LOW_KEY: u32 = 0xf0_0005;
 #[test]
 fn ranges_wrapping_2_pow_64_are_remote_access_errors() {
     // A region at address 0: a range that wraps past 2^64 would land in it.
-    fn low(t: &mut Target) {
+    fn low(t: &mut TestQp) {
         let region = Region { pd: PD, addr: 0, access: ALL_ACCESS, data: pattern(4096, 4) };
         t.register(LOW_KEY, region);
     }
@@ -287,14 +308,14 @@ fn misaligned_atomics_are_invalid_requests() {
 
 #[test]
 fn aligned_atomics_at_the_edges_of_the_region_execute_exactly_there() {
-    let mut t = Target::rc();
+    let mut t = target();
     let last = REGION_LEN as u64 - 8;
     let (first_word, last_word) = (word(&t, 0), word(&t, last));
     let before = t.snapshot();
     t.feed(rc(Op::FetchAdd, RQ_PSN).ack_req().atomic_eth(VA, KEY, 5, 0), &[]);
     t.feed(rc(Op::CompareSwap, RQ_PSN + 1).ack_req().atomic_eth(VA + last, KEY, 0xabcd, last_word), &[]);
     let sent = t.transmit();
-    assert_eq!(shape(&sent), vec![(Op::AtomicAcknowledge, RQ_PSN), (Op::AtomicAcknowledge, RQ_PSN + 1)]);
+    assert_eq!(op_psn(&sent), vec![(Op::AtomicAcknowledge, RQ_PSN), (Op::AtomicAcknowledge, RQ_PSN + 1)]);
     let originals: Vec<u64> = sent.iter().map(|s| s.header.atomic_ack_eth.unwrap().original).collect();
     assert_eq!(originals, vec![first_word, last_word]);
     let mut expected = before;
@@ -306,13 +327,13 @@ fn aligned_atomics_at_the_edges_of_the_region_execute_exactly_there() {
 
 #[test]
 fn a_region_deregistered_mid_read_naks_the_rest_of_the_read() {
-    let mut t = Target::rc();
+    let mut t = target();
     t.feed(rc(Op::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY, 3 * MTU as u32), &[]);
     let first = t.transmit_one().expect("the first response");
     assert_eq!((first.op(), first.psn(), first.payload.clone()), (Op::ReadResponseFirst, RQ_PSN, t.bytes(0, MTU)));
     let region = t.mem.deregister(KEY).unwrap();
     let rest = t.transmit();
-    assert_eq!(shape(&rest), vec![(Op::Acknowledge, RQ_PSN + 1)]);
+    assert_eq!(op_psn(&rest), vec![(Op::Acknowledge, RQ_PSN + 1)]);
     assert_eq!(rest[0].syndrome(), Syndrome::Nak(NakCode::RemoteAccessError));
     assert_eq!(t.qp.state(), QpState::Err);
     assert_eq!(t.events(), vec![AsyncEvent::QpAccessError { qpn: QPN }]);
@@ -322,7 +343,7 @@ fn a_region_deregistered_mid_read_naks_the_rest_of_the_read() {
 #[test]
 fn a_region_deregistered_mid_write_naks_the_rest_of_the_write() {
     for deregistered_before in [Op::WriteMiddle, Op::WriteLast] {
-        let mut t = Target::rc();
+        let mut t = target();
         let data = pattern(3 * MTU, 8);
         t.feed(rc(Op::WriteFirst, RQ_PSN).reth(VA, KEY, data.len() as u32), &data[..MTU]);
         let mut psn = RQ_PSN + 1;
@@ -335,7 +356,7 @@ fn a_region_deregistered_mid_write_naks_the_rest_of_the_write() {
         let at = (psn - RQ_PSN) as usize * MTU;
         t.feed(rc(deregistered_before, psn).ack_req(), &data[at..at + MTU]);
         let sent = t.transmit();
-        assert_eq!(shape(&sent), vec![(Op::Acknowledge, psn)], "{deregistered_before:?}");
+        assert_eq!(op_psn(&sent), vec![(Op::Acknowledge, psn)], "{deregistered_before:?}");
         assert_eq!(sent[0].syndrome(), Syndrome::Nak(NakCode::RemoteAccessError));
         assert_eq!(t.qp.state(), QpState::Err);
         let mut expected = pattern(REGION_LEN, 0x5a);
@@ -346,10 +367,10 @@ fn a_region_deregistered_mid_write_naks_the_rest_of_the_write() {
 
 #[test]
 fn zero_length_requests_check_no_rkey_and_touch_nothing() {
-    let mut t = Target::rc();
-    t.post_recv(1, 0, 64);
+    let mut t = target();
+    t.post_recv(1, RECV_AT, 64);
     t.qp.post_recv(RecvWr { wr_id: 2, sg_list: vec![] }).unwrap();
-    t.post_recv(3, 64, 64);
+    t.post_recv(3, RECV_AT + 64, 64);
     let before = t.snapshot();
     // IBTA: a zero-length READ or WRITE needs no valid R_Key or address.
     t.feed(rc(Op::WriteOnly, RQ_PSN).ack_req().reth(u64::MAX, 0xdead, 0), &[]);
@@ -360,7 +381,7 @@ fn zero_length_requests_check_no_rkey_and_touch_nothing() {
     t.feed(imm, &[]);
     let sent = t.transmit();
     let expected = vec![(Op::Acknowledge, RQ_PSN), (Op::ReadResponseOnly, RQ_PSN + 1), (Op::Acknowledge, RQ_PSN + 4)];
-    assert_eq!(shape(&sent), expected);
+    assert_eq!(op_psn(&sent), expected);
     assert!(sent[1].payload.is_empty());
     assert_eq!(sent[2].msn(), 5);
     let wcs = t.completions();
@@ -381,7 +402,7 @@ fn zero_length_requests_check_no_rkey_and_touch_nothing() {
     t.feed(rc(Op::SendOnly, RQ_PSN + 5).ack_req(), &[1]);
     let sent = t.transmit();
     assert_eq!((sent[0].psn(), sent[0].syndrome()), (RQ_PSN + 5, Syndrome::Nak(NakCode::InvalidRequest)));
-    assert_eq!(summary(&t.completions()), vec![(CqKind::Recv, 4, WcStatus::LocLenErr)]);
+    assert_eq!(statuses(&t.completions()), vec![(CqKind::Recv, 4, WcStatus::LocLenErr)]);
     t.assert_memory_is(&before, "one byte into no buffer");
 }
 
@@ -537,7 +558,7 @@ fn impossible_opcode_sequences_are_invalid_requests_that_change_nothing() {
     ];
     for sequence in sequences {
         let prefix = &sequence[..sequence.len() - 1];
-        let feed = |t: &mut Target, ops: &[Op]| {
+        let feed = |t: &mut TestQp, ops: &[Op]| {
             for (i, &op) in ops.iter().enumerate() {
                 let mut header =
                     complete(Opcode::new(Transport::Rc, op).unwrap(), QPN, RQ_PSN + i as u32, 4 * MTU as u32);
@@ -547,17 +568,17 @@ fn impossible_opcode_sequences_are_invalid_requests_that_change_nothing() {
             }
         };
         // What the valid prefix alone does, for comparison.
-        let mut reference = Target::rc();
-        reference.post_recv(1, 0, 8192);
+        let mut reference = target();
+        reference.post_recv(1, RECV_AT, 8192);
         feed(&mut reference, prefix);
         assert!(reference.transmit().is_empty(), "{sequence:?}: the prefix is valid");
 
-        let mut t = Target::rc();
-        t.post_recv(1, 0, 8192);
+        let mut t = target();
+        t.post_recv(1, RECV_AT, 8192);
         feed(&mut t, sequence);
         let sent = t.transmit();
         let psn = RQ_PSN + prefix.len() as u32;
-        assert_eq!(shape(&sent), vec![(Acknowledge, psn)], "{sequence:?}");
+        assert_eq!(op_psn(&sent), vec![(Acknowledge, psn)], "{sequence:?}");
         assert_eq!(sent[0].syndrome(), Syndrome::Nak(NakCode::InvalidRequest), "{sequence:?}");
         assert_eq!(t.qp.state(), QpState::Err, "{sequence:?}");
         t.assert_memory_is(&reference.snapshot(), &format!("{sequence:?}"));
@@ -566,8 +587,8 @@ fn impossible_opcode_sequences_are_invalid_requests_that_change_nothing() {
 
 #[test]
 fn responses_at_a_qp_that_asked_for_nothing_are_dropped() {
-    let mut t = Target::rc();
-    t.post_recv(1, 0, 64);
+    let mut t = target();
+    t.post_recv(1, RECV_AT, 64);
     let before = t.snapshot();
     let psns = [SQ_PSN, psn_plus(SQ_PSN, -1), SQ_PSN + 1, 0, 0xff_ffff];
     let mut fed = 0;
@@ -602,7 +623,7 @@ fn responses_at_a_qp_that_asked_for_nothing_are_dropped() {
     t.assert_memory_is(&before, "ghost responses");
     // Both halves of the QP work on.
     t.feed(rc(Op::SendOnly, RQ_PSN).ack_req(), &[1; 8]);
-    assert_eq!(shape(&t.transmit()), vec![(Op::Acknowledge, RQ_PSN)]);
+    assert_eq!(op_psn(&t.transmit()), vec![(Op::Acknowledge, RQ_PSN)]);
 }
 
 /// What a packet with some opcode byte does to a connected RC QP.
@@ -668,8 +689,8 @@ fn every_opcode_byte_at_a_connected_qp() {
     let mut wrong = Vec::new();
     for byte in 0..=255u8 {
         let roce = packet_with_opcode(byte, QPN, RQ_PSN);
-        let mut t = Target::rc();
-        t.post_recv(1, 0, 4096);
+        let mut t = target();
+        t.post_recv(1, RECV_AT, 4096);
         let before = t.snapshot();
         let outcome = match RoceRepr::parse(&roce) {
             Err(_) => Outcome::Malformed,
@@ -702,8 +723,8 @@ fn every_opcode_byte_at_a_connected_qp() {
 
 #[test]
 fn packets_outside_the_default_partition_are_dropped() {
-    let mut t = Target::rc();
-    t.post_recv(1, 0, 64);
+    let mut t = target();
+    t.post_recv(1, RECV_AT, 64);
     let before = t.snapshot();
     // rxe's pkey_match against the default P_Key: 0x7fff with either membership.
     for pkey in [0x0000, 0x8000, 0x0001, 0x7ffe, 0xfffe, 0x1234, 0x8001] {
@@ -722,15 +743,15 @@ fn packets_outside_the_default_partition_are_dropped() {
         let mut write = rc(Op::WriteOnly, psn).ack_req().reth(VA, KEY, 16);
         write.bth.pkey = pkey;
         t.feed(write, &[3; 16]);
-        assert_eq!(shape(&t.transmit()), vec![(Op::Acknowledge, psn)], "P_Key {pkey:#06x}");
+        assert_eq!(op_psn(&t.transmit()), vec![(Op::Acknowledge, psn)], "P_Key {pkey:#06x}");
     }
 }
 
 #[test]
 fn psns_half_the_space_away_are_naked_once_or_taken_for_duplicates() {
     let half = 1i64 << 23;
-    let mut t = Target::rc();
-    t.post_recv(1, 0, 64);
+    let mut t = target();
+    t.post_recv(1, RECV_AT, 64);
     let before = t.snapshot();
     let seq_err = Syndrome::Nak(NakCode::PsnSequenceError);
 
@@ -738,7 +759,7 @@ fn psns_half_the_space_away_are_naked_once_or_taken_for_duplicates() {
     let far = psn_plus(RQ_PSN, half - 1);
     t.feed(rc(Op::SendOnly, far).ack_req(), &pattern(16, 1));
     let sent = t.transmit();
-    assert_eq!((shape(&sent), sent[0].syndrome(), sent[0].msn()), (vec![(Op::Acknowledge, RQ_PSN)], seq_err, 0));
+    assert_eq!((op_psn(&sent), sent[0].syndrome(), sent[0].msn()), (vec![(Op::Acknowledge, RQ_PSN)], seq_err, 0));
     t.feed(rc(Op::WriteOnly, psn_plus(RQ_PSN, half - 2)).ack_req().reth(VA, KEY, 16), &pattern(16, 2));
     t.feed(rc(Op::ReadRequest, psn_plus(RQ_PSN, 1)).ack_req().reth(VA, KEY, 16), &[]);
     assert!(t.transmit().is_empty());
@@ -753,7 +774,7 @@ fn psns_half_the_space_away_are_naked_once_or_taken_for_duplicates() {
         t.feed(rc(Op::ReadRequest, psn).ack_req().reth(VA, KEY, 16), &[]);
         t.feed(rc(Op::FetchAdd, psn).ack_req().atomic_eth(VA, KEY, 1, 0), &[]);
         let sent = t.transmit();
-        assert_eq!(shape(&sent), vec![(Op::Acknowledge, psn_plus(RQ_PSN, -1))], "distance {distance}");
+        assert_eq!(op_psn(&sent), vec![(Op::Acknowledge, psn_plus(RQ_PSN, -1))], "distance {distance}");
         assert_eq!((sent[0].syndrome(), sent[0].msn()), (ACK, 0));
     }
     assert!(t.completions().is_empty());
@@ -763,18 +784,18 @@ fn psns_half_the_space_away_are_naked_once_or_taken_for_duplicates() {
     // The expected PSN still works.
     t.feed(rc(Op::SendOnly, RQ_PSN).ack_req(), &pattern(16, 5));
     let sent = t.transmit();
-    assert_eq!((shape(&sent), sent[0].msn()), (vec![(Op::Acknowledge, RQ_PSN)], 1));
-    assert_eq!(summary(&t.completions()), vec![(CqKind::Recv, 1, WcStatus::Success)]);
+    assert_eq!((op_psn(&sent), sent[0].msn()), (vec![(Op::Acknowledge, RQ_PSN)], 1));
+    assert_eq!(statuses(&t.completions()), vec![(CqKind::Recv, 1, WcStatus::Success)]);
 }
 
 #[test]
 fn a_flood_of_duplicate_sends_gets_bounded_answers_and_the_qp_works_on() {
-    let mut t = Target::rc();
-    t.post_recv(1, 0, 256);
-    t.post_recv(2, 256, 256);
+    let mut t = target();
+    t.post_recv(1, RECV_AT, 256);
+    t.post_recv(2, RECV_AT + 256, 256);
     t.feed(rc(Op::SendOnly, RQ_PSN).ack_req(), &pattern(100, 1));
-    assert_eq!(shape(&t.transmit()), vec![(Op::Acknowledge, RQ_PSN)]);
-    assert_eq!(summary(&t.completions()), vec![(CqKind::Recv, 1, WcStatus::Success)]);
+    assert_eq!(op_psn(&t.transmit()), vec![(Op::Acknowledge, RQ_PSN)]);
+    assert_eq!(statuses(&t.completions()), vec![(CqKind::Recv, 1, WcStatus::Success)]);
     let after_first = t.snapshot();
 
     // Fed faster than answered: the ACKs coalesce into one.
@@ -782,11 +803,11 @@ fn a_flood_of_duplicate_sends_gets_bounded_answers_and_the_qp_works_on() {
         t.feed(rc(Op::SendOnly, RQ_PSN).ack_req(), &pattern(100, 2));
     }
     let sent = t.transmit();
-    assert_eq!((shape(&sent), sent[0].msn()), (vec![(Op::Acknowledge, RQ_PSN)], 1));
+    assert_eq!((op_psn(&sent), sent[0].msn()), (vec![(Op::Acknowledge, RQ_PSN)], 1));
     // Answered as they come: one ACK each, never more.
     for _ in 0..FLOOD {
         t.feed(rc(Op::SendOnly, RQ_PSN).ack_req(), &pattern(100, 2));
-        assert_eq!(shape(&t.transmit()), vec![(Op::Acknowledge, RQ_PSN)]);
+        assert_eq!(op_psn(&t.transmit()), vec![(Op::Acknowledge, RQ_PSN)]);
     }
     assert_eq!(t.qp.counters().duplicate_requests, 2 * FLOOD as u64);
     assert!(t.completions().is_empty());
@@ -794,14 +815,14 @@ fn a_flood_of_duplicate_sends_gets_bounded_answers_and_the_qp_works_on() {
 
     t.feed(rc(Op::SendOnly, RQ_PSN + 1).ack_req(), &pattern(100, 3));
     let sent = t.transmit();
-    assert_eq!((shape(&sent), sent[0].msn()), (vec![(Op::Acknowledge, RQ_PSN + 1)], 2));
-    assert_eq!(summary(&t.completions()), vec![(CqKind::Recv, 2, WcStatus::Success)]);
+    assert_eq!((op_psn(&sent), sent[0].msn()), (vec![(Op::Acknowledge, RQ_PSN + 1)], 2));
+    assert_eq!(statuses(&t.completions()), vec![(CqKind::Recv, 2, WcStatus::Success)]);
     assert_eq!(t.bytes(RECV_AT + 256, 100), pattern(100, 3));
 }
 
 #[test]
 fn a_flood_of_duplicate_reads_gets_bounded_answers_and_the_qp_works_on() {
-    let mut t = Target::rc();
+    let mut t = target();
     let read = |k: u32| rc(Op::ReadRequest, RQ_PSN + 3 * k).ack_req().reth(VA + u64::from(k) * 4096, KEY, 3000);
     let replay_of = |k: u32| {
         let psn = RQ_PSN + 3 * k;
@@ -820,7 +841,7 @@ fn a_flood_of_duplicate_reads_gets_bounded_answers_and_the_qp_works_on() {
     }
     let sent = t.transmit();
     let all: Vec<_> = (0..u32::from(MAX_DEST_RD_ATOMIC)).flat_map(replay_of).collect();
-    assert_eq!(shape(&sent), all);
+    assert_eq!(op_psn(&sent), all);
     for (k, replay) in sent.chunks(3).enumerate() {
         let bytes: Vec<u8> = replay.iter().flat_map(|s| s.payload.clone()).collect();
         assert_eq!(bytes, t.bytes(k as u64 * 4096, 3000));
@@ -829,16 +850,16 @@ fn a_flood_of_duplicate_reads_gets_bounded_answers_and_the_qp_works_on() {
     for i in 0..FLOOD {
         let k = i as u32 % u32::from(MAX_DEST_RD_ATOMIC);
         t.feed(read(k), &[]);
-        assert_eq!(shape(&t.transmit()), replay_of(k));
+        assert_eq!(op_psn(&t.transmit()), replay_of(k));
     }
     assert_eq!(t.qp.counters().duplicate_requests, 2 * FLOOD as u64);
     t.assert_memory_is(&before, "duplicate READs");
 
-    t.post_recv(1, 0, 64);
+    t.post_recv(1, RECV_AT, 64);
     let next = RQ_PSN + 3 * u32::from(MAX_DEST_RD_ATOMIC);
     t.feed(rc(Op::SendOnly, next).ack_req(), &[9; 8]);
     let sent = t.transmit();
-    assert_eq!((shape(&sent), sent[0].msn()), (vec![(Op::Acknowledge, next)], u32::from(MAX_DEST_RD_ATOMIC) + 1));
+    assert_eq!((op_psn(&sent), sent[0].msn()), (vec![(Op::Acknowledge, next)], u32::from(MAX_DEST_RD_ATOMIC) + 1));
 }
 
 /// Responses a responder keeps waiting at most (rxe-spec/security.md S-8).
@@ -846,7 +867,7 @@ const RESPONSE_QUEUE: usize = 2 * MAX_DEST_RD_ATOMIC as usize + 4;
 
 #[test]
 fn reads_beyond_max_dest_rd_atomic_lose_only_the_oldest_replays() {
-    let mut t = Target::rc();
+    let mut t = target();
     let read = |i: u32| rc(Op::ReadRequest, RQ_PSN + i).ack_req().reth(VA + 64 * u64::from(i % 1000), KEY, 64);
     // A requester that ignores the limit: 20 READs, none waiting for an answer.
     for i in 0..20 {
@@ -854,7 +875,7 @@ fn reads_beyond_max_dest_rd_atomic_lose_only_the_oldest_replays() {
     }
     let sent = t.transmit();
     let answered: Vec<_> = (0..RESPONSE_QUEUE as u32).map(|i| (Op::ReadResponseOnly, RQ_PSN + i)).collect();
-    assert_eq!(shape(&sent), answered);
+    assert_eq!(op_psn(&sent), answered);
     assert_eq!(t.qp.counters().dropped, 20 - RESPONSE_QUEUE as u64);
     // Its retries: only the newest max_dest_rd_atomic READs can be replayed.
     for i in 0..20 {
@@ -862,24 +883,24 @@ fn reads_beyond_max_dest_rd_atomic_lose_only_the_oldest_replays() {
     }
     let newest = 20 - u32::from(MAX_DEST_RD_ATOMIC);
     let replayed: Vec<_> = (newest..20).map(|i| (Op::ReadResponseOnly, RQ_PSN + i)).collect();
-    assert_eq!(shape(&t.transmit()), replayed);
+    assert_eq!(op_psn(&t.transmit()), replayed);
 
     // Sustained: every new READ answered as it comes, and still only the
     // newest ones replayed.
     for i in 20..2020 {
         t.feed(read(i), &[]);
-        assert_eq!(shape(&t.transmit()), vec![(Op::ReadResponseOnly, RQ_PSN + i)]);
+        assert_eq!(op_psn(&t.transmit()), vec![(Op::ReadResponseOnly, RQ_PSN + i)]);
     }
     for i in 0..2020 {
         t.feed(read(i), &[]);
     }
     let replayed: Vec<_> =
         (2020 - u32::from(MAX_DEST_RD_ATOMIC)..2020).map(|i| (Op::ReadResponseOnly, RQ_PSN + i)).collect();
-    assert_eq!(shape(&t.transmit()), replayed);
+    assert_eq!(op_psn(&t.transmit()), replayed);
     assert_eq!(t.qp.state(), QpState::Rts);
-    t.post_recv(1, 0, 64);
+    t.post_recv(1, RECV_AT, 64);
     t.feed(rc(Op::SendOnly, RQ_PSN + 2020).ack_req(), &[1; 8]);
-    assert_eq!(shape(&t.transmit()), vec![(Op::Acknowledge, RQ_PSN + 2020)]);
+    assert_eq!(op_psn(&t.transmit()), vec![(Op::Acknowledge, RQ_PSN + 2020)]);
 }
 
 #[test]
@@ -887,16 +908,16 @@ fn a_requester_within_its_limits_never_loses_an_answer() {
     // 16 READs outstanding, each followed by a SEND asking for an ACK, all
     // arriving before the responder sends anything (one engine batch).
     const READS: u32 = 16;
-    let mut t = Target::new(QpType::Rc, QpAttr { max_dest_rd_atomic: READS as u8, ..attr() }, SQ_PSN, RQ_PSN);
+    let mut t = target_with(QpAttr { max_dest_rd_atomic: READS as u8, ..attr() });
     let mut expected = Vec::new();
     for i in 0..READS {
         let psn = RQ_PSN + 2 * i;
-        t.post_recv(u64::from(i), 64 * u64::from(i), 64);
+        t.post_recv(u64::from(i), RECV_AT + 64 * u64::from(i), 64);
         t.feed(rc(Op::ReadRequest, psn).ack_req().reth(VA, KEY, 16), &[]);
         t.feed(rc(Op::SendOnly, psn + 1).ack_req(), &[1; 8]);
         expected.extend([(Op::ReadResponseOnly, psn), (Op::Acknowledge, psn + 1)]);
     }
-    assert_eq!(shape(&t.transmit()), expected);
+    assert_eq!(op_psn(&t.transmit()), expected);
     assert_eq!(t.qp.counters().dropped, 0);
 }
 
@@ -923,7 +944,7 @@ fn off_path_injection_gets_nothing_accepted() {
     // independent of this one, which is all that matters).
     let mut secrets = Rng::new(0x5ec2_e75e_ed00_0001);
     let (key, rq_psn, sq_psn) = (secrets.next_u32(), secrets.psn(), secrets.psn());
-    let mut t = Target::bare(QpType::Rc, attr(), sq_psn, rq_psn);
+    let mut t = TestQp::bare(QpType::Rc, attr(), sq_psn, rq_psn, QpCap::default());
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     t.register(key, Region { pd: PD, addr: VA, access, data: pattern(REGION_LEN, 0x5a) });
     for wr_id in 0..16 {
@@ -983,7 +1004,7 @@ fn off_path_injection_gets_nothing_accepted() {
     // The peer's own next request is executed.
     t.feed(rc(Op::WriteOnly, rq_psn).ack_req().reth(VA, key, 4), &[1, 2, 3, 4]);
     let sent = t.transmit();
-    assert_eq!((shape(&sent), sent[0].syndrome(), sent[0].msn()), (vec![(Op::Acknowledge, rq_psn)], ACK, 1));
+    assert_eq!((op_psn(&sent), sent[0].syndrome(), sent[0].msn()), (vec![(Op::Acknowledge, rq_psn)], ACK, 1));
 
     // Phase 3: forged responses at a requester with a READ and a SEND in
     // flight, from the peer's address with guessed PSNs. Only PSNs from the
@@ -1087,7 +1108,7 @@ impl Victim {
             });
         assert!(acked, "no ACK for PSN {psn:#x}");
         // Receives posted before (or flushed by an earlier QP) come first.
-        let wc = std::iter::repeat_with(|| verbs_common::next_wc(&self.node.cq))
+        let wc = std::iter::repeat_with(|| next_wc(&self.node.cq))
             .find(|wc| wc.qp_num == self.qp.qpn() && wc.status == WcStatus::Success)
             .unwrap();
         assert_eq!((wc.opcode, wc.byte_len), (WcOpcode::Recv, 16));
@@ -1354,7 +1375,7 @@ fn a_qp_pinned_to_its_peers_port_drops_the_peers_address_from_other_ports() {
     open.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![open.mr.sge(0, 4096)] }).unwrap();
     let forger = FakePeer::sender(FAKE_PEER, open.port);
     forger.send(IP_A, &rc(Op::SendOnly, FAKE_PSN).ack_req().qpn(open.qp.qpn()), &[0x5e; 64]);
-    let wc = verbs_common::next_wc(&open.node.cq);
+    let wc = next_wc(&open.node.cq);
     assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, WcStatus::Success, 64));
 
     // Pinned to the peer's port, the QP drops it and stays the peer's.
@@ -1397,7 +1418,7 @@ fn a_write_stream_into_a_region_deregistered_half_way_is_naked() {
     v.send(rc(Op::WriteMiddle, FAKE_PSN + 2), &data[2048..3072]);
     v.send(rc(Op::WriteLast, FAKE_PSN + 3).ack_req(), &data[3072..]);
     let sent = v.peer.receive_until_quiet(Duration::from_millis(300));
-    assert_eq!(shape(&sent), vec![(Op::Acknowledge, FAKE_PSN + 1)]);
+    assert_eq!(op_psn(&sent), vec![(Op::Acknowledge, FAKE_PSN + 1)]);
     assert_eq!(sent[0].syndrome(), Syndrome::Nak(NakCode::RemoteAccessError));
     wait_for("ERR", || v.qp.state() == QpState::Err);
     assert_eq!(next_async_event(&v.node.ctx), AsyncEvent::QpAccessError { qpn: v.qp.qpn() });
@@ -1415,7 +1436,7 @@ fn remote_invalidation_of_a_plain_mr_is_refused() {
         (nak.op(), nak.psn(), nak.syndrome()),
         (Op::Acknowledge, FAKE_PSN, Syndrome::Nak(NakCode::InvalidRequest))
     );
-    let wc = verbs_common::next_wc(&v.node.cq);
+    let wc = next_wc(&v.node.cq);
     assert_eq!((wc.wr_id, wc.status, wc.invalidated_rkey), (1, WcStatus::LocProtErr, None));
     wait_for("ERR", || v.qp.state() == QpState::Err);
     // The region is still registered: another QP may write it.
@@ -1446,7 +1467,7 @@ fn a_flood_of_duplicates_at_a_real_context_leaves_the_qp_working() {
         (Op::ReadResponseMiddle, FAKE_PSN + 2),
         (Op::ReadResponseLast, FAKE_PSN + 3),
     ];
-    assert_eq!(shape(&first), expected);
+    assert_eq!(op_psn(&first), expected);
     let before = v.node.ctx.counters();
     for i in 0..FLOOD {
         if i % 2 == 0 {

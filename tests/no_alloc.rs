@@ -4,13 +4,13 @@
 //! Posting a work request may allocate (its scatter/gather list is a `Vec`);
 //! packets, ACKs, completions and the link's batches may not.
 
-mod verbs_common;
+mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcStatus};
-use verbs_common::{next_wc, options, Pair};
+use support::verbs::{next_wc, options, Pair};
 
 /// The system allocator, counting allocations while `COUNTING` is set.
 struct Counting;

@@ -8,15 +8,12 @@
 //!
 //! It runs for [`RUN`]: `cargo test --test soak_churn -- --ignored` (CI does).
 
-mod hostile_support;
-mod roce_build;
-mod verbs_common;
+mod support;
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use hostile_support::{rc, Build, FakePeer, Rng};
 use softroce::transport::{
     Mtu, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -25,7 +22,10 @@ use softroce::verbs::{
     QueuePair,
 };
 use softroce::wire::{NakCode, Operation, Syndrome};
-use verbs_common::{connect, free_port, pattern, wait_for, Node, ALL_ACCESS, IP_A, IP_B, WAIT};
+use support::fake_peer::FakePeer;
+use support::qp::{rc, Build};
+use support::verbs::{connect, free_port, wait_for, Node, ALL_ACCESS, IP_A, IP_B, LINK_MTU, WAIT};
+use support::{pattern, Rng};
 
 /// How long the churn goes on.
 const RUN: Duration = Duration::from_secs(20);
@@ -303,7 +303,7 @@ fn churn_soak() {
 /// A, then drops the whole context with a long WRITE in flight: A's READ
 /// from the dead context fails with RETRY_EXC_ERR.
 fn churn_a_context(a: &Node, options: ContextOptions, rng: &mut Rng, graves: &mut Graveyard) {
-    let device = Device::custom("soak_c", vec![IP_C], [2, 0, 0, 0, 0, 3], verbs_common::LINK_MTU);
+    let device = Device::custom("soak_c", vec![IP_C], [2, 0, 0, 0, 0, 3], LINK_MTU);
     let c = Context::open(&device, options).unwrap();
     let pd = c.alloc_pd().unwrap();
     let cq = c.create_cq(64, None).unwrap();

@@ -12,306 +12,10 @@ use std::time::Duration;
 use softroce::transport::*;
 use softroce::wire::{AethRepr, NakCode, Operation, RethRepr, RoceRepr, Syndrome, Transport};
 
-mod roce_build;
+mod support;
 
-use support::*;
-
-mod support {
-    use std::net::{IpAddr, Ipv4Addr};
-    use std::time::Duration;
-
-    use softroce::transport::*;
-    use softroce::wire::{
-        AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Psn, RethRepr, RoceRepr, Syndrome, Transport,
-    };
-
-    /// The QP under test lives at LOCAL; its peer at REMOTE.
-    pub const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
-    pub const REMOTE: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
-    pub const QPN: u32 = 0x11;
-    pub const PEER_QPN: u32 = 0x22;
-    pub const PD: u32 = 1;
-    pub const QKEY: u32 = 0x1111_1111;
-    /// The first PSN the QP sends with, and the first it expects.
-    pub const SQ_PSN: u32 = 1000;
-    pub const RQ_PSN: u32 = 100;
-    pub const MTU: usize = 1024;
-    /// The QP's one memory region, granting every access.
-    pub const KEY: u32 = 1;
-    pub const VA: u64 = 0x10_0000;
-    pub const REGION_LEN: usize = 256 * 1024;
-    /// Where the peer's memory is, for requests this QP sends.
-    pub const REMOTE_VA: u64 = 0x7700_0000;
-    pub const RKEY: u32 = 0x99;
-    /// The code `attr()` advertises in RNR NAKs.
-    pub const MIN_RNR_TIMER: u8 = 12;
-    /// `attr()`'s local ACK timeout: 4.096 µs × 2^10.
-    pub const ACK_TIMEOUT: Duration = Duration::from_nanos(4096 << 10);
-    /// The only positive ACK syndrome rxe sends (0x1f: credits invalid).
-    pub const ACK: Syndrome = Syndrome::Ack { credits: 0x1f };
-
-    pub fn attr() -> QpAttr {
-        QpAttr {
-            access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            path_mtu: Mtu::Mtu1024,
-            timeout: 10,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: MIN_RNR_TIMER,
-            max_rd_atomic: 4,
-            max_dest_rd_atomic: 4,
-            qkey: QKEY,
-            ..QpAttr::default()
-        }
-    }
-
-    /// RESET → INIT → RTR → RTS with the attributes each QP type requires,
-    /// the modify sequence of `SimWorld::connect`.
-    pub fn bring_up(qp: &mut Qp, attr: QpAttr, sq_psn: u32, rq_psn: u32) {
-        let ty = qp.qp_type();
-        let mut at = QpAttr { dest: Some(REMOTE), dest_qpn: PEER_QPN, state: QpState::Init, ..attr };
-        let init = match ty {
-            QpType::Ud => AttrMask::QKEY,
-            _ => AttrMask::ACCESS_FLAGS,
-        };
-        qp.modify(&at, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | init).unwrap();
-        at.state = QpState::Rtr;
-        at.rq_psn = Psn::new(rq_psn);
-        qp.modify(&at, AttrMask::STATE | rtr_mask(ty)).unwrap();
-        at.state = QpState::Rts;
-        at.sq_psn = Psn::new(sq_psn);
-        qp.modify(&at, AttrMask::STATE | rts_mask(ty)).unwrap();
-    }
-
-    pub fn rtr_mask(ty: QpType) -> AttrMask {
-        match ty {
-            QpType::Rc => {
-                AttrMask::AV
-                    | AttrMask::PATH_MTU
-                    | AttrMask::DEST_QPN
-                    | AttrMask::RQ_PSN
-                    | AttrMask::MAX_DEST_RD_ATOMIC
-                    | AttrMask::MIN_RNR_TIMER
-            }
-            QpType::Uc => AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
-            QpType::Ud => AttrMask::empty(),
-        }
-    }
-
-    pub fn rts_mask(ty: QpType) -> AttrMask {
-        match ty {
-            QpType::Rc => {
-                AttrMask::TIMEOUT
-                    | AttrMask::RETRY_CNT
-                    | AttrMask::RNR_RETRY
-                    | AttrMask::SQ_PSN
-                    | AttrMask::MAX_QP_RD_ATOMIC
-            }
-            _ => AttrMask::SQ_PSN,
-        }
-    }
-
-    /// A packet the QP put on the wire, parsed back.
-    #[derive(Debug)]
-    pub struct Sent {
-        pub dest: IpAddr,
-        pub header: RoceRepr,
-        pub payload: Vec<u8>,
-    }
-
-    impl Sent {
-        pub fn op(&self) -> Operation {
-            self.header.bth.opcode.operation()
-        }
-
-        pub fn psn(&self) -> u32 {
-            self.header.bth.psn.value()
-        }
-
-        pub fn ack_req(&self) -> bool {
-            self.header.bth.ack_req
-        }
-
-        pub fn aeth(&self) -> AethRepr {
-            self.header.aeth.unwrap_or_else(|| panic!("no AETH in {self:?}"))
-        }
-
-        pub fn reth(&self) -> RethRepr {
-            self.header.reth.unwrap_or_else(|| panic!("no RETH in {self:?}"))
-        }
-    }
-
-    /// A QP with its memory and a clock.
-    pub struct Node {
-        pub qp: Qp,
-        pub mem: MemoryTable,
-        pub now: Duration,
-        buf: Vec<u8>,
-    }
-
-    impl Node {
-        /// An RC QP in RTS with `attr()`.
-        pub fn rc() -> Node {
-            Node::new(QpType::Rc, attr())
-        }
-
-        pub fn new(qp_type: QpType, attr: QpAttr) -> Node {
-            Node::with_psns(qp_type, attr, SQ_PSN, RQ_PSN)
-        }
-
-        pub fn with_psns(qp_type: QpType, attr: QpAttr, sq_psn: u32, rq_psn: u32) -> Node {
-            Node::with_cap(qp_type, attr, sq_psn, rq_psn, QpCap::default())
-        }
-
-        pub fn with_cap(qp_type: QpType, attr: QpAttr, sq_psn: u32, rq_psn: u32, cap: QpCap) -> Node {
-            let mut qp = Qp::new(QPN, qp_type, PD, cap, None);
-            bring_up(&mut qp, attr, sq_psn, rq_psn);
-            let mut mem = MemoryTable::new();
-            let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-            mem.register(KEY, Region { pd: PD, addr: VA, access, data: vec![0; REGION_LEN] });
-            Node { qp, mem, now: Duration::from_secs(1), buf: vec![0; 4096 + 64] }
-        }
-
-        /// Hands the QP a packet from the peer.
-        pub fn feed(&mut self, header: RoceRepr, payload: &[u8]) {
-            self.feed_from(REMOTE, header, payload);
-        }
-
-        /// Feeds a packet that claims to come from `src`.
-        pub fn feed_from(&mut self, src: IpAddr, header: RoceRepr, payload: &[u8]) {
-            let pkt = Incoming { src, src_port: softroce::wire::ROCE_UDP_PORT, dst: LOCAL, header: &header, payload };
-            self.qp.handle_packet(self.now, pkt, &mut self.mem, None);
-        }
-
-        /// Every packet the QP has to send now.
-        pub fn transmit(&mut self) -> Vec<Sent> {
-            let mut sent = Vec::new();
-            while let Some(tx) = self.qp.poll_transmit(self.now, &self.mem, &mut self.buf) {
-                let parsed = RoceRepr::parse(&self.buf[..tx.len]).expect("the QP emits valid packets");
-                sent.push(Sent { dest: tx.dest, header: parsed.header, payload: parsed.payload.to_vec() });
-            }
-            sent
-        }
-
-        pub fn completions(&mut self) -> Vec<(CqKind, WorkCompletion)> {
-            std::iter::from_fn(|| self.qp.poll_completion()).collect()
-        }
-
-        pub fn events(&mut self) -> Vec<AsyncEvent> {
-            std::iter::from_fn(|| self.qp.poll_event()).collect()
-        }
-
-        /// Moves the clock to `t` and lets the QP's timers fire.
-        pub fn advance_to(&mut self, t: Duration) {
-            self.now = t;
-            self.qp.handle_timeout(t);
-        }
-
-        /// Moves the clock to the QP's next deadline and lets it fire.
-        pub fn expire(&mut self) {
-            let t = self.qp.poll_timeout().expect("a timer is running");
-            self.advance_to(t);
-        }
-
-        pub fn bytes(&self, offset: u64, len: usize) -> Vec<u8> {
-            let at = offset as usize;
-            self.mem.region(KEY).unwrap().data[at..at + len].to_vec()
-        }
-
-        pub fn fill(&mut self, offset: u64, data: &[u8]) {
-            let at = offset as usize;
-            self.mem.region_mut(KEY).unwrap().data[at..at + data.len()].copy_from_slice(data);
-        }
-
-        pub fn post_send(&mut self, wr: SendWr) {
-            self.qp.post_send(wr).unwrap();
-        }
-
-        /// Posts a receive of `len` bytes at `offset` in the region.
-        pub fn post_recv(&mut self, wr_id: u64, offset: u64, len: u32) {
-            self.qp.post_recv(RecvWr { wr_id, sg_list: vec![sge(offset, len)] }).unwrap();
-        }
-    }
-
-    pub fn sge(offset: u64, length: u32) -> Sge {
-        Sge { addr: VA + offset, length, lkey: KEY }
-    }
-
-    /// `len` bytes that differ from one `seed` to the next.
-    pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-    }
-
-    pub fn packet(transport: Transport, operation: Operation, psn: u32) -> RoceRepr {
-        RoceRepr::new(BthRepr {
-            opcode: Opcode::new(transport, operation).expect("operation valid for the transport"),
-            solicited: false,
-            mig_req: false,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qpn: QPN,
-            ack_req: false,
-            psn: Psn::new(psn),
-        })
-    }
-
-    /// An RC packet with only a BTH; add the other headers with [`Build`].
-    pub fn rc(operation: Operation, psn: u32) -> RoceRepr {
-        packet(Transport::Rc, operation, psn)
-    }
-
-    pub fn ack(psn: u32) -> RoceRepr {
-        rc(Operation::Acknowledge, psn).aeth(ACK, 0)
-    }
-
-    pub fn nak(psn: u32, code: NakCode) -> RoceRepr {
-        rc(Operation::Acknowledge, psn).aeth(Syndrome::Nak(code), 0)
-    }
-
-    pub fn rnr_nak(psn: u32, timer: u8) -> RoceRepr {
-        rc(Operation::Acknowledge, psn).aeth(Syndrome::RnrNak { timer }, 0)
-    }
-
-    pub fn read_response(operation: Operation, psn: u32) -> RoceRepr {
-        let repr = rc(operation, psn);
-        if operation == Operation::ReadResponseMiddle {
-            repr
-        } else {
-            repr.aeth(ACK, 0)
-        }
-    }
-
-    pub fn atomic_ack(psn: u32, original: u64) -> RoceRepr {
-        let mut repr = rc(Operation::AtomicAcknowledge, psn).aeth(ACK, 0);
-        repr.atomic_ack_eth = Some(AtomicAckEthRepr { original });
-        repr
-    }
-
-    pub use crate::roce_build::Build;
-
-    /// Checks that `sent` is exactly one ACK/NAK with this PSN, syndrome and MSN.
-    pub fn assert_one_ack(sent: &[Sent], psn: u32, syndrome: Syndrome, msn: u32) {
-        assert_eq!(sent.len(), 1, "expected one ACK, got {sent:#?}");
-        let ack = &sent[0];
-        assert_eq!(ack.op(), Operation::Acknowledge);
-        assert_eq!(ack.psn(), psn);
-        assert_eq!(ack.aeth(), AethRepr { syndrome, msn });
-        assert_eq!(ack.header.bth.dest_qpn, PEER_QPN);
-        assert_eq!(ack.dest, REMOTE);
-        assert!(!ack.ack_req());
-    }
-
-    /// (queue, wr_id, status, opcode) of each completion.
-    pub fn summary(wcs: &[(CqKind, WorkCompletion)]) -> Vec<(CqKind, u64, WcStatus, WcOpcode)> {
-        wcs.iter().map(|(cq, wc)| (*cq, wc.wr_id, wc.status, wc.opcode)).collect()
-    }
-
-    /// The (opcode, PSN, AckReq) of each packet.
-    pub fn shape(sent: &[Sent]) -> Vec<(Operation, u32, bool)> {
-        sent.iter().map(|s| (s.op(), s.psn(), s.ack_req())).collect()
-    }
-}
+use support::pattern;
+use support::qp::*;
 
 // ---------------------------------------------------------------------------
 // Responder: requests in, responses out.
@@ -319,7 +23,7 @@ mod support {
 
 #[test]
 fn responder_acks_send_only_with_credits_and_msn() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     node.post_recv(7, 0x8000, 4096);
     let data = pattern(100, 1);
     node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &data);
@@ -336,7 +40,7 @@ fn responder_acks_send_only_with_credits_and_msn() {
 
 #[test]
 fn connected_qp_ignores_packets_from_other_addresses() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     node.post_recv(7, 0x8000, 4096);
     let spoofer: IpAddr = "10.0.0.66".parse().unwrap();
     node.feed_from(spoofer, rc(Operation::SendOnly, RQ_PSN).ack_req(), &pattern(100, 3));
@@ -352,7 +56,7 @@ fn connected_qp_ignores_packets_from_other_addresses() {
 
 #[test]
 fn responder_acks_multi_packet_send_once_on_last() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     node.post_recv(7, 0x8000, 4096);
     let data = pattern(2 * MTU + 500, 2);
     node.feed(rc(Operation::SendFirst, RQ_PSN), &data[..MTU]);
@@ -371,7 +75,7 @@ fn responder_acks_multi_packet_send_once_on_last() {
 
 #[test]
 fn responder_coalesces_acks_polled_late() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     node.post_recv(1, 0x8000, 256);
     node.post_recv(2, 0x9000, 256);
     node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &pattern(10, 1));
@@ -384,7 +88,7 @@ fn responder_coalesces_acks_polled_late() {
 
 #[test]
 fn responder_naks_a_psn_gap_once_then_stays_silent_until_the_expected_psn() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     for wr_id in 1..=4 {
         node.post_recv(wr_id, 0x1000 * wr_id, 256);
     }
@@ -418,7 +122,7 @@ fn responder_naks_a_psn_gap_once_then_stays_silent_until_the_expected_psn() {
 
 #[test]
 fn responder_reacks_duplicate_send_and_write_without_executing_them() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     node.post_recv(1, 0x8000, 256);
     node.post_recv(2, 0x9000, 256);
     let original = pattern(16, 1);
@@ -448,7 +152,7 @@ fn responder_reacks_duplicate_send_and_write_without_executing_them() {
 
 #[test]
 fn a_lingering_qp_reacks_resent_sends_and_writes_and_answers_nothing_else() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     node.post_recv(1, 0x8000, 256);
     node.post_recv(2, 0x9000, 256);
     let original = pattern(16, 1);
@@ -473,14 +177,14 @@ fn a_lingering_qp_reacks_resent_sends_and_writes_and_answers_nothing_else() {
 }
 
 /// A responder that has answered a 3000-byte READ at `RQ_PSN` of the bytes at `VA`.
-fn responder_after_read() -> (Node, Vec<u8>) {
-    let mut node = Node::rc();
+fn responder_after_read() -> (TestQp, Vec<u8>) {
+    let mut node = TestQp::rc();
     let data = pattern(3000, 7);
     node.fill(0, &data);
     node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY, 3000), &[]);
     let sent = node.transmit();
     assert_eq!(
-        shape(&sent),
+        op_psn_ack_req(&sent),
         vec![
             (Operation::ReadResponseFirst, RQ_PSN, false),
             (Operation::ReadResponseMiddle, RQ_PSN + 1, false),
@@ -501,7 +205,7 @@ fn responder_replays_a_duplicate_read() {
     node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY, 3000), &[]);
     let sent = node.transmit();
     assert_eq!(
-        shape(&sent),
+        op_psn_ack_req(&sent),
         vec![
             (Operation::ReadResponseFirst, RQ_PSN, false),
             (Operation::ReadResponseMiddle, RQ_PSN + 1, false),
@@ -527,7 +231,7 @@ fn responder_replays_only_the_tail_a_partial_read_retry_asks_for() {
     // A retried READ is a new request message: its responses start with
     // FIRST (IBTA); kernel rxe would send MIDDLE here.
     assert_eq!(
-        shape(&sent),
+        op_psn_ack_req(&sent),
         vec![(Operation::ReadResponseFirst, RQ_PSN + 1, false), (Operation::ReadResponseLast, RQ_PSN + 2, false)]
     );
     assert_eq!(sent[0].payload, data[MTU..2 * MTU]);
@@ -553,26 +257,26 @@ fn responder_drops_a_duplicate_read_outside_the_original() {
 
 #[test]
 fn responder_replays_a_duplicate_atomic_without_executing_it_again() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     node.fill(0x100, &5u64.to_ne_bytes());
     let fetch_add = rc(Operation::FetchAdd, RQ_PSN).ack_req().atomic_eth(VA + 0x100, KEY, 3, 0);
     node.feed(fetch_add, &[]);
     let sent = node.transmit();
-    assert_eq!(shape(&sent), vec![(Operation::AtomicAcknowledge, RQ_PSN, false)]);
+    assert_eq!(op_psn_ack_req(&sent), vec![(Operation::AtomicAcknowledge, RQ_PSN, false)]);
     assert_eq!(sent[0].aeth(), AethRepr { syndrome: ACK, msn: 1 });
     assert_eq!(sent[0].header.atomic_ack_eth.unwrap().original, 5);
     assert_eq!(node.bytes(0x100, 8), 8u64.to_ne_bytes());
 
     node.feed(fetch_add, &[]);
     let sent = node.transmit();
-    assert_eq!(shape(&sent), vec![(Operation::AtomicAcknowledge, RQ_PSN, false)]);
+    assert_eq!(op_psn_ack_req(&sent), vec![(Operation::AtomicAcknowledge, RQ_PSN, false)]);
     assert_eq!(sent[0].header.atomic_ack_eth.unwrap().original, 5);
     assert_eq!(node.bytes(0x100, 8), 8u64.to_ne_bytes(), "the atomic ran twice");
 }
 
 #[test]
 fn responder_rnr_naks_a_send_without_receive_until_one_is_posted() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     let rnr = Syndrome::RnrNak { timer: MIN_RNR_TIMER };
     assert_eq!(rnr.to_u8(), Ok(0x20 | MIN_RNR_TIMER));
     node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &[1; 32]);
@@ -594,8 +298,8 @@ fn responder_rnr_naks_a_send_without_receive_until_one_is_posted() {
 }
 
 /// A responder with two receives posted.
-fn responder_with_receives(attr: QpAttr) -> Node {
-    let mut node = Node::new(QpType::Rc, attr);
+fn responder_with_receives(attr: QpAttr) -> TestQp {
+    let mut node = TestQp::new(QpType::Rc, attr);
     node.post_recv(1, 0x8000, 4096);
     node.post_recv(2, 0x9000, 4096);
     node
@@ -603,7 +307,7 @@ fn responder_with_receives(attr: QpAttr) -> Node {
 
 /// The responder sent exactly one NAK `code` for `psn`, moved to ERR with
 /// `event`, and flushed the receives it had not used.
-fn assert_fatal_nak(node: &mut Node, psn: u32, code: NakCode, event: AsyncEvent, flushed: &[u64]) {
+fn assert_fatal_nak(node: &mut TestQp, psn: u32, code: NakCode, event: AsyncEvent, flushed: &[u64]) {
     assert_one_ack(&node.transmit(), psn, Syndrome::Nak(code), 0);
     assert_eq!(node.qp.state(), QpState::Err);
     assert_eq!(node.events(), vec![event]);
@@ -615,7 +319,7 @@ fn assert_fatal_nak(node: &mut Node, psn: u32, code: NakCode, event: AsyncEvent,
     assert!(node.transmit().is_empty());
 }
 
-fn assert_invalid_request(node: &mut Node, psn: u32) {
+fn assert_invalid_request(node: &mut TestQp, psn: u32) {
     assert_eq!(Syndrome::Nak(NakCode::InvalidRequest).to_u8(), Ok(0x61));
     assert_fatal_nak(node, psn, NakCode::InvalidRequest, AsyncEvent::QpRequestError { qpn: QPN }, &[1, 2]);
 }
@@ -682,7 +386,7 @@ fn responder_checks_psn_then_sequence_then_access_then_rkey() {
     assert_eq!(node.bytes(0, 64), vec![0; 64]);
 }
 
-fn assert_remote_access_error(node: &mut Node, psn: u32) {
+fn assert_remote_access_error(node: &mut TestQp, psn: u32) {
     assert_eq!(Syndrome::Nak(NakCode::RemoteAccessError).to_u8(), Ok(0x62));
     assert_fatal_nak(node, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessError { qpn: QPN }, &[1, 2]);
 }
@@ -753,7 +457,7 @@ fn remote_access_error_region_deregistered_mid_write() {
 
 #[test]
 fn receive_buffer_too_small_completes_with_local_length_error() {
-    let mut node = Node::rc();
+    let mut node = TestQp::rc();
     node.post_recv(1, 0x8000, 100);
     node.post_recv(2, 0x9000, 100);
     node.feed(rc(Operation::SendOnly, RQ_PSN).ack_req(), &pattern(200, 5));
@@ -775,7 +479,7 @@ fn uc(operation: Operation, psn: u32) -> RoceRepr {
 
 #[test]
 fn uc_responder_drops_the_rest_of_a_message_after_a_gap() {
-    let mut node = Node::new(QpType::Uc, attr());
+    let mut node = TestQp::new(QpType::Uc, attr());
     node.post_recv(1, 0x8000, 4096);
     node.post_recv(2, 0x9000, 4096);
     let lost = pattern(3 * MTU, 1);
@@ -812,7 +516,7 @@ fn uc_responder_drops_the_rest_of_a_message_after_a_gap() {
 
 #[test]
 fn ud_responder_checks_the_qkey_and_writes_the_grh() {
-    let mut node = Node::new(QpType::Ud, attr());
+    let mut node = TestQp::new(QpType::Ud, attr());
     node.post_recv(1, 0x8000, 40 + 256);
     let ud = |qkey| packet(Transport::Ud, Operation::SendOnly, 5).deth(qkey, 0x33);
     let data = pattern(100, 3);
@@ -831,7 +535,7 @@ fn ud_responder_checks_the_qkey_and_writes_the_grh() {
 
     let grh = node.bytes(0x8000, GRH_LEN);
     // UDP payload: BTH, DETH, payload (a multiple of 4 here), ICRC.
-    assert_eq!(grh, grh_area(REMOTE, LOCAL, 12 + 8 + data.len() + 4));
+    assert_eq!(grh, grh_area(PEER, LOCAL, 12 + 8 + data.len() + 4));
     assert_eq!(grh[..20], [0; 20]);
     let ip = &grh[20..];
     assert_eq!(ip[0], 0x45);
@@ -841,7 +545,7 @@ fn ud_responder_checks_the_qkey_and_writes_the_grh() {
         IpAddr::V4(v4) => v4.octets(),
         IpAddr::V6(_) => unreachable!(),
     };
-    assert_eq!(ip[12..16], octets(REMOTE));
+    assert_eq!(ip[12..16], octets(PEER));
     assert_eq!(ip[16..20], octets(LOCAL));
     assert_eq!(node.bytes(0x8000 + GRH_LEN as u64, data.len()), data);
     assert!(node.transmit().is_empty());
@@ -852,8 +556,8 @@ fn ud_responder_checks_the_qkey_and_writes_the_grh() {
 // ---------------------------------------------------------------------------
 
 /// A requester whose region starts with `len` bytes of pattern.
-fn requester(attr: QpAttr, len: usize) -> (Node, Vec<u8>) {
-    let mut node = Node::new(QpType::Rc, attr);
+fn requester(attr: QpAttr, len: usize) -> (TestQp, Vec<u8>) {
+    let mut node = TestQp::new(QpType::Rc, attr);
     let data = pattern(len, 9);
     node.fill(0, &data);
     (node, data)
@@ -885,14 +589,14 @@ fn requester_segments_a_send_at_the_mtu() {
     node.post_send(send(1, 0, 3000));
     let sent = node.transmit();
     assert_eq!(
-        shape(&sent),
+        op_psn_ack_req(&sent),
         vec![
             (Operation::SendFirst, SQ_PSN, false),
             (Operation::SendMiddle, SQ_PSN + 1, false),
             (Operation::SendLast, SQ_PSN + 2, true),
         ]
     );
-    assert!(sent.iter().all(|s| s.dest == REMOTE && s.header.bth.dest_qpn == PEER_QPN));
+    assert!(sent.iter().all(|s| s.dest == PEER && s.header.bth.dest_qpn == PEER_QPN));
     let payload: Vec<u8> = sent.iter().flat_map(|s| s.payload.clone()).collect();
     assert_eq!(payload, data);
     assert_eq!(sent[0].payload.len(), MTU);
@@ -921,7 +625,7 @@ fn requester_asks_for_acks_every_64_packets_and_stops_at_the_window() {
     let rest = node.transmit();
     assert_eq!(rest.len(), 72);
     assert_eq!(rest[0].psn(), SQ_PSN + 128);
-    assert_eq!(shape(&rest).last(), Some(&(Operation::WriteLast, SQ_PSN + packets - 1, true)));
+    assert_eq!(op_psn_ack_req(&rest).last(), Some(&(Operation::WriteLast, SQ_PSN + packets - 1, true)));
     let payload: Vec<u8> = sent.iter().chain(&rest).flat_map(|s| s.payload.clone()).collect();
     assert_eq!(payload, data);
     assert!(node.completions().is_empty());
@@ -948,7 +652,7 @@ fn unsignaled_messages_ask_for_no_ack_and_a_signaled_one_asks_for_all() {
     node.post_send(write(4, 2 * MTU as u32));
     let sent = node.transmit();
     assert_eq!(
-        shape(&sent),
+        op_psn_ack_req(&sent),
         vec![
             (Operation::SendOnly, SQ_PSN, false),
             (Operation::SendOnly, SQ_PSN + 1, false),
@@ -967,7 +671,7 @@ fn unsignaled_messages_ask_for_no_ack_and_a_signaled_one_asks_for_all() {
 #[test]
 fn every_quarter_send_queue_of_unsignaled_messages_asks_for_an_ack() {
     let cap = QpCap { max_send_wr: 8, ..QpCap::default() };
-    let mut node = Node::with_cap(QpType::Rc, attr(), SQ_PSN, RQ_PSN, cap);
+    let mut node = TestQp::with_cap(QpType::Rc, attr(), SQ_PSN, RQ_PSN, cap);
     for wr_id in 1..=7 {
         node.post_send(unsignaled(send(wr_id, 0, 10)));
     }
@@ -990,7 +694,7 @@ fn an_unsignaled_tail_is_asked_for_by_resending_its_last_packet() {
     node.post_send(unsignaled(send(1, 0, 100)));
     node.post_send(unsignaled(write(2, 2 * MTU as u32)));
     let sent = node.transmit();
-    assert!(sent.iter().all(|s| !s.ack_req()), "{:?}", shape(&sent));
+    assert!(sent.iter().all(|s| !s.ack_req()), "{:?}", op_psn_ack_req(&sent));
     let start = node.now;
     let delay = ACK_ASK_DELAY.min(ACK_TIMEOUT / 4);
     assert_eq!(node.qp.poll_timeout(), Some(start + delay));
@@ -999,7 +703,7 @@ fn an_unsignaled_tail_is_asked_for_by_resending_its_last_packet() {
     assert!(node.transmit().is_empty(), "asked before the delay");
     node.expire();
     let again = node.transmit();
-    assert_eq!(shape(&again), vec![(Operation::WriteLast, SQ_PSN + 2, true)]);
+    assert_eq!(op_psn_ack_req(&again), vec![(Operation::WriteLast, SQ_PSN + 2, true)]);
     assert_eq!(again[0].payload, data[MTU..2 * MTU]);
     assert_eq!((node.qp.counters().retries, node.qp.counters().timeouts), (0, 0));
     assert!(node.qp.poll_timeout().is_some(), "the ACK timeout still runs");
@@ -1009,7 +713,7 @@ fn an_unsignaled_tail_is_asked_for_by_resending_its_last_packet() {
     assert_eq!(node.qp.poll_timeout(), None);
     // A new request goes out as usual, not the one asked for again.
     node.post_send(send(3, 0, 10));
-    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 3, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 3, true)]);
 }
 
 /// T-6: while nothing has gone without AckReq there is nothing to ask for;
@@ -1041,7 +745,7 @@ fn a_message_cut_by_the_window_is_not_asked_for_early() {
     node.feed(ack(SQ_PSN + 9), &[]);
     let more = node.transmit();
     assert_eq!(more.len(), 10);
-    assert!(more.iter().all(|s| s.op() == Operation::WriteMiddle && !s.ack_req()), "{:?}", shape(&more));
+    assert!(more.iter().all(|s| s.op() == Operation::WriteMiddle && !s.ack_req()), "{:?}", op_psn_ack_req(&more));
     assert_eq!(node.qp.poll_timeout(), Some(node.now + ACK_TIMEOUT));
 }
 
@@ -1056,24 +760,24 @@ fn resent_messages_ask_for_acks_at_each_end() {
     assert!(node.transmit().iter().all(|s| !s.ack_req()));
     node.feed(nak(SQ_PSN + 1, NakCode::PsnSequenceError), &[]);
     assert_eq!(
-        shape(&node.transmit()),
+        op_psn_ack_req(&node.transmit()),
         vec![(Operation::SendOnly, SQ_PSN + 1, true), (Operation::SendOnly, SQ_PSN + 2, true)]
     );
     node.post_send(unsignaled(send(4, 0, 10)));
-    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 3, false)], "new again");
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 3, false)], "new again");
 }
 
 /// A requester streaming one long WRITE, and the PSNs it has sent and had
 /// acknowledged.
 struct Stream {
-    node: Node,
+    node: TestQp,
     next: u32,
     acked: u32,
 }
 
 impl Stream {
     fn new(packets: u32) -> Stream {
-        let mut node = Node::rc();
+        let mut node = TestQp::rc();
         let len = packets as usize * MTU;
         let access = Access::LOCAL_WRITE;
         node.mem.register(KEY + 1, Region { pd: PD, addr: VA, access, data: vec![0; len] });
@@ -1173,7 +877,7 @@ fn a_read_goes_when_its_responses_fit_the_window_or_alone() {
     let sent = node.transmit();
     assert_eq!(sent.len(), 10, "10 WRITE PSNs, and 8 READ responses would make 18");
     node.feed(ack(SQ_PSN + 9), &[]);
-    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 10, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 10, true)]);
     // READ 3 (20 PSNs, more than the window) waits for READ 2's responses.
     let response = vec![0x5a; MTU];
     for (k, op) in [Operation::ReadResponseFirst, Operation::ReadResponseMiddle].into_iter().enumerate() {
@@ -1186,7 +890,7 @@ fn a_read_goes_when_its_responses_fit_the_window_or_alone() {
     node.feed(read_response(Operation::ReadResponseLast, SQ_PSN + 17), &response);
     let op = |wr_id, opcode| success(wr_id, opcode);
     assert_eq!(summary(&node.completions()), vec![op(1, WcOpcode::RdmaWrite), op(2, WcOpcode::RdmaRead)]);
-    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 18, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 18, true)]);
 }
 
 /// (PSN, remote address, length) of each READ request sent.
@@ -1202,7 +906,7 @@ fn read_asks(sent: &[Sent]) -> Vec<(u32, u64, u32)> {
 
 /// Feeds the responses `from..to` (PSNs past SQ_PSN) to the READ request
 /// that asked for `asked..end`.
-fn answer(node: &mut Node, (from, to): (u32, u32), (asked, end): (u32, u32)) {
+fn answer(node: &mut TestQp, (from, to): (u32, u32), (asked, end): (u32, u32)) {
     let response = vec![0x5a; MTU];
     for psn in from..to {
         let op = match (psn == asked, psn + 1 == end) {
@@ -1216,14 +920,14 @@ fn answer(node: &mut Node, (from, to): (u32, u32), (asked, end): (u32, u32)) {
 }
 
 /// Feeds every response to the READ request that asked for `from..to`.
-fn answer_piece(node: &mut Node, from: u32, to: u32) {
+fn answer_piece(node: &mut TestQp, from: u32, to: u32) {
     answer(node, (from, to), (from, to));
 }
 
 /// A requester whose buffer holds 16 packets, after a READ of 20 that lost
 /// a response (a whole READ: nothing had been lost before) and was asked
 /// for again from there. Returns the next PSN past SQ_PSN.
-fn after_a_lost_read_response(attr: QpAttr) -> Node {
+fn after_a_lost_read_response(attr: QpAttr) -> TestQp {
     let (mut node, _) = requester(attr, 40 * MTU);
     node.qp.set_peer_buffer(Some(16 * 5 * (MTU + TRANSMIT_HEADROOM) / 4));
     node.post_send(read(1, 0, 20 * MTU as u32));
@@ -1331,7 +1035,7 @@ fn sequence_nak_goes_back_to_the_naked_psn_mid_message() {
     assert!(node.completions().is_empty());
     let sent = node.transmit();
     assert_eq!(
-        shape(&sent),
+        op_psn_ack_req(&sent),
         vec![
             (Operation::SendMiddle, SQ_PSN + 1, false),
             (Operation::SendLast, SQ_PSN + 2, true),
@@ -1366,7 +1070,10 @@ fn rnr_nak_holds_transmission_until_the_rnr_timer_elapses() {
     assert!(node.transmit().is_empty());
     node.advance_to(deadline);
     let sent = node.transmit();
-    assert_eq!(shape(&sent), vec![(Operation::SendOnly, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 1, true)]);
+    assert_eq!(
+        op_psn_ack_req(&sent),
+        vec![(Operation::SendOnly, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 1, true)]
+    );
     assert_eq!(node.qp.poll_timeout(), Some(deadline + ACK_TIMEOUT));
 
     node.feed(ack(SQ_PSN + 1), &[]);
@@ -1383,7 +1090,7 @@ fn rnr_retry_exhaustion_fails_the_request_and_flushes_the_rest() {
         node.feed(rnr_nak(SQ_PSN, 1), &[]);
         assert!(node.transmit().is_empty());
         node.expire();
-        assert_eq!(shape(&node.transmit())[0], (Operation::SendOnly, SQ_PSN, true));
+        assert_eq!(op_psn_ack_req(&node.transmit())[0], (Operation::SendOnly, SQ_PSN, true));
         assert!(node.completions().is_empty());
     }
     node.feed(rnr_nak(SQ_PSN, 1), &[]);
@@ -1409,7 +1116,7 @@ fn rnr_retry_7_retries_forever() {
         node.feed(rnr_nak(SQ_PSN, 1), &[]);
         assert!(node.transmit().is_empty());
         node.expire();
-        assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN, true)]);
+        assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN, true)]);
     }
     assert_eq!(node.qp.counters().rnr_naks_received, 20);
     node.feed(ack(SQ_PSN), &[]);
@@ -1438,7 +1145,7 @@ fn local_ack_timeout_resends_from_the_oldest_unacked_psn() {
     // The oldest unacknowledged packet alone, asking for its ACK: the rest
     // waits until the peer shows it is alive (T-24).
     let sent = node.transmit();
-    assert_eq!(shape(&sent), vec![(Operation::SendMiddle, SQ_PSN + 1, true)]);
+    assert_eq!(op_psn_ack_req(&sent), vec![(Operation::SendMiddle, SQ_PSN + 1, true)]);
     assert_eq!(sent[0].payload, data[MTU..2 * MTU]);
     assert_eq!(node.qp.counters().timeouts, 1);
     assert_eq!(node.qp.poll_timeout(), Some(deadline + ACK_TIMEOUT));
@@ -1446,7 +1153,7 @@ fn local_ack_timeout_resends_from_the_oldest_unacked_psn() {
     // Its ACK brings the rest.
     node.feed(ack(SQ_PSN + 1), &[]);
     let sent = node.transmit();
-    assert_eq!(shape(&sent), vec![(Operation::SendLast, SQ_PSN + 2, true)]);
+    assert_eq!(op_psn_ack_req(&sent), vec![(Operation::SendLast, SQ_PSN + 2, true)]);
     assert_eq!(sent[0].payload, data[2 * MTU..]);
     node.feed(ack(SQ_PSN + 2), &[]);
     assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send)]);
@@ -1489,7 +1196,7 @@ fn progress_restores_the_retry_budget() {
     assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send)]);
     for _ in 0..2 {
         node.expire();
-        assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, true)]);
+        assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, true)]);
         assert!(node.completions().is_empty());
     }
     node.expire();
@@ -1502,7 +1209,7 @@ fn sequence_naks_spend_one_retry_per_gap() {
     node.post_send(send(1, 0, 100));
     assert_eq!(node.transmit().len(), 1);
     node.feed(nak(SQ_PSN, NakCode::PsnSequenceError), &[]);
-    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN, true)]);
     // The same NAK again (duplicated by the network) is not a new gap.
     node.feed(nak(SQ_PSN, NakCode::PsnSequenceError), &[]);
     assert!(node.transmit().is_empty());
@@ -1519,7 +1226,10 @@ fn read_takes_one_psn_per_response_packet_and_places_the_data() {
     node.post_send(read(1, 0x8000, 3000));
     node.post_send(send(2, 0, 100));
     let sent = node.transmit();
-    assert_eq!(shape(&sent), vec![(Operation::ReadRequest, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 3, true)]);
+    assert_eq!(
+        op_psn_ack_req(&sent),
+        vec![(Operation::ReadRequest, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 3, true)]
+    );
     assert_eq!(sent[0].reth(), RethRepr { va: REMOTE_VA, rkey: RKEY, dma_len: 3000 });
     assert!(sent[0].payload.is_empty());
 
@@ -1549,7 +1259,7 @@ fn lost_read_response_retries_a_read_for_the_rest_only() {
     node.feed(read_response(Operation::ReadResponseLast, SQ_PSN + 2), &remote[2 * MTU..]);
     assert_eq!(node.bytes(0x8000 + 2 * MTU as u64, 3000 - 2 * MTU), vec![0; 3000 - 2 * MTU]);
     let sent = node.transmit();
-    assert_eq!(shape(&sent), vec![(Operation::ReadRequest, SQ_PSN + 1, true)]);
+    assert_eq!(op_psn_ack_req(&sent), vec![(Operation::ReadRequest, SQ_PSN + 1, true)]);
     let rest = 3000 - MTU as u32;
     assert_eq!(sent[0].reth(), RethRepr { va: REMOTE_VA + MTU as u64, rkey: RKEY, dma_len: rest });
     assert!(node.completions().is_empty());
@@ -1570,7 +1280,7 @@ fn atomic_ack_writes_the_original_value_locally() {
     let op = SendOp::FetchAdd { remote_addr: REMOTE_VA, rkey: RKEY, add: 5 };
     node.post_send(SendWr::new(1, op).with_sge(sge(0x9000, 8)));
     let sent = node.transmit();
-    assert_eq!(shape(&sent), vec![(Operation::FetchAdd, SQ_PSN, true)]);
+    assert_eq!(op_psn_ack_req(&sent), vec![(Operation::FetchAdd, SQ_PSN, true)]);
     let eth = sent[0].header.atomic_eth.unwrap();
     assert_eq!((eth.va, eth.rkey, eth.swap_add), (REMOTE_VA, RKEY, 5));
 
@@ -1588,12 +1298,15 @@ fn lost_atomic_ack_shown_by_a_later_ack_retries_the_atomic() {
     node.post_send(SendWr::new(1, op).with_sge(sge(0x9000, 8)));
     node.post_send(send(2, 0, 100));
     let first = node.transmit();
-    assert_eq!(shape(&first), vec![(Operation::CompareSwap, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 1, true)]);
+    assert_eq!(
+        op_psn_ack_req(&first),
+        vec![(Operation::CompareSwap, SQ_PSN, true), (Operation::SendOnly, SQ_PSN + 1, true)]
+    );
 
     node.feed(ack(SQ_PSN + 1), &[]);
     assert!(node.completions().is_empty());
     let retry = node.transmit();
-    assert_eq!(shape(&retry), shape(&first));
+    assert_eq!(op_psn_ack_req(&retry), op_psn_ack_req(&first));
     assert_eq!(retry[0].header.atomic_eth, first[0].header.atomic_eth);
 
     node.feed(atomic_ack(SQ_PSN, 1), &[]);
@@ -1608,12 +1321,12 @@ fn max_rd_atomic_1_holds_the_second_read_until_the_first_completes() {
     let (mut node, _) = requester(QpAttr { max_rd_atomic: 1, ..attr() }, 0);
     node.post_send(read(1, 0x8000, 1000));
     node.post_send(read(2, 0x9000, 1000));
-    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN, true)]);
     assert!(node.transmit().is_empty());
 
     node.feed(read_response(Operation::ReadResponseOnly, SQ_PSN), &pattern(1000, 1));
     assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::RdmaRead)]);
-    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 1, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN + 1, true)]);
 }
 
 #[test]
@@ -1623,11 +1336,11 @@ fn fenced_send_waits_for_the_outstanding_read() {
     let mut fenced = send(2, 0, 100);
     fenced.flags.fence = true;
     node.post_send(fenced);
-    assert_eq!(shape(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::ReadRequest, SQ_PSN, true)]);
 
     node.feed(read_response(Operation::ReadResponseOnly, SQ_PSN), &pattern(1000, 1));
     assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::RdmaRead)]);
-    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, true)]);
 }
 
 #[test]
@@ -1666,11 +1379,11 @@ fn fatal_naks_complete_with_remote_errors_and_flush_the_rest() {
 
 #[test]
 fn psns_wrap_around_at_2_pow_24() {
-    let mut node = Node::with_psns(QpType::Rc, attr(), 0xff_fffe, RQ_PSN);
+    let mut node = TestQp::with_psns(QpType::Rc, attr(), 0xff_fffe, RQ_PSN);
     node.post_send(send(1, 0, 5 * MTU as u32 - 10));
     let sent = node.transmit();
     assert_eq!(
-        shape(&sent),
+        op_psn_ack_req(&sent),
         vec![
             (Operation::SendFirst, 0xff_fffe, false),
             (Operation::SendMiddle, 0xff_ffff, false),
@@ -1682,21 +1395,36 @@ fn psns_wrap_around_at_2_pow_24() {
     node.feed(ack(2), &[]);
     assert_eq!(summary(&node.completions()), vec![success(1, WcOpcode::Send)]);
     node.post_send(send(2, 0, 10));
-    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, 3, true)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, 3, true)]);
 }
 
 // ---------------------------------------------------------------------------
 // The QP state machine.
 // ---------------------------------------------------------------------------
 
+/// The attributes RTR requires of an RC QP.
+fn rc_rtr_mask() -> AttrMask {
+    AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER
+}
+
+/// The attributes RTS requires of an RC QP.
+fn rc_rts_mask() -> AttrMask {
+    AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN | AttrMask::MAX_QP_RD_ATOMIC
+}
+
 #[test]
 fn modify_names_missing_and_unexpected_attributes() {
     let mut qp = Qp::new(QPN, QpType::Rc, PD, QpCap::default(), None);
-    let base = QpAttr { dest: Some(REMOTE), dest_qpn: PEER_QPN, ..attr() };
+    let base = QpAttr { dest: Some(PEER), dest_qpn: PEER_QPN, ..attr() };
 
     let rts = QpAttr { state: QpState::Rts, ..base };
     assert_eq!(
-        qp.modify(&rts, AttrMask::STATE | rts_mask(QpType::Rc)),
+        qp.modify(&rts, AttrMask::STATE | rc_rts_mask()),
         Err(ModifyError::InvalidTransition { from: QpState::Reset, to: QpState::Rts })
     );
 
@@ -1724,18 +1452,18 @@ fn modify_names_missing_and_unexpected_attributes() {
     let text = err.to_string();
     assert!(["RQ_PSN", "MAX_DEST_RD_ATOMIC", "MIN_RNR_TIMER"].iter().all(|n| text.contains(n)), "{text}");
     assert_eq!(qp.state(), QpState::Init);
-    qp.modify(&rtr, AttrMask::STATE | rtr_mask(QpType::Rc)).unwrap();
+    qp.modify(&rtr, AttrMask::STATE | rc_rtr_mask()).unwrap();
 
     let err = qp.modify(&rts, AttrMask::STATE | AttrMask::SQ_PSN).unwrap_err();
     let missing = AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
     assert_eq!(err, ModifyError::MissingAttributes { from: QpState::Rtr, to: QpState::Rts, missing });
-    let err = qp.modify(&rts, AttrMask::STATE | rts_mask(QpType::Rc) | AttrMask::RQ_PSN).unwrap_err();
+    let err = qp.modify(&rts, AttrMask::STATE | rc_rts_mask() | AttrMask::RQ_PSN).unwrap_err();
     assert_eq!(
         err,
         ModifyError::UnexpectedAttributes { from: QpState::Rtr, to: QpState::Rts, unexpected: AttrMask::RQ_PSN }
     );
     assert_eq!(qp.state(), QpState::Rtr);
-    qp.modify(&rts, AttrMask::STATE | rts_mask(QpType::Rc)).unwrap();
+    qp.modify(&rts, AttrMask::STATE | rc_rts_mask()).unwrap();
     assert_eq!(qp.state(), QpState::Rts);
 }
 
@@ -1746,11 +1474,11 @@ fn moving_to_err_from_any_state_flushes_everything() {
     // INIT and RTR hold receives only.
     for target in [QpState::Init, QpState::Rtr] {
         let mut qp = Qp::new(QPN, QpType::Rc, PD, QpCap::default(), None);
-        let mut at = QpAttr { dest: Some(REMOTE), dest_qpn: PEER_QPN, state: QpState::Init, ..attr() };
+        let mut at = QpAttr { dest: Some(PEER), dest_qpn: PEER_QPN, state: QpState::Init, ..attr() };
         qp.modify(&at, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
         if target == QpState::Rtr {
             at.state = QpState::Rtr;
-            qp.modify(&at, AttrMask::STATE | rtr_mask(QpType::Rc)).unwrap();
+            qp.modify(&at, AttrMask::STATE | rc_rtr_mask()).unwrap();
         }
         qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![sge(0, 64)] }).unwrap();
         qp.modify(&to_err, AttrMask::STATE).unwrap();
@@ -1789,8 +1517,8 @@ fn moving_to_err_from_any_state_flushes_everything() {
 
 #[test]
 fn ud_send_error_stops_only_the_send_queue() {
-    let mut node = Node::new(QpType::Ud, attr());
-    let dest = UdDest { dest: REMOTE, remote_qpn: PEER_QPN, remote_qkey: QKEY };
+    let mut node = TestQp::new(QpType::Ud, attr());
+    let dest = UdDest { dest: PEER, remote_qpn: PEER_QPN, remote_qkey: QKEY };
     let bad = Sge { addr: VA, length: 64, lkey: KEY ^ 0xff };
     node.post_send(SendWr::new(1, SendOp::Send).with_sge(bad).with_ud(dest));
     node.post_send(SendWr::new(2, SendOp::Send).with_sge(sge(0, 64)).with_ud(dest));
@@ -1810,7 +1538,7 @@ fn ud_send_error_stops_only_the_send_queue() {
     // receivers do not check PSNs).
     node.qp.modify(&QpAttr { state: QpState::Rts, ..attr() }, AttrMask::STATE).unwrap();
     node.post_send(SendWr::new(4, SendOp::Send).with_sge(sge(0, 64)).with_ud(dest));
-    assert_eq!(shape(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, false)]);
+    assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN + 1, false)]);
 }
 
 /// What a driver needs to batch posts to a busy QP (the threaded engine

@@ -2,7 +2,7 @@
 //! QP states and asynchronous events after local and remote errors,
 //! refused verbs and the memory a failed operation must leave alone.
 
-mod verbs_common;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,8 @@ use softroce::transport::{
     RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{AckTimeout, ConnectOptions, Error, MemoryRegion, QueuePair};
-use verbs_common::*;
+use support::pattern;
+use support::verbs::*;
 
 /// A completion without data, as errors and flushes have.
 fn failed(wr_id: u64, qp: &QueuePair, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {

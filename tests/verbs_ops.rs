@@ -1,7 +1,7 @@
 //! Every verb and opcode end to end over loopback UDP, with byte-exact
 //! checks of the memory each operation may and may not touch.
 
-mod verbs_common;
+mod support;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
@@ -13,7 +13,8 @@ use softroce::transport::{
 use softroce::verbs::{
     AckTimeout, AddressHandle, CompletionQueue, ConnectOptions, ContextOptions, Error, MemoryRegion, QueuePair,
 };
-use verbs_common::*;
+use support::pattern;
+use support::verbs::*;
 
 /// About 1 MiB, a multiple of no MTU.
 const LARGE: usize = (1 << 20) + 13;

@@ -2,7 +2,7 @@
 //! its bytes, packets the library builds parse back and verify, no input makes
 //! a parser panic, and PSN arithmetic obeys its laws.
 
-mod common;
+mod support;
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -21,6 +21,7 @@ use softroce::wire::{
     Error, Feth, FethRepr, Headers, IpHeader, NakCode, Opcode, Operation, Packet, Psn, Reth, RethRepr, RoceRepr,
     Syndrome, ROCE_UDP_PORT,
 };
+use support::captures;
 
 /// Largest payload generated: above one 1024-byte MTU, so every pad and
 /// length class occurs.
@@ -199,7 +200,7 @@ fn valid_packet() -> impl Strategy<Value = Vec<u8>> {
         .prop_flat_map(packet_parts_for)
         .prop_map(|(ip, udp, repr, payload)| build(&ip, &udp, &repr, &payload).unwrap());
     let captured: Vec<Vec<u8>> =
-        common::capture_names().iter().flat_map(|name| common::roce_ip_packets(name)).collect();
+        captures::capture_names().iter().flat_map(|name| captures::roce_ip_packets(name)).collect();
     prop_oneof![built, select(captured)]
 }
 
@@ -272,7 +273,7 @@ fn captures_of(ip: &[u8]) -> [Vec<u8>; 2] {
         data: ip.to_vec(),
         orig_len: ip.len() as u32,
     };
-    [pcap.into_inner(), common::to_pcapng(&[frame])]
+    [pcap.into_inner(), captures::to_pcapng(&[frame])]
 }
 
 /// Feeds `bytes` to every parser the wire and capture modules offer, and what

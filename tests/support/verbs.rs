@@ -1,9 +1,6 @@
-//! Setup shared by the verbs integration tests: devices on loopback
-//! addresses (each test on its own free UDP port, so tests run in
-//! parallel), connected queue pairs, memory patterns and completion waits.
-
-// Each test crate uses its own part of these helpers.
-#![allow(dead_code)]
+//! Setup for tests of real contexts: devices on loopback addresses (each
+//! test on its own free UDP port, so tests run in parallel), connected queue
+//! pairs, memory contents and completion waits.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
@@ -113,11 +110,6 @@ impl Pair {
     pub fn connected(qp_type: QpType, options: &ConnectOptions) -> Pair {
         Pair::new(nodes(false), qp_type, options, options)
     }
-}
-
-/// `len` bytes that differ for each `seed` and do not repeat every 256.
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32).map(|i| (i.wrapping_add(seed).wrapping_mul(0x9e37_79b1) >> 24) as u8).collect()
 }
 
 /// Sets every byte of `mr` to `byte`.
