@@ -16,14 +16,14 @@ use support::roce::{bth, Build};
 use support::verbs::*;
 
 /// Node A breaks the ICRC of every other packet it sends.
-fn lossy_pair() -> Pair {
+fn lossy_pair() -> NodePair {
     let port = free_port(&[IP_A, IP_B]);
     let lossy = ContextOptions { port, corrupt_icrc_every: 2, ..ContextOptions::default() };
     let a = Node::open("lossy_a", IP_A, lossy);
     let b = Node::open("lossy_b", IP_B, ContextOptions { port, ..ContextOptions::default() });
     // The shortest ACK timeout that is not "wait forever": 8.4 ms.
     let quick = ConnectOptions { timeout: AckTimeout::from_exponent(11).unwrap(), ..options(Mtu::Mtu1024) };
-    Pair::new((a, b), QpType::Rc, &quick, &quick)
+    NodePair::new((a, b), QpType::Rc, &quick, &quick)
 }
 
 #[test]
@@ -97,7 +97,7 @@ fn a_wait_that_finds_nothing_returns_at_its_deadline() {
 /// nobody on this side calling in.
 #[test]
 fn the_engine_takes_over_once_a_waiting_thread_has_gone() {
-    let p = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let p = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     for wr_id in 0..2 {
         p.qp_b.post_recv(RecvWr { wr_id, sg_list: vec![p.mr_b.sge(0, 64)] }).unwrap();
     }
@@ -176,7 +176,7 @@ fn qps_streaming_into_a_small_peer_buffer_fit_their_windows_into_it() {
 
 #[test]
 fn small_writes_posted_one_by_one_to_a_busy_qp_leave_in_batches() {
-    let p = Pair::connected(QpType::Rc, &options(Mtu::Mtu4096));
+    let p = NodePair::connected(QpType::Rc, &options(Mtu::Mtu4096));
     const SIZE: usize = 64;
     const MESSAGES: u64 = 4096;
     const DEPTH: u64 = 128;
