@@ -16,10 +16,10 @@
 //!   part of its data); FETCH_ADDs of distinct powers of sixteen show in the
 //!   final word how often each was applied.
 //!
-//! Shared by `fuzz/fuzz_targets/stack.rs` and `tests/fuzz_regressions.rs`
-//! (through `#[path]`); the fault soak (`tests/transport_soak.rs`) lays out
-//! its memory and requests as this driver does and checks them against the
-//! same [`Model`]. The input types derive `Arbitrary` only when built by
+//! Shared by `fuzz/fuzz_targets/stack.rs` and the tests in `tests/transport`
+//! (through `#[path]`): `fuzz_regressions.rs` replays what it found, and the
+//! fault soak (`soak.rs`) lays out its memory and requests as this driver
+//! does and checks them against the same [`Model`]. The input types derive `Arbitrary` only when built by
 //! cargo-fuzz (`cfg(fuzzing)`), so the tests need no `arbitrary`.
 
 use std::net::{IpAddr, Ipv4Addr};

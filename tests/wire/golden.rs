@@ -3,18 +3,16 @@
 //! captures; where practical it is checked from the raw bytes rather than
 //! through the code under test.
 
-mod support;
-
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 
+use crate::support::captures;
 use softroce::capture;
 use softroce::wire::opcode::Position;
 use softroce::wire::packet::rxe_source_port;
 use softroce::wire::Operation::*;
 use softroce::wire::Transport::{Rc, Uc, Ud};
 use softroce::wire::{icrc, IpHeader, Opcode, Operation, Packet, Psn, Syndrome, Transport};
-use support::captures;
 
 /// What a capture is known to hold.
 struct Expected {

@@ -9,14 +9,12 @@
 //!   traffic even without the export. `write_fuzz_seeds` (ignored) regenerates
 //!   them; `committed_seeds_are_current` checks that they match.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use crate::support::captures;
 use softroce::capture;
 use softroce::wire::Packet;
-use support::captures;
 
 /// Frames in a capture's head: enough for a few packets of each direction.
 const HEAD_FRAMES: usize = 3;
@@ -92,7 +90,7 @@ fn committed_seeds_are_current() {
     assert_eq!(
         committed.keys().collect::<Vec<_>>(),
         want.keys().collect::<Vec<_>>(),
-        "run: cargo test --test fuzz_seeds -- --ignored write_fuzz_seeds"
+        "run: cargo test --test wire -- --ignored write_fuzz_seeds"
     );
     for (name, bytes) in &want {
         assert!(committed[name] == *bytes, "{name} differs from the capture");

@@ -2,11 +2,10 @@
 //! its bytes, packets the library builds parse back and verify, no input makes
 //! a parser panic, and PSN arithmetic obeys its laws.
 
-mod support;
-
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use crate::support::captures;
 use etherparse::{IpDscp, IpEcn, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel, Ipv6Header, UdpHeader};
 use pcap_file::DataLink;
 use proptest::collection::vec;
@@ -21,7 +20,6 @@ use softroce::wire::{
     Error, Feth, FethRepr, Headers, IpHeader, NakCode, Opcode, Operation, Packet, Psn, Reth, RethRepr, RoceRepr,
     Syndrome, ROCE_UDP_PORT,
 };
-use support::captures;
 
 /// Largest payload generated: above one 1024-byte MTU, so every pad and
 /// length class occurs.

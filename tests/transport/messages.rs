@@ -15,6 +15,8 @@ use softroce::net::{Faults, SimNet};
 use softroce::transport::*;
 use softroce::wire::Psn;
 
+use crate::support::Rng;
+
 const MTUS: [Mtu; 5] = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096];
 const A: usize = 0;
 const B: usize = 1;
@@ -85,23 +87,14 @@ impl Family {
     }
 }
 
-/// SplitMix64, for region contents.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// Registers `mr` with `len` bytes of pseudo-random contents, so that a write
 /// of any value, zeros included, shows.
 fn register_random(w: &mut SimWorld, mr: Mr, len: usize) {
     w.register(mr.host, mr.key, mr.base, len, ALL_ACCESS);
     let data = &mut w.hosts[mr.host].mem.region_mut(mr.key).unwrap().data;
-    let mut state = u64::from(mr.key) << 8 | mr.host as u64;
+    let mut rng = Rng::new(u64::from(mr.key) << 8 | mr.host as u64);
     for chunk in data.chunks_mut(8) {
-        chunk.copy_from_slice(&splitmix(&mut state).to_le_bytes()[..chunk.len()]);
+        chunk.copy_from_slice(&rng.next_u64().to_le_bytes()[..chunk.len()]);
     }
 }
 

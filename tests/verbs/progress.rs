@@ -2,18 +2,16 @@
 //! packets, and the engine thread takes over whatever they leave — timers
 //! they armed, answers they owe, the passive side of a transfer.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::pattern;
+use crate::support::roce::{bth, Build};
+use crate::support::verbs::*;
 use softroce::net::udp::UdpLink;
 use softroce::net::{Link, Outgoing};
 use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use softroce::verbs::{AckTimeout, ConnectOptions, ContextOptions, Endpoint, Gid};
 use softroce::wire::{Opcode, Operation, Psn, RoceRepr, Transport};
-use support::pattern;
-use support::roce::{bth, Build};
-use support::verbs::*;
 
 /// Node A breaks the ICRC of every other packet it sends.
 fn lossy_pair() -> NodePair {

@@ -21,13 +21,9 @@ use softroce::net::{Faults, SimNet};
 use softroce::transport::*;
 use softroce::wire::Psn;
 
-// The fuzzer's driver: its requests, memory layout and model. The soak
-// draws its scenarios itself; the rest of the driver is the fuzz target's.
-#[allow(dead_code)]
-#[path = "../fuzz/drivers/stack.rs"]
-mod stack;
-
-use stack::{
+// The stack fuzz target's requests, memory layout and model; the soak
+// draws its scenarios itself.
+use crate::fuzz_stack::{
     first_difference, sge, Bump, Kind, Model, Op, Rng, Stream, BASES, CMP_SWAP_AT, DATA, DST, FETCH_ADD_AT, KEYS, RECV,
     SRC,
 };
@@ -48,7 +44,7 @@ const DEADLINE: Duration = Duration::from_secs(2);
 const ALL_ACCESS: Access =
     Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
 
-/// The host each region of [`stack::Model`] is on: A requests, B responds.
+/// The host each region of a [`Model`] is on: A requests, B responds.
 const HOSTS: [usize; 4] = [A, A, B, B];
 
 const ALL_KINDS: [Kind; 7] =

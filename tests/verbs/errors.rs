@@ -2,17 +2,15 @@
 //! QP states and asynchronous events after local and remote errors,
 //! refused verbs and the memory a failed operation must leave alone.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::pattern;
+use crate::support::verbs::*;
 use softroce::transport::{
     Access, AsyncEvent, AttrMask, ModifyError, Mtu, PostRecvError, PostSendError, QpAttr, QpCap, QpState, QpType,
     RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{AckTimeout, ConnectOptions, Error, MemoryRegion, QueuePair};
-use support::pattern;
-use support::verbs::*;
 
 /// A completion without data, as errors and flushes have.
 fn failed(wr_id: u64, qp: &QueuePair, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
