@@ -28,7 +28,7 @@
 //! `-g` the local GID is sent as zeros, as in C; a peer that sends a zero GID
 //! is reached at the address of its TCP connection (the C programs would try
 //! LID routing, which RoCE does not have).
-//! `--roce-port`, `--local-addr` and `--timeout` are ours.
+//! `--roce-port`, `--local-addr` and `--timeout` are ours ([`PeerArgs`]).
 
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
@@ -44,9 +44,9 @@ use softroce::verbs::{
     CompletionChannel, CompletionQueue, Context, ContextOptions, Device, Gid, MemoryRegion, ProtectionDomain,
     QueuePair, SharedReceiveQueue,
 };
-use softroce::wire::{Psn, ROCE_UDP_PORT};
+use softroce::wire::Psn;
 
-use crate::cli::{c_i32, c_number, c_port, c_u32, fail, Fail};
+use crate::cli::{c_i32, c_number, c_port, c_u32, fail, Fail, PeerArgs};
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
@@ -123,17 +123,8 @@ pub struct Args {
     /// Be the peer of ibv_srq_pingpong: -q RC QPs sharing a receive queue.
     #[arg(long, group = "transport")]
     srq: bool,
-    /// UDP port of RoCE (the RoCEv2 port; peers must use the same).
-    #[arg(long = "roce-port", default_value_t = ROCE_UDP_PORT, value_parser = c_port)]
-    roce_port: u16,
-    /// Instead of a device, use one on this local address alone (for tests
-    /// and demos with two peers on one host, e.g. 127.0.0.1 and 127.0.0.2;
-    /// its GID index 1 is the address, its MTU 4096).
-    #[arg(long = "local-addr", value_name = "ADDR", conflicts_with = "device")]
-    local_addr: Option<IpAddr>,
-    /// Give up after this many seconds without progress (default: wait forever, as the C programs do).
-    #[arg(long, value_name = "SECONDS")]
-    timeout: Option<f64>,
+    #[command(flatten)]
+    peer: PeerArgs,
     /// Send every Nth packet with a broken ICRC, to see the peer drop it (and RC recover).
     #[arg(long = "corrupt-icrc", value_name = "N", default_value = "0")]
     corrupt_icrc: u32,
@@ -296,18 +287,13 @@ fn print_dest(label: &str, d: &Dest, colon_before_gid: bool) {
     println!("  {label} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep} GID {}", d.lid, d.qpn, d.psn, inet_ntop6(&d.gid));
 }
 
-/// The device: `--local-addr`, `-d`, or the default.
+/// The device ([`PeerArgs::device`]), or the C programs' message for none.
 fn open_device(args: &Args) -> Result<Device, Fail> {
-    if let Some(addr) = args.local_addr {
-        return Ok(Device::for_address(addr));
-    }
-    match &args.device {
-        Some(name) => Device::by_name(name).map_err(|e| match e {
-            softroce::verbs::Error::NoSuchDevice { .. } => Fail(format!("IB device {name} not found")),
-            e => Fail(e.to_string()),
-        }),
-        None => Device::default_device().map_err(|e| Fail(format!("No IB devices found ({e})"))),
-    }
+    args.peer.device(args.device.as_deref()).map_err(|e| match (&args.device, e) {
+        (Some(name), softroce::verbs::Error::NoSuchDevice { .. }) => Fail(format!("IB device {name} not found")),
+        (Some(_), e) => Fail(e.to_string()),
+        (None, e) => Fail(format!("No IB devices found ({e})")),
+    })
 }
 
 /// The objects of one run (`struct pingpong_context`).
@@ -472,7 +458,7 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
             return fail(format!("num_qp {num_qp} must be less than {}", SRQ_MAX_QP - 1));
         }
     }
-    let mut watchdog = Watchdog { limit: args.timeout.map(Duration::from_secs_f64), last: Instant::now() };
+    let mut watchdog = Watchdog { limit: args.peer.timeout, last: Instant::now() };
 
     // pp_init_ctx
     let device = open_device(args)?;
@@ -484,11 +470,9 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     if kind == Kind::Ud && size > port_attr.active_mtu.bytes() {
         return fail(format!("Requested size larger than port MTU ({})", port_attr.active_mtu.bytes()));
     }
-    let ctx = Context::open(
-        &device,
-        ContextOptions { port: args.roce_port, corrupt_icrc_every: args.corrupt_icrc, ..ContextOptions::default() },
-    )
-    .map_err(|e| Fail(format!("Couldn't get context for {}: {e}", device.name())))?;
+    let ctx =
+        Context::open(&device, ContextOptions { corrupt_icrc_every: args.corrupt_icrc, ..args.peer.context_options() })
+            .map_err(|e| Fail(format!("Couldn't get context for {}: {e}", device.name())))?;
     if args.odp {
         return fail("The device isn't ODP capable or does not support RC send and receive with ODP");
     }
