@@ -4,13 +4,13 @@
 //! Posting a work request may allocate (its scatter/gather list is a `Vec`);
 //! packets, ACKs, completions and the link's batches may not.
 
-mod verbs_common;
+mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcStatus};
-use verbs_common::{next_wc, options, Pair};
+use support::verbs::{next_wc, options, NodePair};
 
 /// The system allocator, counting allocations while `COUNTING` is set.
 struct Counting;
@@ -56,9 +56,9 @@ const SLACK: u64 = 10;
 /// Runs `round` once to warm up (buffers, queues and maps reach their
 /// steady size), then again counting; returns the allocations and the
 /// packets sent by both sides in the counted round.
-fn count(pair: &Pair, mut round: impl FnMut(&Pair)) -> (u64, u64) {
+fn count(pair: &NodePair, mut round: impl FnMut(&NodePair)) -> (u64, u64) {
     round(pair);
-    let packets = |p: &Pair| p.a.ctx.counters().link.sent + p.b.ctx.counters().link.sent;
+    let packets = |p: &NodePair| p.a.ctx.counters().link.sent + p.b.ctx.counters().link.sent;
     let before = packets(pair);
     ALLOCATIONS.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
@@ -67,7 +67,7 @@ fn count(pair: &Pair, mut round: impl FnMut(&Pair)) -> (u64, u64) {
     (ALLOCATIONS.load(Ordering::SeqCst), packets(pair) - before)
 }
 
-fn write_round(p: &Pair) {
+fn write_round(p: &NodePair) {
     for i in 0..MESSAGES {
         let op = SendOp::RdmaWrite { remote_addr: p.mr_b.addr(), rkey: p.mr_b.rkey() };
         p.qp_a.post_send(SendWr::new(i, op).with_sge(p.mr_a.sge(0, MESSAGE))).unwrap();
@@ -75,7 +75,7 @@ fn write_round(p: &Pair) {
     }
 }
 
-fn read_round(p: &Pair) {
+fn read_round(p: &NodePair) {
     for i in 0..MESSAGES {
         let op = SendOp::RdmaRead { remote_addr: p.mr_b.addr(), rkey: p.mr_b.rkey() };
         p.qp_a.post_send(SendWr::new(i, op).with_sge(p.mr_a.sge(0, MESSAGE))).unwrap();
@@ -83,7 +83,7 @@ fn read_round(p: &Pair) {
     }
 }
 
-fn send_round(p: &Pair) {
+fn send_round(p: &NodePair) {
     for i in 0..MESSAGES {
         p.qp_b.post_recv(RecvWr { wr_id: i, sg_list: vec![p.mr_b.sge(0, MESSAGE)] }).unwrap();
         p.qp_a.post_send(SendWr::new(i, SendOp::Send).with_sge(p.mr_a.sge(0, MESSAGE))).unwrap();
@@ -94,9 +94,9 @@ fn send_round(p: &Pair) {
 
 #[test]
 fn the_data_path_allocates_per_work_request_not_per_packet() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu4096));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu4096));
     // Each SEND message posts a receive too.
-    type Round = (&'static str, fn(&Pair), u64);
+    type Round = (&'static str, fn(&NodePair), u64);
     let rounds: [Round; 3] =
         [("WRITE", write_round, MESSAGES), ("READ", read_round, MESSAGES), ("SEND", send_round, 2 * MESSAGES)];
     for (name, round, work_requests) in rounds {

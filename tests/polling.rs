@@ -5,11 +5,11 @@
 //! debug build's rounds are slow enough that its gaps between windows pass
 //! the polling time.
 
-mod verbs_common;
+mod support;
 
 use softroce::transport::{Mtu, QpType, SendOp, SendWr, WcStatus};
 use softroce::verbs::ContextOptions;
-use verbs_common::*;
+use support::verbs::*;
 
 #[test]
 #[cfg_attr(debug_assertions, ignore = "times a release build's windows: `cargo test --release --test polling`")]

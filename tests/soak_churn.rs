@@ -1,4 +1,4 @@
-//! The churn soak (rxe-spec/security.md): sixteen RC pairs over two
+//! The churn soak (rxe-spec/security.md): sixteen RC connections over two
 //! loopback contexts carry mixed traffic, checked byte for byte, while QPs,
 //! regions, CQs and a third context come and go — gracefully and in the
 //! middle of traffic with timers running. At the end every destroyed QP
@@ -8,15 +8,12 @@
 //!
 //! It runs for [`RUN`]: `cargo test --test soak_churn -- --ignored` (CI does).
 
-mod hostile_support;
-mod roce_build;
-mod verbs_common;
+mod support;
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use hostile_support::{rc, Build, FakePeer, Rng};
 use softroce::transport::{
     Mtu, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -25,17 +22,20 @@ use softroce::verbs::{
     QueuePair,
 };
 use softroce::wire::{NakCode, Operation, Syndrome};
-use verbs_common::{connect, free_port, pattern, wait_for, Node, ALL_ACCESS, IP_A, IP_B, WAIT};
+use support::fake_peer::FakePeer;
+use support::qp::{rc, Build};
+use support::verbs::{connect, free_port, options, wait_for, Node, ALL_ACCESS, IP_A, IP_B, LINK_MTU, WAIT};
+use support::{pattern, Rng};
 
 /// How long the churn goes on.
 const RUN: Duration = Duration::from_secs(20);
-const PAIRS: usize = 16;
+const CONNECTIONS: usize = 16;
 /// The third context, opened and killed every round.
 const IP_C: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4));
 /// Where the final probes come from.
 const PROBE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 5));
 
-/// Each region of a pair: what goes where.
+/// Each region of a connection: what goes where.
 const MR_LEN: usize = 64 * 1024;
 const SEND_AT: usize = 0;
 const SEND_MAX: usize = 8192;
@@ -62,23 +62,18 @@ fn signaled(wr_id: u64, op: SendOp) -> SendWr {
     SendWr { flags: SendFlags { signaled: true, ..SendFlags::default() }, ..SendWr::new(wr_id, op) }
 }
 
-/// Options granting every right, with a path MTU (and the default ACK timeout, 67 ms).
-fn pair_options(mtu: Mtu) -> ConnectOptions {
-    ConnectOptions { access: ALL_ACCESS, mtu: Some(mtu), max_rd_atomic: 4, max_dest_rd_atomic: 4, ..Default::default() }
-}
-
 fn random_mtu(rng: &mut Rng) -> Mtu {
     [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096][(rng.next_u32() % 5) as usize]
 }
 
-/// What a pair's round must produce.
+/// What a connection's round must produce.
 struct Work {
     send: Vec<u8>,
     write: Vec<u8>,
 }
 
-/// A connected RC pair, A requester and B responder, with CQs and regions of its own.
-struct Pair {
+/// Two connected RC QPs, A requester and B responder, with CQs and regions of their own.
+struct Connection {
     qp_a: QueuePair,
     qp_b: QueuePair,
     cq_a: CompletionQueue,
@@ -88,16 +83,16 @@ struct Pair {
     rounds: u64,
 }
 
-impl Pair {
-    fn new(a: &Node, b: &Node, rng: &mut Rng) -> Pair {
+impl Connection {
+    fn new(a: &Node, b: &Node, rng: &mut Rng) -> Connection {
         let (cq_a, cq_b) =
             (a.ctx.create_cq(64, Some(&a.channel)).unwrap(), b.ctx.create_cq(64, Some(&b.channel)).unwrap());
         let qp_a = a.pd.create_qp(QpType::Rc, &cq_a).build().unwrap();
         let qp_b = b.pd.create_qp(QpType::Rc, &cq_b).build().unwrap();
-        let options = pair_options(random_mtu(rng));
+        let options = options(random_mtu(rng));
         connect(&qp_a, &qp_b, &options, &options);
         let (mr_a, mr_b) = (a.mr(MR_LEN), b.mr(MR_LEN));
-        Pair { qp_a, qp_b, cq_a, cq_b, mr_a, mr_b, rounds: 0 }
+        Connection { qp_a, qp_b, cq_a, cq_b, mr_a, mr_b, rounds: 0 }
     }
 
     /// Posts a round: a SEND, a WRITE, a READ of what was written and a
@@ -165,10 +160,10 @@ struct Graveyard {
 }
 
 impl Graveyard {
-    /// Destroys a pair: QPs first (in the middle of its traffic, if any),
+    /// Destroys a connection: QPs first (in the middle of its traffic, if any),
     /// or CQs first, while the QPs still point at them.
-    fn bury(&mut self, pair: Pair, cqs_first: bool, a: &Node, b: &Node) {
-        let Pair { qp_a, qp_b, cq_a, cq_b, mr_a, mr_b, .. } = pair;
+    fn bury(&mut self, connection: Connection, cqs_first: bool, a: &Node, b: &Node) {
+        let Connection { qp_a, qp_b, cq_a, cq_b, mr_a, mr_b, .. } = connection;
         self.qpns_a.push(qp_a.qpn());
         self.qpns_b.push(qp_b.qpn());
         self.rkeys_b.push(mr_b.rkey());
@@ -205,57 +200,58 @@ impl Graveyard {
 fn churn_soak() {
     let (threads_before, fds_before) = (threads(), fds());
     let port = free_port(&[IP_A, IP_B, IP_C, PROBE]);
-    let options = ContextOptions { port, busy_poll: false, ..ContextOptions::default() };
-    let (a, b) = (Node::open("soak_a", IP_A, options.clone()), Node::open("soak_b", IP_B, options.clone()));
+    let context = ContextOptions { port, busy_poll: false, ..ContextOptions::default() };
+    let (a, b) = (Node::open("soak_a", IP_A, context.clone()), Node::open("soak_b", IP_B, context.clone()));
     let mut rng = Rng::new(0x50a6);
     let mut graves = Graveyard::default();
-    let mut pairs: Vec<Pair> = (0..PAIRS).map(|_| Pair::new(&a, &b, &mut rng)).collect();
+    let mut connections: Vec<Connection> = (0..CONNECTIONS).map(|_| Connection::new(&a, &b, &mut rng)).collect();
     let (mut rounds, mut context_churns, mut mr_churns, mut rss) = (0u64, 0u64, 0u64, Vec::new());
     let start = Instant::now();
     while start.elapsed() < RUN {
-        // Mixed traffic on every pair at once.
-        let work: Vec<Work> = pairs.iter_mut().map(|p| p.start(&mut rng)).collect();
-        for (pair, work) in pairs.iter_mut().zip(work) {
-            pair.finish(work);
+        // Mixed traffic on every connection at once.
+        let work: Vec<Work> = connections.iter_mut().map(|p| p.start(&mut rng)).collect();
+        for (connection, work) in connections.iter_mut().zip(work) {
+            connection.finish(work);
         }
 
-        // QP churn: one pair replaced gracefully, one in the middle of its
+        // QP churn: one connection replaced gracefully, one in the middle of its
         // traffic (QPs first on even rounds, CQs first on odd ones).
-        let k = (rounds as usize) % PAIRS;
-        let quiet = std::mem::replace(&mut pairs[k], Pair::new(&a, &b, &mut rng));
+        let k = (rounds as usize) % CONNECTIONS;
+        let quiet = std::mem::replace(&mut connections[k], Connection::new(&a, &b, &mut rng));
         graves.bury(quiet, false, &a, &b);
-        let k = (k + PAIRS / 2) % PAIRS;
-        let mut busy = std::mem::replace(&mut pairs[k], Pair::new(&a, &b, &mut rng));
+        let k = (k + CONNECTIONS / 2) % CONNECTIONS;
+        let mut busy = std::mem::replace(&mut connections[k], Connection::new(&a, &b, &mut rng));
         let _ = busy.start(&mut rng);
         graves.bury(busy, rounds % 2 == 1, &a, &b);
 
         // MR churn: regions come and go; a WRITE to one just deregistered
-        // fails the pair that tries, which is replaced.
+        // fails the connection that tries, which is replaced.
         for _ in 0..8 {
             let mr = b.pd.alloc_mr(4096 * (1 + rng.next_u32() as usize % 16), ALL_ACCESS).unwrap();
             graves.rkeys_b.push(mr.rkey());
         }
-        let k = (k + 1) % PAIRS;
+        let k = (k + 1) % CONNECTIONS;
         let extra = b.mr(4096);
         let (remote, rkey) = (extra.addr(), extra.rkey());
-        let write =
-            |wr_id| signaled(wr_id, SendOp::RdmaWrite { remote_addr: remote, rkey }).with_sge(pairs[k].mr_a.sge(0, 64));
-        pairs[k].qp_a.post_send(write(10)).unwrap();
-        let wc = pairs[k].cq_a.wait_one(WAIT).expect("the WRITE's completion");
+        let write = |wr_id| {
+            signaled(wr_id, SendOp::RdmaWrite { remote_addr: remote, rkey }).with_sge(connections[k].mr_a.sge(0, 64))
+        };
+        connections[k].qp_a.post_send(write(10)).unwrap();
+        let wc = connections[k].cq_a.wait_one(WAIT).expect("the WRITE's completion");
         assert_eq!((wc.wr_id, wc.status), (10, WcStatus::Success));
         graves.rkeys_b.push(rkey);
         drop(extra);
-        pairs[k].qp_a.post_send(write(11)).unwrap();
-        let wc = pairs[k].cq_a.wait_one(WAIT).expect("the failed WRITE's completion");
+        connections[k].qp_a.post_send(write(11)).unwrap();
+        let wc = connections[k].cq_a.wait_one(WAIT).expect("the failed WRITE's completion");
         assert_eq!((wc.wr_id, wc.status), (11, WcStatus::RemAccessErr));
-        wait_for("the responder to move to ERR", || pairs[k].qp_b.state() == QpState::Err);
-        let failed = std::mem::replace(&mut pairs[k], Pair::new(&a, &b, &mut rng));
+        wait_for("the responder to move to ERR", || connections[k].qp_b.state() == QpState::Err);
+        let failed = std::mem::replace(&mut connections[k], Connection::new(&a, &b, &mut rng));
         graves.bury(failed, false, &a, &b);
         mr_churns += 1;
 
         // Context churn: a third context works with A, then dies in the
         // middle of a transfer; A's QP waiting on it runs out of retries.
-        churn_a_context(&a, options.clone(), &mut rng, &mut graves);
+        churn_a_context(&a, context.clone(), &mut rng, &mut graves);
         context_churns += 1;
 
         graves.check_events(&a, &b);
@@ -265,8 +261,8 @@ fn churn_soak() {
         }
     }
     rss.push(rss_kib());
-    for pair in pairs.drain(..) {
-        graves.bury(pair, false, &a, &b);
+    for connection in connections.drain(..) {
+        graves.bury(connection, false, &a, &b);
     }
 
     // Nothing destroyed is still reachable from the network.
@@ -285,7 +281,7 @@ fn churn_soak() {
     }
     let (threads_after, fds_after) = (threads(), fds());
     eprintln!(
-        "churn soak, {:.1?}: {rounds} rounds of {PAIRS} pairs, {} QPs and {} regions destroyed, {context_churns} contexts \
+        "churn soak, {:.1?}: {rounds} rounds of {CONNECTIONS} connections, {} QPs and {} regions destroyed, {context_churns} contexts \
          opened and killed, {mr_churns} writes to a dead region; threads {threads_before} -> {threads_after}, fds \
          {fds_before} -> {fds_after}; RSS KiB {rss:?}\nA: {:?}\nB: {:?}",
         start.elapsed(),
@@ -302,9 +298,9 @@ fn churn_soak() {
 /// Opens a context on [`IP_C`], runs a WRITE and a SEND from it to a QP of
 /// A, then drops the whole context with a long WRITE in flight: A's READ
 /// from the dead context fails with RETRY_EXC_ERR.
-fn churn_a_context(a: &Node, options: ContextOptions, rng: &mut Rng, graves: &mut Graveyard) {
-    let device = Device::custom("soak_c", vec![IP_C], [2, 0, 0, 0, 0, 3], verbs_common::LINK_MTU);
-    let c = Context::open(&device, options).unwrap();
+fn churn_a_context(a: &Node, context: ContextOptions, rng: &mut Rng, graves: &mut Graveyard) {
+    let device = Device::custom("soak_c", vec![IP_C], [2, 0, 0, 0, 0, 3], LINK_MTU);
+    let c = Context::open(&device, context).unwrap();
     let pd = c.alloc_pd().unwrap();
     let cq = c.create_cq(64, None).unwrap();
     let qp_c = pd.create_qp(QpType::Rc, &cq).sig_all(true).build().unwrap();
@@ -313,9 +309,8 @@ fn churn_a_context(a: &Node, options: ContextOptions, rng: &mut Rng, graves: &mu
     let mr_a = a.mr(1 << 20);
     let mtu = random_mtu(rng);
     // A finds C dead after 3 timeouts of 4 ms.
-    let a_options =
-        ConnectOptions { timeout: AckTimeout::from_exponent(10).unwrap(), retry_cnt: 2, ..pair_options(mtu) };
-    connect(&qp_a, &qp_c, &a_options, &pair_options(mtu));
+    let a_options = ConnectOptions { timeout: AckTimeout::from_exponent(10).unwrap(), retry_cnt: 2, ..options(mtu) };
+    connect(&qp_a, &qp_c, &a_options, &options(mtu));
 
     let data = pattern(4096, rng.next_u32());
     mr_c.write(0, &data).unwrap();
@@ -394,7 +389,7 @@ fn probe_rkeys(node: &Node, port: u16, rkeys: &[u32], rng: &mut Rng) {
     for i in 0..8 {
         let rkey = rkeys[rng.next_u32() as usize % rkeys.len()];
         let qp = node.qp(QpType::Rc);
-        qp.connect(&peer.endpoint(0x100 + i, 0), &pair_options(Mtu::Mtu1024)).unwrap();
+        qp.connect(&peer.endpoint(0x100 + i, 0), &options(Mtu::Mtu1024)).unwrap();
         peer.send(at, &rc(Operation::WriteOnly, 0).ack_req().reth(0x10_0000, rkey, 16).qpn(qp.qpn()), &[3; 16]);
         let nak = peer.receive(WAIT).expect("an answer");
         assert_eq!((nak.psn(), nak.syndrome()), (0, Syndrome::Nak(NakCode::RemoteAccessError)), "R_Key {rkey:#x}");

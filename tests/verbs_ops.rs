@@ -1,7 +1,7 @@
 //! Every verb and opcode end to end over loopback UDP, with byte-exact
 //! checks of the memory each operation may and may not touch.
 
-mod verbs_common;
+mod support;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
@@ -13,7 +13,8 @@ use softroce::transport::{
 use softroce::verbs::{
     AckTimeout, AddressHandle, CompletionQueue, ConnectOptions, ContextOptions, Error, MemoryRegion, QueuePair,
 };
-use verbs_common::*;
+use support::pattern;
+use support::verbs::*;
 
 /// About 1 MiB, a multiple of no MTU.
 const LARGE: usize = (1 << 20) + 13;
@@ -33,7 +34,7 @@ struct End<'a> {
     mr: &'a MemoryRegion,
 }
 
-impl Pair {
+impl NodePair {
     fn ends(&self) -> (End<'_>, End<'_>) {
         (End { qp: &self.qp_a, cq: &self.a.cq, mr: &self.mr_a }, End { qp: &self.qp_b, cq: &self.b.cq, mr: &self.mr_b })
     }
@@ -60,7 +61,7 @@ fn unsignaled(wr: SendWr) -> SendWr {
 /// bytes, on an RC connection of each path MTU.
 fn for_each_size(case: impl Fn(&End<'_>, &End<'_>, usize)) {
     for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
-        let pair = Pair::connected(QpType::Rc, &options(mtu));
+        let pair = NodePair::connected(QpType::Rc, &options(mtu));
         assert_eq!((pair.qp_a.query().path_mtu, pair.qp_b.query().path_mtu), (mtu, mtu));
         let (a, b) = pair.ends();
         let m = mtu.bytes();
@@ -139,7 +140,7 @@ fn rc_rdma_read_every_size() {
 
 /// Runs the atomic `op` (aimed at [`WORD`] of B's region, which holds
 /// `before`) and checks the value returned to A and the one left at B.
-fn atomic_case(pair: &Pair, wr_id: u64, op: SendOp, before: u64, after: u64) {
+fn atomic_case(pair: &NodePair, wr_id: u64, op: SendOp, before: u64, after: u64) {
     fill(&pair.mr_a, FILL);
     fill(&pair.mr_b, FILL);
     pair.mr_b.write(WORD, &before.to_ne_bytes()).unwrap();
@@ -151,7 +152,7 @@ fn atomic_case(pair: &Pair, wr_id: u64, op: SendOp, before: u64, after: u64) {
 
 #[test]
 fn rc_compare_swap_swaps_only_on_match() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu4096));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu4096));
     let (remote_addr, rkey) = (pair.mr_b.addr() + WORD as u64, pair.mr_b.rkey());
     let old = 0x0123_4567_89ab_cdef;
     let new = 0xfedc_ba98_7654_3210;
@@ -163,7 +164,7 @@ fn rc_compare_swap_swaps_only_on_match() {
 
 #[test]
 fn rc_fetch_add_returns_the_old_value_and_wraps() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu4096));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu4096));
     let (remote_addr, rkey) = (pair.mr_b.addr() + WORD as u64, pair.mr_b.rkey());
     atomic_case(&pair, 1, SendOp::FetchAdd { remote_addr, rkey, add: 0x1_0000_0001 }, 41, 0x1_0000_002a);
     atomic_case(&pair, 2, SendOp::FetchAdd { remote_addr, rkey, add: 3 }, u64::MAX - 1, 1);
@@ -171,7 +172,7 @@ fn rc_fetch_add_returns_the_old_value_and_wraps() {
 
 #[test]
 fn rc_sge_lists_span_two_regions() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let (a2, b2) = (pair.a.mr(8192), pair.b.mr(8192));
     let (head, tail) = (pattern(2500, 1), pattern(1800, 2));
     let message = [head.as_slice(), tail.as_slice()].concat();
@@ -210,7 +211,7 @@ fn rc_sge_lists_span_two_regions() {
 
 #[test]
 fn rc_inline_sends_and_writes_carry_the_posted_bytes() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let data = pattern(200, 9);
     let inline = |wr_id, op| SendWr {
         flags: SendFlags { inline: true, signaled: true, ..SendFlags::default() },
@@ -246,7 +247,7 @@ fn send_three(a: &End<'_>, b: &End<'_>, signaled: [bool; 3]) {
 
 #[test]
 fn unsignaled_sends_complete_silently() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let (a, b) = pair.ends();
     send_three(&a, &b, [false, true, false]);
     assert_eq!(next_wc(&pair.a.cq), success(2, &pair.qp_a, WcOpcode::Send, 100));
@@ -259,7 +260,7 @@ fn unsignaled_sends_complete_silently() {
 /// queue drains without a retry.
 #[test]
 fn an_unsignaled_send_alone_is_acknowledged_without_a_retry() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let (a, b) = pair.ends();
     b.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0, 100)] }).unwrap();
     a.qp.post_send(unsignaled(SendWr::new(2, SendOp::Send).with_sge(a.mr.sge(0, 100)))).unwrap();
@@ -291,7 +292,7 @@ fn sq_sig_all_signals_every_send() {
 
 #[test]
 fn uc_send_and_write() {
-    let pair = Pair::connected(QpType::Uc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Uc, &options(Mtu::Mtu1024));
     let (a, b) = pair.ends();
     for len in [0, 1, 3000] {
         eprintln!("{len} bytes");
@@ -440,8 +441,8 @@ fn srq_shared_by_two_qps_raises_its_limit_event() {
 }
 
 /// A connection whose next SENDs each find a receive.
-fn channel_pair() -> Pair {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+fn channel_pair() -> NodePair {
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     for wr_id in 0..4 {
         pair.qp_b.post_recv(RecvWr { wr_id, sg_list: vec![pair.mr_b.sge(0, 64)] }).unwrap();
     }
@@ -449,7 +450,7 @@ fn channel_pair() -> Pair {
 }
 
 /// A SEND of 64 bytes from A; waits for B's receive and returns it.
-fn send_to_b(pair: &Pair, solicited: bool) -> WorkCompletion {
+fn send_to_b(pair: &NodePair, solicited: bool) -> WorkCompletion {
     let mut wr = SendWr::new(1, SendOp::Send).with_sge(pair.mr_a.sge(0, 64));
     wr.flags.solicited = solicited;
     pair.qp_a.post_send(wr).unwrap();
@@ -496,7 +497,7 @@ fn comp_channel_is_silent_without_arming() {
 #[test]
 fn counters_count_packets_without_icrc_errors() {
     const PACKETS: u64 = 10;
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let (a, b) = pair.ends();
     let (before_a, before_b) = (pair.a.ctx.counters(), pair.b.ctx.counters());
     send_case(&a, &b, PACKETS as usize * 1024, None);
@@ -518,7 +519,7 @@ fn counters_count_packets_without_icrc_errors() {
 
 #[test]
 fn busy_poll_contexts_move_data() {
-    let pair = Pair::new(nodes(true), QpType::Rc, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+    let pair = NodePair::new(nodes(true), QpType::Rc, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
     let (a, b) = pair.ends();
     send_case(&a, &b, 100_000, Some(1));
     write_case(&a, &b, 100_000, None);
@@ -567,7 +568,7 @@ fn a_qp_destroyed_right_after_its_last_receive_still_acknowledges_it() {
     for round in 0..20 {
         let options =
             ConnectOptions { timeout: AckTimeout::from_exponent(14).unwrap(), retry_cnt: 1, ..options(Mtu::Mtu1024) };
-        let Pair { a, b, qp_a, qp_b, mr_a, mr_b } = Pair::connected(QpType::Rc, &options);
+        let NodePair { a, b, qp_a, qp_b, mr_a, mr_b } = NodePair::connected(QpType::Rc, &options);
         qp_b.post_recv(RecvWr { wr_id: 1, sg_list: vec![mr_b.sge(0, 64)] }).unwrap();
         qp_a.post_send(SendWr::new(2, SendOp::Send).with_sge(mr_a.sge(0, 64))).unwrap();
         // Spin, so the drop races the engine's next step as closely as it can.
@@ -593,7 +594,7 @@ fn a_qp_destroyed_right_after_its_last_receive_still_acknowledges_it() {
 
 #[test]
 fn a_posted_list_runs_in_order_up_to_the_request_the_qp_refuses() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let data = stage(&pair.mr_a, &pair.mr_b, 3000);
     let rkey = pair.mr_b.rkey();
     let write = |wr_id: u64, at: usize, len: usize| {

@@ -4,7 +4,7 @@
 #   tools/fuzz.sh [SECONDS]     # per target, default 60
 #
 # Installs cargo-fuzz if missing, rebuilds the git-ignored corpus from the
-# captures in tests/data (tests/fuzz_seeds.rs), then runs each target from its
+# captures in tests/data (tests/wire/fuzz_seeds.rs), then runs each target from its
 # corpus plus its committed seeds in fuzz/seeds/<target>. Exits non-zero on a
 # crash; the input that caused it is in fuzz/artifacts/<target>/.
 set -euo pipefail
@@ -16,7 +16,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
 fi
 
-cargo test --test fuzz_seeds -- --ignored --exact export_fuzz_corpus
+cargo test --test wire -- --ignored --exact fuzz_seeds::export_fuzz_corpus
 
 # Only a stable toolchain is available: let it accept the -Z flags cargo-fuzz
 # passes (coverage instrumentation, AddressSanitizer).

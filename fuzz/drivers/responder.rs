@@ -16,8 +16,8 @@
 //! - the QP is in RTS, or ERR (RC only) with every receive flushed, and
 //!   receives complete once each, in the order they were posted.
 //!
-//! Shared by `fuzz/fuzz_targets/responder.rs` and `tests/fuzz_regressions.rs`
-//! (through `#[path]`). The input types derive `Arbitrary` only when built by
+//! Shared by `fuzz/fuzz_targets/responder.rs` and the tests in
+//! `tests/transport` (through `#[path]`). The input types derive `Arbitrary` only when built by
 //! cargo-fuzz (`cfg(fuzzing)`), so the tests need no `arbitrary`.
 
 use std::collections::HashSet;

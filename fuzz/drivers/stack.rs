@@ -16,8 +16,10 @@
 //!   part of its data); FETCH_ADDs of distinct powers of sixteen show in the
 //!   final word how often each was applied.
 //!
-//! Shared by `fuzz/fuzz_targets/stack.rs` and `tests/fuzz_regressions.rs`
-//! (through `#[path]`). The input types derive `Arbitrary` only when built by
+//! Shared by `fuzz/fuzz_targets/stack.rs` and the tests in `tests/transport`
+//! (through `#[path]`): `fuzz_regressions.rs` replays what it found, and the
+//! fault soak (`soak.rs`) lays out its memory and requests as this driver
+//! does and checks them against the same [`Model`]. The input types derive `Arbitrary` only when built by
 //! cargo-fuzz (`cfg(fuzzing)`), so the tests need no `arbitrary`.
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -52,15 +54,15 @@ const ALL: Access =
 /// and atomic results go, what the peer's requests target, and the receive
 /// buffers. A direction's requests use its requester's first two and its
 /// responder's last two, so the two directions share no memory.
-const SRC: usize = 0;
-const DST: usize = 1;
-const DATA: usize = 2;
-const RECV: usize = 3;
-const KEYS: [u32; 4] = [0x10, 0x11, 0x12, 0x13];
-const BASES: [u64; 4] = [0x10_0000, 0x20_0000, 0x30_0000, 0x40_0000];
+pub(crate) const SRC: usize = 0;
+pub(crate) const DST: usize = 1;
+pub(crate) const DATA: usize = 2;
+pub(crate) const RECV: usize = 3;
+pub(crate) const KEYS: [u32; 4] = [0x10, 0x11, 0x12, 0x13];
+pub(crate) const BASES: [u64; 4] = [0x10_0000, 0x20_0000, 0x30_0000, 0x40_0000];
 /// Offsets in DATA of the FETCH_ADD and CMP_SWAP words; WRITEs and READs go after.
-const FETCH_ADD_AT: usize = 0;
-const CMP_SWAP_AT: usize = 8;
+pub(crate) const FETCH_ADD_AT: usize = 0;
+pub(crate) const CMP_SWAP_AT: usize = 8;
 
 #[derive(Debug, Clone)]
 #[cfg_attr(fuzzing, derive(Arbitrary))]
@@ -141,7 +143,7 @@ pub enum Size {
 pub fn run(input: &Input) {
     let plan = Plan::new(input);
     let mut world = plan.world();
-    let start = plan.streams.each_ref().map(|s| Model::of(&world, s));
+    let start = plan.streams.each_ref().map(|s| Model::of(&world, s.from));
     let requests: Vec<Vec<SendWr>> = plan.streams.iter().zip(&start).map(|(s, m)| s.work_requests(m)).collect();
     for stream in &plan.streams {
         for op in &stream.ops {
@@ -167,10 +169,10 @@ pub fn run(input: &Input) {
 }
 
 /// SplitMix64, for the choices the input leaves to its seed.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -179,23 +181,23 @@ impl Rng {
     }
 
     /// Uniform in `[0, n)`.
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         ((u128::from(self.next()) * n as u128) >> 64) as usize
     }
 }
 
 /// Hands out disjoint ranges of a region, with small gaps.
-struct Bump(usize);
+pub(crate) struct Bump(pub(crate) usize);
 
 impl Bump {
-    fn take(&mut self, rng: &mut Rng, len: usize) -> usize {
+    pub(crate) fn take(&mut self, rng: &mut Rng, len: usize) -> usize {
         let at = self.0 + rng.below(16);
         self.0 = at + len;
         at
     }
 }
 
-fn sge(region: usize, offset: usize, len: usize) -> Sge {
+pub(crate) fn sge(region: usize, offset: usize, len: usize) -> Sge {
     Sge { addr: BASES[region] + offset as u64, length: len as u32, lkey: KEYS[region] }
 }
 
@@ -209,24 +211,24 @@ fn split(rng: &mut Rng, region: usize, offset: usize, len: usize, parts: usize) 
 
 /// A request with its buffers laid out.
 #[derive(Debug, Clone)]
-struct Op {
-    kind: Kind,
-    len: usize,
+pub(crate) struct Op {
+    pub(crate) kind: Kind,
+    pub(crate) len: usize,
     /// In the requester's SRC (SEND, WRITE) or DST (READ, atomics).
-    local: Vec<Sge>,
+    pub(crate) local: Vec<Sge>,
     /// Offset in the responder's DATA.
-    remote: usize,
+    pub(crate) remote: usize,
     /// The receive it consumes, in the responder's RECV.
-    recv: Option<RecvWr>,
-    operand: u64,
-    matching: bool,
+    pub(crate) recv: Option<RecvWr>,
+    pub(crate) operand: u64,
+    pub(crate) matching: bool,
 }
 
 /// The requests from host `from` to the other.
 #[derive(Debug)]
-struct Stream {
-    from: usize,
-    ops: Vec<Op>,
+pub(crate) struct Stream {
+    pub(crate) from: usize,
+    pub(crate) ops: Vec<Op>,
 }
 
 struct Plan {
@@ -373,7 +375,7 @@ impl Stream {
 
     /// The work requests, with CMP_SWAP compare values that match or not as
     /// chosen, given what the requests before them did.
-    fn work_requests(&self, start: &Model) -> Vec<SendWr> {
+    pub(crate) fn work_requests(&self, start: &Model) -> Vec<SendWr> {
         let mut model = start.clone();
         let requests: Vec<SendWr> = self
             .ops
@@ -439,7 +441,7 @@ impl Stream {
             model.apply(op, wr);
         }
         let partial = self.ops.get(done).filter(|op| op.kind == Kind::Read).map(|op| model.ranges(&op.local));
-        let got = Model::of(world, self);
+        let got = Model::of(world, self.from);
         for region in [SRC, DST] {
             let except = partial.as_ref().map_or(&[][..], |p| &p[region][..]);
             if let Some(diff) = first_difference(&got.0[region], &model.0[region], except) {
@@ -496,7 +498,7 @@ impl Op {
     }
 
     /// The receive completion this request produces on success.
-    fn recv_completion(&self, qpn: u32) -> Option<WorkCompletion> {
+    pub(crate) fn recv_completion(&self, qpn: u32) -> Option<WorkCompletion> {
         let recv = self.recv.as_ref()?;
         let (opcode, imm) = match self.kind {
             Kind::WriteImm => (WcOpcode::RecvRdmaWithImm, Some(self.operand as u32)),
@@ -513,12 +515,13 @@ impl Op {
 /// The four regions one direction's requests use: SRC and DST of the
 /// requester, DATA and RECV of the responder.
 #[derive(Clone)]
-struct Model([Vec<u8>; 4]);
+pub(crate) struct Model(pub(crate) [Vec<u8>; 4]);
 
 impl Model {
-    fn of(world: &SimWorld, stream: &Stream) -> Model {
+    /// The regions of requests from host `requester` to the other.
+    pub(crate) fn of(world: &SimWorld, requester: usize) -> Model {
         Model([SRC, DST, DATA, RECV].map(|region| {
-            let host = if region == SRC || region == DST { stream.from } else { stream.to() };
+            let host = if region == SRC || region == DST { requester } else { 1 - requester };
             world.hosts[host].mem.region(KEYS[region]).expect("registered").data.clone()
         }))
     }
@@ -548,7 +551,7 @@ impl Model {
         assert!(data.is_empty(), "model: the data fits its SGEs");
     }
 
-    fn word(&self, at: usize) -> u64 {
+    pub(crate) fn word(&self, at: usize) -> u64 {
         u64::from_ne_bytes(self.0[DATA][at..at + 8].try_into().expect("8 bytes"))
     }
 
@@ -575,7 +578,7 @@ impl Model {
     }
 
     /// Executes a request once, as RC does.
-    fn apply(&mut self, op: &Op, wr: &SendWr) {
+    pub(crate) fn apply(&mut self, op: &Op, wr: &SendWr) {
         match wr.op {
             SendOp::Send | SendOp::SendWithImm(_) => {
                 let message = self.gather(&op.local);
@@ -606,7 +609,7 @@ impl Model {
 }
 
 /// The first byte where `got` and `want` differ outside `except`, described.
-fn first_difference(got: &[u8], want: &[u8], except: &[Range<usize>]) -> Option<String> {
+pub(crate) fn first_difference(got: &[u8], want: &[u8], except: &[Range<usize>]) -> Option<String> {
     if got == want {
         return None;
     }

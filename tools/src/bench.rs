@@ -24,6 +24,8 @@ use serde_json::{json, Value};
 use softroce::transport::Mtu;
 use softroce::verbs::ContextOptions;
 
+use crate::cli::{seconds, Zero};
+
 /// Prints a line of the report; a closed stdout (`| head`) does not stop the run.
 macro_rules! say {
     ($($arg:tt)*) => {{
@@ -43,8 +45,8 @@ macro_rules! say {
     baseline's: GB/s for streams, messages/s for the write rates, median latency for send-lat (whose \
     ×gso is to udp-gso-lat).")]
 pub struct Args {
-    /// How long each row is measured, after a warm-up of a fifth of that.
-    #[arg(long, value_name = "SECONDS", default_value = "0.5", value_parser = parse_seconds)]
+    /// How long each row is measured, after a warm-up of a fifth of that (not 0: rates divide by it).
+    #[arg(long, value_name = "SECONDS", default_value = "0.5", value_parser = |s: &str| seconds(s, Zero::Refused))]
     seconds: Duration,
     /// A reduced set of rows, well under a minute.
     #[arg(long)]
@@ -75,14 +77,6 @@ pub struct Args {
     /// net.core.rmem_max is a common distribution default.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     socket_buffer: Option<usize>,
-}
-
-fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let seconds: f64 = text.parse().map_err(|e| format!("{e}"))?;
-    match Duration::try_from_secs_f64(seconds) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        _ => Err("seconds must be a finite number above 0".to_owned()),
-    }
 }
 
 /// Bytes, or with a K or M suffix (`64K`, `1M`).
@@ -813,13 +807,5 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("M").is_err());
         assert!(parse_size("99999999999999999999M").is_err());
-    }
-
-    #[test]
-    fn seconds_must_be_positive() {
-        assert_eq!(parse_seconds("0.1"), Ok(Duration::from_millis(100)));
-        assert!(parse_seconds("0").is_err());
-        assert!(parse_seconds("-1").is_err());
-        assert!(parse_seconds("soon").is_err());
     }
 }

@@ -33,7 +33,8 @@
 //! CPU-frequency warning `-F` silences does not exist, so `-F` is accepted
 //! and does nothing; latency tests use one QP; each side reads the other's
 //! final `"done"`; the RoCE socket binds only the address of the GID we
-//! announce. `--roce-port`, `--local-addr` and `--timeout` are ours.
+//! announce. `--roce-port`, `--local-addr` and `--timeout` are ours
+//! ([`PeerArgs`]).
 
 mod proto;
 mod report;
@@ -46,9 +47,8 @@ use std::time::Duration;
 
 use softroce::transport::Mtu;
 use softroce::verbs::{ContextOptions, Device, Gid};
-use softroce::wire::ROCE_UDP_PORT;
 
-use crate::cli::{c_port, c_u32, fail, Fail};
+use crate::cli::{c_port, c_u32, fail, Fail, PeerArgs};
 use proto::{BwReport, Comm, KeyMsg};
 use report::{bw_header, bw_line, bw_sum_line, lat_line, LAT_HEADER, RESULT_LINE};
 use res::Res;
@@ -202,19 +202,8 @@ pub struct Args {
     /// Report in Gb/sec instead of MB/sec.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
-    /// UDP port of RoCE (the RoCEv2 port; peers must use the same).
-    #[arg(long = "roce-port", default_value_t = ROCE_UDP_PORT, value_parser = c_port)]
-    roce_port: u16,
-    /// Instead of a device, use one on this local address alone (for tests
-    /// with two peers on one host, e.g. 127.0.0.1 and 127.0.0.2; its GID
-    /// index 1 is the address, its MTU 4096).
-    #[arg(long = "local-addr", value_name = "ADDR", conflicts_with = "device")]
-    local_addr: Option<IpAddr>,
-    /// Give up after this many seconds without progress (default: as
-    /// perftest, wait for the peer forever, except a SEND server without
-    /// messages for 120 seconds).
-    #[arg(long, value_name = "SECONDS")]
-    timeout: Option<f64>,
+    #[command(flatten)]
+    peer: PeerArgs,
     /// Bytes of socket buffer to ask for, each way, instead of 8 MiB:
     /// 212992 runs as a user whose net.core.rmem_max is a common
     /// distribution default does (softroce only).
@@ -376,7 +365,7 @@ impl Params {
             gbits: args.report_gbits,
             duplex: args.bidirectional,
             duration,
-            timeout: args.timeout.map(Duration::from_secs_f64),
+            timeout: args.peer.timeout,
         })
     }
 
@@ -409,14 +398,10 @@ pub fn run(args: Args) -> ExitCode {
 /// GID's address, so the RoCE socket binds it alone (other programs may
 /// hold the RoCE port on the interface's other addresses).
 fn open_device(args: &Args) -> Result<(Device, usize, Gid), Fail> {
-    let device = match (args.local_addr, &args.device) {
-        (Some(addr), _) => Device::for_address(addr),
-        (None, Some(name)) => Device::by_name(name)
-            .map_err(|e| Fail(format!(" Unable to find the Infiniband/RoCE device {name}: {e}")))?,
-        (None, None) => {
-            Device::default_device().map_err(|e| Fail(format!(" Unable to find the Infiniband/RoCE device: {e}")))?
-        }
-    };
+    let device = args.peer.device(args.device.as_deref()).map_err(|e| match &args.device {
+        Some(name) => Fail(format!(" Unable to find the Infiniband/RoCE device {name}: {e}")),
+        None => Fail(format!(" Unable to find the Infiniband/RoCE device: {e}")),
+    })?;
     let table = device.gid_table();
     let index = match args.gid_index {
         Some(i) => i as usize,
@@ -594,8 +579,7 @@ fn perf(args: &Args) -> Result<(), Fail> {
         }
     }
 
-    let options =
-        ContextOptions { port: args.roce_port, socket_buffer: args.socket_buffer, ..ContextOptions::default() };
+    let options = ContextOptions { socket_buffer: args.socket_buffer, ..args.peer.context_options() };
     let mut res = Res::new(&device, options, &p, cycle as usize, cache_line as usize)?;
     let mine = res.key_messages(&p, gid, port.lid)?;
     print_test_info(&p, device.name(), client, mtu, gid_index);

@@ -28,7 +28,7 @@
 //! `-g` the local GID is sent as zeros, as in C; a peer that sends a zero GID
 //! is reached at the address of its TCP connection (the C programs would try
 //! LID routing, which RoCE does not have).
-//! `--roce-port`, `--local-addr` and `--timeout` are ours.
+//! `--roce-port`, `--local-addr` and `--timeout` are ours ([`PeerArgs`]).
 
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
@@ -44,9 +44,9 @@ use softroce::verbs::{
     CompletionChannel, CompletionQueue, Context, ContextOptions, Device, Gid, MemoryRegion, ProtectionDomain,
     QueuePair, SharedReceiveQueue,
 };
-use softroce::wire::{Psn, ROCE_UDP_PORT};
+use softroce::wire::Psn;
 
-use crate::cli::{c_i32, c_number, c_port, c_u32, fail, Fail};
+use crate::cli::{c_i32, c_number, c_port, c_u32, fail, Fail, PeerArgs};
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
@@ -123,17 +123,8 @@ pub struct Args {
     /// Be the peer of ibv_srq_pingpong: -q RC QPs sharing a receive queue.
     #[arg(long, group = "transport")]
     srq: bool,
-    /// UDP port of RoCE (the RoCEv2 port; peers must use the same).
-    #[arg(long = "roce-port", default_value_t = ROCE_UDP_PORT, value_parser = c_port)]
-    roce_port: u16,
-    /// Instead of a device, use one on this local address alone (for tests
-    /// and demos with two peers on one host, e.g. 127.0.0.1 and 127.0.0.2;
-    /// its GID index 1 is the address, its MTU 4096).
-    #[arg(long = "local-addr", value_name = "ADDR", conflicts_with = "device")]
-    local_addr: Option<IpAddr>,
-    /// Give up after this many seconds without progress (default: wait forever, as the C programs do).
-    #[arg(long, value_name = "SECONDS")]
-    timeout: Option<f64>,
+    #[command(flatten)]
+    peer: PeerArgs,
     /// Send every Nth packet with a broken ICRC, to see the peer drop it (and RC recover).
     #[arg(long = "corrupt-icrc", value_name = "N", default_value = "0")]
     corrupt_icrc: u32,
@@ -296,18 +287,13 @@ fn print_dest(label: &str, d: &Dest, colon_before_gid: bool) {
     println!("  {label} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep} GID {}", d.lid, d.qpn, d.psn, inet_ntop6(&d.gid));
 }
 
-/// The device: `--local-addr`, `-d`, or the default.
+/// The device ([`PeerArgs::device`]), or the C programs' message for none.
 fn open_device(args: &Args) -> Result<Device, Fail> {
-    if let Some(addr) = args.local_addr {
-        return Ok(Device::for_address(addr));
-    }
-    match &args.device {
-        Some(name) => Device::by_name(name).map_err(|e| match e {
-            softroce::verbs::Error::NoSuchDevice { .. } => Fail(format!("IB device {name} not found")),
-            e => Fail(e.to_string()),
-        }),
-        None => Device::default_device().map_err(|e| Fail(format!("No IB devices found ({e})"))),
-    }
+    args.peer.device(args.device.as_deref()).map_err(|e| match (&args.device, e) {
+        (Some(name), softroce::verbs::Error::NoSuchDevice { .. }) => Fail(format!("IB device {name} not found")),
+        (Some(_), e) => Fail(e.to_string()),
+        (None, e) => Fail(format!("No IB devices found ({e})")),
+    })
 }
 
 /// The objects of one run (`struct pingpong_context`).
@@ -327,6 +313,8 @@ struct Pp {
     data_offset: usize,
     /// UD: where sends go.
     ud_dest: Option<UdDest>,
+    /// The port's LID, which the C programs exchange (0 on RoCE).
+    lid: u16,
 }
 
 impl Pp {
@@ -439,166 +427,228 @@ impl Watchdog {
 }
 
 fn pingpong(args: &Args) -> Result<bool, Fail> {
-    let kind = match (args.uc, args.ud, args.srq) {
-        (true, _, _) => Kind::Uc,
-        (_, true, _) => Kind::Ud,
-        (_, _, true) => Kind::Srq,
-        _ => Kind::Rc,
-    };
-    if kind == Kind::Ud && args.mtu.is_some() {
-        return fail("-m/--mtu is not an option of ibv_ud_pingpong: UD uses the port's MTU");
-    }
-    if kind != Kind::Srq && args.num_qp.is_some() {
-        return fail("-q/--num-qp is an option of ibv_srq_pingpong only: add --srq");
-    }
-    if args.ts && kind != Kind::Rc {
-        return fail("-t/--ts is an option of ibv_rc_pingpong only");
-    }
-    let size = args.size.unwrap_or(if kind == Kind::Ud { 1024 } else { 4096 }) as usize;
-    let path_mtu = args.mtu.unwrap_or(Mtu::Mtu1024);
-    let num_qp = if kind == Kind::Srq { args.num_qp.unwrap_or(16) as usize } else { 1 };
-    let rx_depth = args.rx_depth;
-    let iters = args.iters;
-    if kind == Kind::Srq {
-        if size < 1 {
-            return fail("-s must be at least 1 with --srq");
-        }
-        if num_qp as u32 > rx_depth {
-            return fail(format!(
-                "rx_depth {rx_depth} is too small for {num_qp} QPs -- must have at least one receive per QP."
-            ));
-        }
-        if num_qp >= SRQ_MAX_QP {
-            return fail(format!("num_qp {num_qp} must be less than {}", SRQ_MAX_QP - 1));
-        }
-    }
-    let mut watchdog = Watchdog { limit: args.timeout.map(Duration::from_secs_f64), last: Instant::now() };
-
-    // pp_init_ctx
+    let plan = Plan::new(args)?;
+    let mut watchdog = Watchdog { limit: args.peer.timeout, last: Instant::now() };
     let device = open_device(args)?;
-    let ib_port = u8::try_from(args.ib_port).unwrap_or(u8::MAX);
-    if args.ib_port < 1 {
-        return fail("-i: IB ports start at 1");
-    }
-    let port_attr = device.query_port(ib_port).map_err(|e| Fail(format!("Couldn't get port info: {e}")))?;
-    if kind == Kind::Ud && size > port_attr.active_mtu.bytes() {
-        return fail(format!("Requested size larger than port MTU ({})", port_attr.active_mtu.bytes()));
-    }
-    let ctx = Context::open(
-        &device,
-        ContextOptions { port: args.roce_port, corrupt_icrc_every: args.corrupt_icrc, ..ContextOptions::default() },
-    )
-    .map_err(|e| Fail(format!("Couldn't get context for {}: {e}", device.name())))?;
-    if args.odp {
-        return fail("The device isn't ODP capable or does not support RC send and receive with ODP");
-    }
-    if args.ts {
-        return fail("The device isn't completion timestamp capable");
-    }
-    let channel = if args.events {
-        Some(ctx.create_comp_channel().map_err(|e| Fail(format!("Couldn't create completion channel: {e}")))?)
-    } else {
-        None
-    };
-    let pd = ctx.alloc_pd().map_err(|e| Fail(format!("Couldn't allocate PD: {e}")))?;
-    let data_offset = if kind == Kind::Ud { GRH_LEN } else { 0 };
-    let recv_len = size + data_offset;
-    let mr =
-        pd.alloc_mr(recv_len.max(1), Access::LOCAL_WRITE).map_err(|e| Fail(format!("Couldn't register MR: {e}")))?;
-    mr.write(0, &vec![kind.fill(); recv_len])?;
-    let cqe = rx_depth as usize + if kind == Kind::Srq { num_qp } else { 1 };
-    let cq = ctx.create_cq(cqe, channel.as_ref()).map_err(|e| Fail(format!("Couldn't create CQ: {e}")))?;
-    let srq = if kind == Kind::Srq {
-        Some(pd.create_srq(rx_depth, 1).map_err(|e| Fail(format!("Couldn't create SRQ: {e}")))?)
-    } else {
-        None
-    };
-    let cap = QpCap {
-        max_send_wr: 1,
-        max_recv_wr: if kind == Kind::Srq { 0 } else { rx_depth },
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let mut qps = Vec::with_capacity(num_qp);
-    for i in 0..num_qp {
-        let mut init = pd.create_qp(kind.qp_type(), &cq).cap(cap);
-        if let Some(srq) = &srq {
-            init = init.srq(srq);
-        }
-        let qp = init.build().map_err(|e| Fail(format!("Couldn't create QP[{i}]: {e}")))?;
-        let mut attr = QpAttr { state: QpState::Init, port: ib_port, pkey_index: 0, ..QpAttr::default() };
-        let mask = if kind == Kind::Ud {
-            attr.qkey = UD_QKEY;
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY
-        } else {
-            attr.access_flags = Access::NONE;
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS
-        };
-        qp.modify(&attr, mask).map_err(|e| Fail(format!("Failed to modify QP to INIT: {e}")))?;
-        qps.push(qp);
-    }
-    let mut pp = Pp { kind, ctx, channel, cq, srq, qps, pd, mr, size, recv_len, data_offset, ud_dest: None };
+    let mut pp = Pp::init(args, &plan, &device)?;
     // Printed however the run ends: a failed run's counters say most.
     let _stats = args.stats.then(|| StatsAtExit(pp.ctx.clone()));
-
-    let mut routs = pp.post_recv(i64::from(rx_depth));
-    if routs < i64::from(rx_depth) {
+    let routs = pp.post_recv(i64::from(plan.rx_depth));
+    if routs < i64::from(plan.rx_depth) {
         return fail(format!("Couldn't post receive ({routs})"));
     }
     if pp.channel.is_some() {
         pp.cq.req_notify(false);
     }
+    let mine = local_dests(&pp, &device, args.gid_idx)?;
+    connect_to_peer(args, &mut pp, &plan, &mine, &watchdog)?;
+    watchdog.progress();
 
-    // Local addresses.
-    let gid = match args.gid_idx {
+    let mut checker = args.check.then(|| Checker::new(plan.size, plan.kind.fill()));
+    let elapsed = ping_pong(&pp, &plan, args.server.is_some(), routs, checker.as_mut(), &mut watchdog)?;
+    print_rates(plan.size, plan.iters, elapsed);
+    let valid = match &checker {
+        Some(checker) => checker.report(plan.size, pp.data_offset),
+        None => true,
+    };
+    io::stdout().flush().ok();
+    if matches!(pp.kind, Kind::Rc | Kind::Srq) {
+        pp.qps.clear();
+        linger(&pp.ctx);
+    }
+    Ok(valid)
+}
+
+/// The run's shape, once the options are checked and defaulted as the C
+/// program of the transport does.
+struct Plan {
+    kind: Kind,
+    size: usize,
+    path_mtu: Mtu,
+    num_qp: usize,
+    rx_depth: u32,
+    iters: u32,
+}
+
+impl Plan {
+    fn new(args: &Args) -> Result<Plan, Fail> {
+        let kind = match (args.uc, args.ud, args.srq) {
+            (true, _, _) => Kind::Uc,
+            (_, true, _) => Kind::Ud,
+            (_, _, true) => Kind::Srq,
+            _ => Kind::Rc,
+        };
+        if kind == Kind::Ud && args.mtu.is_some() {
+            return fail("-m/--mtu is not an option of ibv_ud_pingpong: UD uses the port's MTU");
+        }
+        if kind != Kind::Srq && args.num_qp.is_some() {
+            return fail("-q/--num-qp is an option of ibv_srq_pingpong only: add --srq");
+        }
+        if args.ts && kind != Kind::Rc {
+            return fail("-t/--ts is an option of ibv_rc_pingpong only");
+        }
+        let size = args.size.unwrap_or(if kind == Kind::Ud { 1024 } else { 4096 }) as usize;
+        let path_mtu = args.mtu.unwrap_or(Mtu::Mtu1024);
+        let num_qp = if kind == Kind::Srq { args.num_qp.unwrap_or(16) as usize } else { 1 };
+        let rx_depth = args.rx_depth;
+        if kind == Kind::Srq {
+            if size < 1 {
+                return fail("-s must be at least 1 with --srq");
+            }
+            if num_qp as u32 > rx_depth {
+                return fail(format!(
+                    "rx_depth {rx_depth} is too small for {num_qp} QPs -- must have at least one receive per QP."
+                ));
+            }
+            if num_qp >= SRQ_MAX_QP {
+                return fail(format!("num_qp {num_qp} must be less than {}", SRQ_MAX_QP - 1));
+            }
+        }
+        Ok(Plan { kind, size, path_mtu, num_qp, rx_depth, iters: args.iters })
+    }
+}
+
+impl Pp {
+    /// `pp_init_ctx`: the context on `device`, the completion queue (and
+    /// channel with `-e`), the buffer, the SRQ of `--srq`, and the QPs in INIT.
+    fn init(args: &Args, plan: &Plan, device: &Device) -> Result<Pp, Fail> {
+        let (kind, size, num_qp, rx_depth) = (plan.kind, plan.size, plan.num_qp, plan.rx_depth);
+        let ib_port = u8::try_from(args.ib_port).unwrap_or(u8::MAX);
+        if args.ib_port < 1 {
+            return fail("-i: IB ports start at 1");
+        }
+        let port_attr = device.query_port(ib_port).map_err(|e| Fail(format!("Couldn't get port info: {e}")))?;
+        if kind == Kind::Ud && size > port_attr.active_mtu.bytes() {
+            return fail(format!("Requested size larger than port MTU ({})", port_attr.active_mtu.bytes()));
+        }
+        let ctx = Context::open(
+            device,
+            ContextOptions { corrupt_icrc_every: args.corrupt_icrc, ..args.peer.context_options() },
+        )
+        .map_err(|e| Fail(format!("Couldn't get context for {}: {e}", device.name())))?;
+        if args.odp {
+            return fail("The device isn't ODP capable or does not support RC send and receive with ODP");
+        }
+        if args.ts {
+            return fail("The device isn't completion timestamp capable");
+        }
+        let channel = if args.events {
+            Some(ctx.create_comp_channel().map_err(|e| Fail(format!("Couldn't create completion channel: {e}")))?)
+        } else {
+            None
+        };
+        let pd = ctx.alloc_pd().map_err(|e| Fail(format!("Couldn't allocate PD: {e}")))?;
+        let data_offset = if kind == Kind::Ud { GRH_LEN } else { 0 };
+        let recv_len = size + data_offset;
+        let mr = pd
+            .alloc_mr(recv_len.max(1), Access::LOCAL_WRITE)
+            .map_err(|e| Fail(format!("Couldn't register MR: {e}")))?;
+        mr.write(0, &vec![kind.fill(); recv_len])?;
+        let cqe = rx_depth as usize + if kind == Kind::Srq { num_qp } else { 1 };
+        let cq = ctx.create_cq(cqe, channel.as_ref()).map_err(|e| Fail(format!("Couldn't create CQ: {e}")))?;
+        let srq = if kind == Kind::Srq {
+            Some(pd.create_srq(rx_depth, 1).map_err(|e| Fail(format!("Couldn't create SRQ: {e}")))?)
+        } else {
+            None
+        };
+        let cap = QpCap {
+            max_send_wr: 1,
+            max_recv_wr: if kind == Kind::Srq { 0 } else { rx_depth },
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let mut qps = Vec::with_capacity(num_qp);
+        for i in 0..num_qp {
+            let mut init = pd.create_qp(kind.qp_type(), &cq).cap(cap);
+            if let Some(srq) = &srq {
+                init = init.srq(srq);
+            }
+            let qp = init.build().map_err(|e| Fail(format!("Couldn't create QP[{i}]: {e}")))?;
+            let mut attr = QpAttr { state: QpState::Init, port: ib_port, pkey_index: 0, ..QpAttr::default() };
+            let mask = if kind == Kind::Ud {
+                attr.qkey = UD_QKEY;
+                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY
+            } else {
+                attr.access_flags = Access::NONE;
+                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS
+            };
+            qp.modify(&attr, mask).map_err(|e| Fail(format!("Failed to modify QP to INIT: {e}")))?;
+            qps.push(qp);
+        }
+        let lid = port_attr.lid;
+        Ok(Pp { kind, ctx, channel, cq, srq, qps, pd, mr, size, recv_len, data_offset, ud_dest: None, lid })
+    }
+}
+
+/// Our address for each QP (`my_dest`), with the GID of `-g` or zeros.
+fn local_dests(pp: &Pp, device: &Device, gid_idx: Option<i32>) -> Result<Vec<Dest>, Fail> {
+    let gid = match gid_idx {
         Some(index) if index >= 0 => match device.gid(index as usize) {
             Some(gid) => gid.to_bytes(),
             None => return fail(format!("can't read sgid of index {index}")),
         },
         _ => [0u8; 16],
     };
-    let mut mine = Vec::with_capacity(num_qp);
+    let mut mine = Vec::with_capacity(pp.qps.len());
     for qp in &pp.qps {
         let endpoint = qp.endpoint(0)?;
-        mine.push(Dest { lid: u32::from(port_attr.lid), qpn: qp.qpn(), psn: endpoint.psn.value(), gid });
+        mine.push(Dest { lid: u32::from(pp.lid), qpn: qp.qpn(), psn: endpoint.psn.value(), gid });
     }
-    let exchange_count = if kind == Kind::Srq { SRQ_MAX_QP } else { 1 };
-    let mut wire_mine = mine.clone();
-    wire_mine.resize(exchange_count, Dest::default());
+    Ok(mine)
+}
 
-    let remote: Vec<Dest>;
+/// Trades addresses with the peer over TCP (the client connects to
+/// SERVER, the server listens) and moves the QPs to RTS, printing both
+/// sides' addresses as the C programs do.
+fn connect_to_peer(args: &Args, pp: &mut Pp, plan: &Plan, mine: &[Dest], watchdog: &Watchdog) -> Result<(), Fail> {
+    let exchange_count = if plan.kind == Kind::Srq { SRQ_MAX_QP } else { 1 };
+    let mut wire_mine = mine.to_vec();
+    wire_mine.resize(exchange_count, Dest::default());
+    let print_mine = || {
+        for d in mine {
+            print_dest("local address: ", d, plan.kind == Kind::Ud);
+        }
+    };
+    let print_remote = |remote: &[Dest]| {
+        for d in &remote[..plan.num_qp] {
+            print_dest("remote address:", d, false);
+        }
+    };
     match &args.server {
         Some(server) => {
-            for d in &mine {
-                print_dest("local address: ", d, kind == Kind::Ud);
-            }
-            let (theirs, peer) = client_exchange(server, args.port, &wire_mine, &watchdog)?;
-            remote = theirs;
-            for d in &remote[..num_qp] {
-                print_dest("remote address:", d, false);
-            }
-            connect(&mut pp, path_mtu, &mine, &remote, peer)?;
+            print_mine();
+            let (remote, peer) = client_exchange(server, args.port, &wire_mine, watchdog)?;
+            print_remote(&remote);
+            connect(pp, plan.path_mtu, mine, &remote, peer)
         }
         None => {
             let listener = listen(args.port)?;
-            for d in &mine {
-                print_dest("local address: ", d, kind == Kind::Ud);
-            }
-            remote = server_exchange(&listener, &mut pp, path_mtu, &mine, &wire_mine, &watchdog)?;
-            for d in &remote[..num_qp] {
-                print_dest("remote address:", d, false);
-            }
+            print_mine();
+            let remote = server_exchange(&listener, pp, plan.path_mtu, mine, &wire_mine, watchdog)?;
+            print_remote(&remote);
+            Ok(())
         }
     }
-    watchdog.progress();
+}
 
-    let mut checker = args.check.then(|| Checker::new(size, kind.fill()));
-    let client = args.server.is_some();
+/// The ping-pong itself, from the client's first sends (with `-c`, of the
+/// checked pattern) until every QP has received and sent `iters` messages:
+/// a QP sends again once both its last send and a receive completed, and
+/// receives are topped up when few remain. Returns how long it took.
+fn ping_pong(
+    pp: &Pp,
+    plan: &Plan,
+    client: bool,
+    mut routs: i64,
+    mut checker: Option<&mut Checker>,
+    watchdog: &mut Watchdog,
+) -> Result<Duration, Fail> {
+    let (kind, num_qp, rx_depth, iters) = (plan.kind, plan.num_qp, plan.rx_depth, plan.iters);
     let mut pending = vec![if client { RECV_WRID | SEND_WRID } else { RECV_WRID }; num_qp];
     if client {
-        if args.check {
-            pp.mr.write(data_offset, &pattern(size, kind.fill(), true))?;
+        if checker.is_some() {
+            pp.mr.write(pp.data_offset, &pattern(plan.size, kind.fill(), true))?;
         }
         for qp in 0..num_qp {
             if let Err(e) = pp.post_send(qp) {
@@ -613,38 +663,8 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
     let refill_at = if kind == Kind::Srq { num_qp as i64 } else { 1 };
     let mut batch: Vec<WorkCompletion> = Vec::with_capacity(num_wc);
     while rcnt < iters || scnt < iters {
-        let what = || format!("waiting for completions (received {rcnt}, sent {scnt} of {iters})");
-        batch.clear();
-        if let Some(channel) = &pp.channel {
-            let id = loop {
-                if let Some(id) = channel.get_event(watchdog.slice(&what())?) {
-                    break id;
-                }
-            };
-            if id != pp.cq.id() {
-                return fail(format!("CQ event for unknown CQ {id}"));
-            }
-            pp.cq.req_notify(false);
-        } else {
-            let first = loop {
-                if let Some(wc) = pp.cq.poll_one() {
-                    break wc;
-                }
-                if let Some(wc) = pp.cq.wait_one(watchdog.slice(&what())?) {
-                    break wc;
-                }
-            };
-            batch.push(first);
-        }
-        while batch.len() < num_wc {
-            match pp.cq.poll_one() {
-                Some(wc) => batch.push(wc),
-                None => break,
-            }
-        }
-        if !batch.is_empty() {
-            watchdog.progress();
-        }
+        let what = format!("waiting for completions (received {rcnt}, sent {scnt} of {iters})");
+        next_completions(pp, &mut batch, num_wc, watchdog, &what)?;
         for wc in &batch {
             if wc.status != WcStatus::Success {
                 return fail(format!(
@@ -668,8 +688,8 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
                             return fail(format!("Couldn't post receive ({routs})"));
                         }
                     }
-                    if let Some(checker) = &mut checker {
-                        checker.check(&pp, wc);
+                    if let Some(checker) = checker.as_deref_mut() {
+                        checker.check(pp, wc);
                     }
                     rcnt += 1;
                 }
@@ -684,9 +704,56 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
             }
         }
     }
-    let elapsed = start.elapsed();
+    Ok(start.elapsed())
+}
 
-    // The C programs compute in float microseconds from gettimeofday.
+/// Waits for completions (for a CQ event with `-e`) and takes up to `max`
+/// of them into `batch`; `what` says what is waited for if `--timeout`
+/// passes.
+fn next_completions(
+    pp: &Pp,
+    batch: &mut Vec<WorkCompletion>,
+    max: usize,
+    watchdog: &mut Watchdog,
+    what: &str,
+) -> Result<(), Fail> {
+    batch.clear();
+    if let Some(channel) = &pp.channel {
+        let id = loop {
+            if let Some(id) = channel.get_event(watchdog.slice(what)?) {
+                break id;
+            }
+        };
+        if id != pp.cq.id() {
+            return fail(format!("CQ event for unknown CQ {id}"));
+        }
+        pp.cq.req_notify(false);
+    } else {
+        let first = loop {
+            if let Some(wc) = pp.cq.poll_one() {
+                break wc;
+            }
+            if let Some(wc) = pp.cq.wait_one(watchdog.slice(what)?) {
+                break wc;
+            }
+        };
+        batch.push(first);
+    }
+    while batch.len() < max {
+        match pp.cq.poll_one() {
+            Some(wc) => batch.push(wc),
+            None => break,
+        }
+    }
+    if !batch.is_empty() {
+        watchdog.progress();
+    }
+    Ok(())
+}
+
+/// The C programs' two result lines, computed as they do in float
+/// microseconds (from gettimeofday).
+fn print_rates(size: usize, iters: u32, elapsed: Duration) {
     let usec = elapsed.as_micros() as f32;
     let bytes = size as i64 * i64::from(iters) * 2;
     println!(
@@ -699,18 +766,7 @@ fn pingpong(args: &Args) -> Result<bool, Fail> {
         f64::from(usec) / 1_000_000.0,
         f64::from(usec / iters as f32)
     );
-    let valid = match &checker {
-        Some(checker) => checker.report(size, data_offset),
-        None => true,
-    };
-    io::stdout().flush().ok();
-    if matches!(pp.kind, Kind::Rc | Kind::Srq) {
-        pp.qps.clear();
-        linger(&pp.ctx);
-    }
-    Ok(valid)
 }
-
 /// How long the device must hear nothing before a finished run leaves: more
 /// than the 67 ms ACK timeout (14) the C programs give the peer.
 const LINGER_QUIET: Duration = Duration::from_millis(150);

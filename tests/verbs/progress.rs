@@ -2,28 +2,26 @@
 //! packets, and the engine thread takes over whatever they leave — timers
 //! they armed, answers they owe, the passive side of a transfer.
 
-mod roce_build;
-mod verbs_common;
-
 use std::time::{Duration, Instant};
 
-use roce_build::{bth, Build};
+use crate::support::pattern;
+use crate::support::roce::{bth, Build};
+use crate::support::verbs::*;
 use softroce::net::udp::UdpLink;
 use softroce::net::{Link, Outgoing};
 use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use softroce::verbs::{AckTimeout, ConnectOptions, ContextOptions, Endpoint, Gid};
 use softroce::wire::{Opcode, Operation, Psn, RoceRepr, Transport};
-use verbs_common::*;
 
 /// Node A breaks the ICRC of every other packet it sends.
-fn lossy_pair() -> Pair {
+fn lossy_pair() -> NodePair {
     let port = free_port(&[IP_A, IP_B]);
     let lossy = ContextOptions { port, corrupt_icrc_every: 2, ..ContextOptions::default() };
     let a = Node::open("lossy_a", IP_A, lossy);
     let b = Node::open("lossy_b", IP_B, ContextOptions { port, ..ContextOptions::default() });
     // The shortest ACK timeout that is not "wait forever": 8.4 ms.
     let quick = ConnectOptions { timeout: AckTimeout::from_exponent(11).unwrap(), ..options(Mtu::Mtu1024) };
-    Pair::new((a, b), QpType::Rc, &quick, &quick)
+    NodePair::new((a, b), QpType::Rc, &quick, &quick)
 }
 
 #[test]
@@ -97,7 +95,7 @@ fn a_wait_that_finds_nothing_returns_at_its_deadline() {
 /// nobody on this side calling in.
 #[test]
 fn the_engine_takes_over_once_a_waiting_thread_has_gone() {
-    let p = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let p = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     for wr_id in 0..2 {
         p.qp_b.post_recv(RecvWr { wr_id, sg_list: vec![p.mr_b.sge(0, 64)] }).unwrap();
     }
@@ -176,7 +174,7 @@ fn qps_streaming_into_a_small_peer_buffer_fit_their_windows_into_it() {
 
 #[test]
 fn small_writes_posted_one_by_one_to_a_busy_qp_leave_in_batches() {
-    let p = Pair::connected(QpType::Rc, &options(Mtu::Mtu4096));
+    let p = NodePair::connected(QpType::Rc, &options(Mtu::Mtu4096));
     const SIZE: usize = 64;
     const MESSAGES: u64 = 4096;
     const DEPTH: u64 = 128;

@@ -3,11 +3,10 @@
 //! captures; where practical it is checked from the raw bytes rather than
 //! through the code under test.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 
+use crate::support::captures;
 use softroce::capture;
 use softroce::wire::opcode::Position;
 use softroce::wire::packet::rxe_source_port;
@@ -86,7 +85,7 @@ fn parse_all<'a>(name: &str, ips: &'a [Vec<u8>]) -> Vec<Packet<'a>> {
 /// Runs `check` on each capture with its IP packets and their parsed views.
 fn for_each_capture(mut check: impl FnMut(&'static Expected, &[Vec<u8>], &[Packet<'_>])) {
     for expected in &CAPTURES {
-        let ips = common::roce_ip_packets(expected.name);
+        let ips = captures::roce_ip_packets(expected.name);
         let packets = parse_all(expected.name, &ips);
         check(expected, &ips, &packets);
     }
@@ -94,7 +93,7 @@ fn for_each_capture(mut check: impl FnMut(&'static Expected, &[Vec<u8>], &[Packe
 
 /// Runs `check` on the parsed packets of one capture.
 fn with_capture(name: &str, check: impl FnOnce(&[Packet<'_>])) {
-    let ips = common::roce_ip_packets(name);
+    let ips = captures::roce_ip_packets(name);
     check(&parse_all(name, &ips));
 }
 
@@ -177,22 +176,22 @@ fn flipped(ip: &[u8], at: usize, bit: usize) -> Vec<u8> {
 #[test]
 fn every_capture_is_listed() {
     let listed: Vec<&str> = CAPTURES.iter().map(|c| c.name).collect();
-    assert_eq!(common::capture_names(), listed);
+    assert_eq!(captures::capture_names(), listed);
 }
 
 #[test]
 fn captures_read_the_same_as_pcapng() {
-    for name in common::capture_names() {
-        let (frames, err) = capture::read(&common::capture_bytes(&name));
+    for name in captures::capture_names() {
+        let (frames, err) = capture::read(&captures::capture_bytes(&name));
         assert_eq!(err, None, "{name}");
-        assert_eq!(capture::read(&common::to_pcapng(&frames)), (frames, None), "{name}");
+        assert_eq!(capture::read(&captures::to_pcapng(&frames)), (frames, None), "{name}");
     }
 }
 
 #[test]
 fn every_roce_packet_parses() {
     for expected in &CAPTURES {
-        let ips = common::roce_ip_packets(expected.name);
+        let ips = captures::roce_ip_packets(expected.name);
         assert_eq!(ips.len(), expected.packets, "{}: RoCE packets", expected.name);
         let malformed: Vec<String> = ips
             .iter()

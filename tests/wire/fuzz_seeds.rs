@@ -9,11 +9,10 @@
 //!   traffic even without the export. `write_fuzz_seeds` (ignored) regenerates
 //!   them; `committed_seeds_are_current` checks that they match.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use crate::support::captures;
 use softroce::capture;
 use softroce::wire::Packet;
 
@@ -41,15 +40,15 @@ fn pcap_head(pcap: &[u8], frames: usize) -> Vec<u8> {
 /// Every input derived from the captures, by file name.
 fn corpus() -> BTreeMap<String, Vec<u8>> {
     let mut corpus = BTreeMap::new();
-    for name in common::capture_names() {
-        for (i, ip) in common::roce_ip_packets(&name).into_iter().enumerate() {
+    for name in captures::capture_names() {
+        for (i, ip) in captures::roce_ip_packets(&name).into_iter().enumerate() {
             corpus.insert(format!("{name}-{i:02}.ip"), ip);
         }
-        let pcap = common::capture_bytes(&name);
+        let pcap = captures::capture_bytes(&name);
         let (frames, err) = capture::read(&pcap);
         assert_eq!(err, None, "{name}");
         corpus.insert(format!("{name}-head.pcap"), pcap_head(&pcap, HEAD_FRAMES));
-        corpus.insert(format!("{name}-head.pcapng"), common::to_pcapng(&frames[..HEAD_FRAMES]));
+        corpus.insert(format!("{name}-head.pcapng"), captures::to_pcapng(&frames[..HEAD_FRAMES]));
     }
     corpus
 }
@@ -91,7 +90,7 @@ fn committed_seeds_are_current() {
     assert_eq!(
         committed.keys().collect::<Vec<_>>(),
         want.keys().collect::<Vec<_>>(),
-        "run: cargo test --test fuzz_seeds -- --ignored write_fuzz_seeds"
+        "run: cargo test --test wire -- --ignored write_fuzz_seeds"
     );
     for (name, bytes) in &want {
         assert!(committed[name] == *bytes, "{name} differs from the capture");

@@ -1,9 +1,6 @@
-//! Setup shared by the verbs integration tests: devices on loopback
-//! addresses (each test on its own free UDP port, so tests run in
-//! parallel), connected queue pairs, memory patterns and completion waits.
-
-// Each test crate uses its own part of these helpers.
-#![allow(dead_code)]
+//! Setup for tests of real contexts: devices on loopback addresses (each
+//! test on its own free UDP port, so tests run in parallel), connected queue
+//! pairs, memory contents and completion waits.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
@@ -22,7 +19,7 @@ pub const LINK_MTU: u32 = 65536;
 /// Every access right a memory region or QP can grant.
 pub const ALL_ACCESS: Access =
     Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
-/// Bytes of each memory region of a [`Pair`]: room for a 1 MiB message at
+/// Bytes of each memory region of a [`NodePair`]: room for a 1 MiB message at
 /// an offset.
 pub const MR_LEN: usize = 2 << 20;
 /// What memory holds where no transfer may write.
@@ -92,7 +89,7 @@ pub fn connect(a: &QueuePair, b: &QueuePair, a_options: &ConnectOptions, b_optio
 }
 
 /// Two nodes with one QP each, connected, and a region of [`MR_LEN`] bytes each.
-pub struct Pair {
+pub struct NodePair {
     pub a: Node,
     pub b: Node,
     pub qp_a: QueuePair,
@@ -101,23 +98,23 @@ pub struct Pair {
     pub mr_b: MemoryRegion,
 }
 
-impl Pair {
-    pub fn new((a, b): (Node, Node), qp_type: QpType, a_options: &ConnectOptions, b_options: &ConnectOptions) -> Pair {
+impl NodePair {
+    pub fn new(
+        (a, b): (Node, Node),
+        qp_type: QpType,
+        a_options: &ConnectOptions,
+        b_options: &ConnectOptions,
+    ) -> NodePair {
         let (qp_a, qp_b) = (a.qp(qp_type), b.qp(qp_type));
         connect(&qp_a, &qp_b, a_options, b_options);
         let (mr_a, mr_b) = (a.mr(MR_LEN), b.mr(MR_LEN));
-        Pair { a, b, qp_a, qp_b, mr_a, mr_b }
+        NodePair { a, b, qp_a, qp_b, mr_a, mr_b }
     }
 
     /// Both sides with the same options.
-    pub fn connected(qp_type: QpType, options: &ConnectOptions) -> Pair {
-        Pair::new(nodes(false), qp_type, options, options)
+    pub fn connected(qp_type: QpType, options: &ConnectOptions) -> NodePair {
+        NodePair::new(nodes(false), qp_type, options, options)
     }
-}
-
-/// `len` bytes that differ for each `seed` and do not repeat every 256.
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32).map(|i| (i.wrapping_add(seed).wrapping_mul(0x9e37_79b1) >> 24) as u8).collect()
 }
 
 /// Sets every byte of `mr` to `byte`.

@@ -2,11 +2,10 @@
 //! its bytes, packets the library builds parse back and verify, no input makes
 //! a parser panic, and PSN arithmetic obeys its laws.
 
-mod common;
-
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use crate::support::captures;
 use etherparse::{IpDscp, IpEcn, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel, Ipv6Header, UdpHeader};
 use pcap_file::DataLink;
 use proptest::collection::vec;
@@ -199,7 +198,7 @@ fn valid_packet() -> impl Strategy<Value = Vec<u8>> {
         .prop_flat_map(packet_parts_for)
         .prop_map(|(ip, udp, repr, payload)| build(&ip, &udp, &repr, &payload).unwrap());
     let captured: Vec<Vec<u8>> =
-        common::capture_names().iter().flat_map(|name| common::roce_ip_packets(name)).collect();
+        captures::capture_names().iter().flat_map(|name| captures::roce_ip_packets(name)).collect();
     prop_oneof![built, select(captured)]
 }
 
@@ -272,7 +271,7 @@ fn captures_of(ip: &[u8]) -> [Vec<u8>; 2] {
         data: ip.to_vec(),
         orig_len: ip.len() as u32,
     };
-    [pcap.into_inner(), common::to_pcapng(&[frame])]
+    [pcap.into_inner(), captures::to_pcapng(&[frame])]
 }
 
 /// Feeds `bytes` to every parser the wire and capture modules offer, and what

@@ -1,15 +1,11 @@
 //! Failures the fuzz targets' drivers found, replayed through the same
-//! drivers: `fuzz/drivers/*.rs`, included here with `#[path]`, run a value of
-//! the target's input type and check every invariant the target checks. Each
-//! test is a minimised input written out as the value `cargo fuzz fmt` prints.
+//! drivers: `fuzz/drivers/*.rs`, included in this crate with `#[path]`, run
+//! a value of the target's input type and check every invariant the target
+//! checks. Each test is a minimised input written out as the value
+//! `cargo fuzz fmt` prints.
 
-// The fuzzer builds every variant of the input types; these tests only some.
-#[allow(dead_code)]
-#[path = "../fuzz/drivers/responder.rs"]
-mod responder;
-#[allow(dead_code)]
-#[path = "../fuzz/drivers/stack.rs"]
-mod stack;
+use crate::fuzz_responder as responder;
+use crate::fuzz_stack as stack;
 
 /// A request to the responder, in sequence and with ACK requested, that
 /// names no memory and invalidates nothing.

@@ -15,6 +15,8 @@ use softroce::net::{Faults, SimNet};
 use softroce::transport::*;
 use softroce::wire::Psn;
 
+use crate::support::Rng;
+
 const MTUS: [Mtu; 5] = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096];
 const A: usize = 0;
 const B: usize = 1;
@@ -85,23 +87,14 @@ impl Family {
     }
 }
 
-/// SplitMix64, for region contents.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// Registers `mr` with `len` bytes of pseudo-random contents, so that a write
 /// of any value, zeros included, shows.
 fn register_random(w: &mut SimWorld, mr: Mr, len: usize) {
     w.register(mr.host, mr.key, mr.base, len, ALL_ACCESS);
     let data = &mut w.hosts[mr.host].mem.region_mut(mr.key).unwrap().data;
-    let mut state = u64::from(mr.key) << 8 | mr.host as u64;
+    let mut rng = Rng::new(u64::from(mr.key) << 8 | mr.host as u64);
     for chunk in data.chunks_mut(8) {
-        chunk.copy_from_slice(&splitmix(&mut state).to_le_bytes()[..chunk.len()]);
+        chunk.copy_from_slice(&rng.next_u64().to_le_bytes()[..chunk.len()]);
     }
 }
 
@@ -183,7 +176,7 @@ impl Image {
     }
 }
 
-/// Attributes of every connected pair: all remote rights, a short ACK timeout.
+/// Attributes of every connection: all remote rights, a short ACK timeout.
 fn qp_attr(mtu: Mtu) -> QpAttr {
     QpAttr {
         access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
@@ -326,15 +319,15 @@ impl Case {
 
 /// Hosts A and B, each with one QP connected to the other and two random
 /// regions (B has a third for SEND_WITH_INVALIDATE).
-struct Pair {
+struct TwoHosts {
     w: SimWorld,
     qp_type: QpType,
     mtu: Mtu,
     family: Family,
 }
 
-impl Pair {
-    fn new(qp_type: QpType, mtu: Mtu, family: Family, region_len: usize) -> Pair {
+impl TwoHosts {
+    fn new(qp_type: QpType, mtu: Mtu, family: Family, region_len: usize) -> TwoHosts {
         let mut w = SimWorld::new(ideal_net());
         w.add_host(family.host(A)).unwrap();
         w.add_host(family.host(B)).unwrap();
@@ -345,7 +338,7 @@ impl Pair {
         }
         register_random(&mut w, B_INV, B_INV_LEN);
         w.connect((A, QPN_A), (B, QPN_B), &qp_attr(mtu), (Psn::new(PSN_A), Psn::new(PSN_B))).unwrap();
-        Pair { w, qp_type, mtu, family }
+        TwoHosts { w, qp_type, mtu, family }
     }
 
     fn image(&self) -> Image {
@@ -499,7 +492,7 @@ fn matrix(qp_type: QpType, family: Family, mtus: &[Mtu], kinds: &[Kind]) {
                 let layouts: &[Layout] =
                     if kind.is_atomic() { &[Layout::Contiguous] } else { &[Layout::Contiguous, Layout::Scattered] };
                 for &layout in layouts {
-                    Pair::new(qp_type, mtu, family, REGION_LEN).run(Case::new(kind, len).layout(layout));
+                    TwoHosts::new(qp_type, mtu, family, REGION_LEN).run(Case::new(kind, len).layout(layout));
                 }
             }
         }
@@ -517,7 +510,7 @@ fn every_opcode_size_and_mtu() {
 fn rc_multi_megabyte() {
     let kinds = [Kind::Write, Kind::Send, Kind::Read, Kind::WriteImm, Kind::SendImm];
     for (mtu, kind) in MTUS.into_iter().zip(kinds) {
-        Pair::new(QpType::Rc, mtu, Family::V4, MULTI_MB + 4096).run(Case::new(kind, MULTI_MB));
+        TwoHosts::new(QpType::Rc, mtu, Family::V4, MULTI_MB + 4096).run(Case::new(kind, MULTI_MB));
     }
 }
 
@@ -529,15 +522,15 @@ fn inline_sends() {
             // Up to four packets of inline data at MTU 256.
             for len in [0, 1, 255, 256, 257, 1024] {
                 let case = Case { inline: true, ..Case::new(kind, len) };
-                Pair::new(qp_type, Mtu::Mtu256, Family::V4, REGION_LEN).run(case);
+                TwoHosts::new(qp_type, Mtu::Mtu256, Family::V4, REGION_LEN).run(case);
             }
         }
     }
-    let mut pair = Pair::new(QpType::Rc, Mtu::Mtu256, Family::V4, REGION_LEN);
+    let mut sim = TwoHosts::new(QpType::Rc, Mtu::Mtu256, Family::V4, REGION_LEN);
     let mut wr = SendWr::new(1, SendOp::Send);
     wr.flags.inline = true;
     wr.inline_data = vec![0; 1025];
-    assert_eq!(pair.qp(A).post_send(wr), Err(PostSendError::InlineTooLong { given: 1025, max: 1024 }));
+    assert_eq!(sim.qp(A).post_send(wr), Err(PostSendError::InlineTooLong { given: 1025, max: 1024 }));
 }
 
 #[test]
@@ -552,7 +545,7 @@ fn solicited_flag_reaches_the_receive_completion() {
             for &len in lens {
                 for solicited in [true, false] {
                     let case = Case { solicited, ..Case::new(kind, len) };
-                    Pair::new(qp_type, Mtu::Mtu512, Family::V4, REGION_LEN).run(case);
+                    TwoHosts::new(qp_type, Mtu::Mtu512, Family::V4, REGION_LEN).run(case);
                 }
             }
         }
@@ -566,16 +559,16 @@ fn unsignaled_requests_complete_silently() {
         for kind in kinds {
             for len in [0, 3 * 1024 + 17] {
                 let case = Case { signaled: false, ..Case::new(kind, len) };
-                Pair::new(qp_type, Mtu::Mtu1024, Family::V4, REGION_LEN).run(case);
+                TwoHosts::new(qp_type, Mtu::Mtu1024, Family::V4, REGION_LEN).run(case);
             }
         }
     }
     for kind in [Kind::Read, Kind::FetchAdd] {
         let case = Case { signaled: false, ..Case::new(kind, if kind == Kind::Read { 5000 } else { 8 }) };
-        Pair::new(QpType::Rc, Mtu::Mtu1024, Family::V4, REGION_LEN).run(case);
+        TwoHosts::new(QpType::Rc, Mtu::Mtu1024, Family::V4, REGION_LEN).run(case);
     }
     let case = Case { signaled: false, ..Case::new(Kind::Send, 100) };
-    Pair::new(QpType::Ud, Mtu::Mtu1024, Family::V4, REGION_LEN).run(case);
+    TwoHosts::new(QpType::Ud, Mtu::Mtu1024, Family::V4, REGION_LEN).run(case);
 }
 
 /// Signaled and unsignaled SENDs mixed: only the signaled complete on the
@@ -583,25 +576,25 @@ fn unsignaled_requests_complete_silently() {
 #[test]
 fn unsignaled_mixed_with_signaled() {
     for qp_type in [QpType::Rc, QpType::Uc] {
-        let mut pair = Pair::new(qp_type, Mtu::Mtu1024, Family::V4, REGION_LEN);
+        let mut sim = TwoHosts::new(qp_type, Mtu::Mtu1024, Family::V4, REGION_LEN);
         let lens = [10, 2000, 0, 300, 4097];
         let signaled = [true, false, false, true, false];
         for (i, &len) in lens.iter().enumerate() {
             let recv = RecvWr { wr_id: 100 + i as u64, sg_list: vec![B1.sge(i * 8192, 8192)] };
-            pair.qp(B).post_recv(recv).unwrap();
+            sim.qp(B).post_recv(recv).unwrap();
             let mut wr = SendWr::new(i as u64, SendOp::Send).with_sge(A0.sge(i * 8192, len));
             wr.flags.signaled = signaled[i];
-            pair.qp(A).post_send(wr).unwrap();
+            sim.qp(A).post_send(wr).unwrap();
         }
-        pair.w.run_idle(DEADLINE);
+        sim.w.run_idle(DEADLINE);
         let ids = |h: usize| {
-            pair.w.hosts[h].completions.iter().map(|(_, _, wc)| (wc.wr_id, wc.status, wc.byte_len)).collect::<Vec<_>>()
+            sim.w.hosts[h].completions.iter().map(|(_, _, wc)| (wc.wr_id, wc.status, wc.byte_len)).collect::<Vec<_>>()
         };
         let success = WcStatus::Success;
         assert_eq!(ids(A), [(0, success, 10), (3, success, 300)], "{qp_type:?}");
         let want_b: Vec<_> = lens.iter().enumerate().map(|(i, &len)| (100 + i as u64, success, len as u32)).collect();
         assert_eq!(ids(B), want_b, "{qp_type:?}");
-        pair.assert_healthy(&format!("{qp_type:?}"));
+        sim.assert_healthy(&format!("{qp_type:?}"));
     }
 }
 
@@ -609,31 +602,31 @@ fn unsignaled_mixed_with_signaled() {
 /// flushes the rest (unsignaled or not).
 #[test]
 fn unsignaled_error_completes() {
-    let mut pair = Pair::new(QpType::Rc, Mtu::Mtu1024, Family::V4, REGION_LEN);
-    let before = pair.image();
+    let mut sim = TwoHosts::new(QpType::Rc, Mtu::Mtu1024, Family::V4, REGION_LEN);
+    let before = sim.image();
     let unsignaled = |wr_id, op| {
         let mut wr = SendWr::new(wr_id, op).with_sge(A0.sge(0, 100));
         wr.flags.signaled = false;
         wr
     };
     let bad = SendOp::RdmaWrite { remote_addr: B0.addr(0), rkey: 0xdead };
-    pair.qp(A).post_send(unsignaled(1, bad)).unwrap();
-    pair.qp(A).post_send(unsignaled(2, SendOp::RdmaWrite { remote_addr: B0.addr(0), rkey: B0.key })).unwrap();
-    pair.qp(A).post_send(SendWr::new(3, SendOp::Send)).unwrap();
-    pair.w.run_idle(DEADLINE);
+    sim.qp(A).post_send(unsignaled(1, bad)).unwrap();
+    sim.qp(A).post_send(unsignaled(2, SendOp::RdmaWrite { remote_addr: B0.addr(0), rkey: B0.key })).unwrap();
+    sim.qp(A).post_send(SendWr::new(3, SendOp::Send)).unwrap();
+    sim.w.run_idle(DEADLINE);
     let wc = |wr_id, status, opcode| (QPN_A, CqKind::Send, WorkCompletion::new(wr_id, QPN_A, status, opcode));
     assert_eq!(
-        pair.w.hosts[A].completions,
+        sim.w.hosts[A].completions,
         [
             wc(1, WcStatus::RemAccessErr, WcOpcode::RdmaWrite),
             wc(2, WcStatus::WrFlushErr, WcOpcode::RdmaWrite),
             wc(3, WcStatus::WrFlushErr, WcOpcode::Send),
         ]
     );
-    assert_eq!(pair.w.hosts[A].events, [AsyncEvent::QpFatal { qpn: QPN_A }]);
-    assert_eq!(pair.w.hosts[B].events, [AsyncEvent::QpAccessError { qpn: QPN_B }]);
-    assert_eq!((pair.qp(A).state(), pair.qp(B).state()), (QpState::Err, QpState::Err));
-    pair.image().assert_matches(&before, "failed WRITE");
+    assert_eq!(sim.w.hosts[A].events, [AsyncEvent::QpFatal { qpn: QPN_A }]);
+    assert_eq!(sim.w.hosts[B].events, [AsyncEvent::QpAccessError { qpn: QPN_B }]);
+    assert_eq!((sim.qp(A).state(), sim.qp(B).state()), (QpState::Err, QpState::Err));
+    sim.image().assert_matches(&before, "failed WRITE");
 }
 
 /// UC: SEND and WRITE variants at every MTU and size; the responder sends
@@ -645,7 +638,7 @@ fn uc_sends_no_acks() {
 
 #[test]
 fn uc_refuses_read_atomics_and_invalidate() {
-    let mut pair = Pair::new(QpType::Uc, Mtu::Mtu1024, Family::V4, REGION_LEN);
+    let mut sim = TwoHosts::new(QpType::Uc, Mtu::Mtu1024, Family::V4, REGION_LEN);
     let rkey = B0.key;
     let result = A0.sge(RESULT_OFF, 8);
     for op in [
@@ -655,16 +648,16 @@ fn uc_refuses_read_atomics_and_invalidate() {
         SendOp::SendWithInv(B_INV.key),
     ] {
         let wr = SendWr::new(1, op).with_sge(result);
-        assert_eq!(pair.qp(A).post_send(wr), Err(PostSendError::UnsupportedOp(QpType::Uc)), "{op:?}");
+        assert_eq!(sim.qp(A).post_send(wr), Err(PostSendError::UnsupportedOp(QpType::Uc)), "{op:?}");
     }
-    pair.w.run_idle(DEADLINE);
-    assert_eq!(pair.w.net.stats().sent, 0);
-    assert!(pair.w.hosts[A].completions.is_empty());
+    sim.w.run_idle(DEADLINE);
+    assert_eq!(sim.w.net.stats().sent, 0);
+    assert!(sim.w.hosts[A].completions.is_empty());
 }
 
 /// The path MTU of a UD QP: the port's, as UD QPs take no PATH_MTU.
-fn ud_mtu(pair: &mut Pair) -> usize {
-    pair.qp(A).attr().path_mtu.bytes()
+fn ud_mtu(sim: &mut TwoHosts) -> usize {
+    sim.qp(A).attr().path_mtu.bytes()
 }
 
 /// UD SEND and SEND_WITH_IMM of every size that fits one packet: the
@@ -672,11 +665,12 @@ fn ud_mtu(pair: &mut Pair) -> usize {
 #[test]
 fn ud_send_and_send_with_imm() {
     for family in [Family::V4, Family::V6] {
-        let m = ud_mtu(&mut Pair::new(QpType::Ud, Mtu::Mtu1024, family, REGION_LEN));
+        let m = ud_mtu(&mut TwoHosts::new(QpType::Ud, Mtu::Mtu1024, family, REGION_LEN));
         for kind in [Kind::Send, Kind::SendImm] {
             for len in [0, 1, m - 1, m] {
                 for layout in [Layout::Contiguous, Layout::Scattered] {
-                    Pair::new(QpType::Ud, Mtu::Mtu1024, family, REGION_LEN).run(Case::new(kind, len).layout(layout));
+                    TwoHosts::new(QpType::Ud, Mtu::Mtu1024, family, REGION_LEN)
+                        .run(Case::new(kind, len).layout(layout));
                 }
             }
         }
@@ -685,56 +679,56 @@ fn ud_send_and_send_with_imm() {
 
 #[test]
 fn ud_send_larger_than_mtu_is_rejected() {
-    let mut pair = Pair::new(QpType::Ud, Mtu::Mtu1024, Family::V4, REGION_LEN);
-    let m = ud_mtu(&mut pair);
+    let mut sim = TwoHosts::new(QpType::Ud, Mtu::Mtu1024, Family::V4, REGION_LEN);
+    let m = ud_mtu(&mut sim);
     let mut wr = SendWr::new(1, SendOp::Send).with_sge(A0.sge(0, m + 1));
-    wr.ud = Some(pair.ud_dest(QKEY));
+    wr.ud = Some(sim.ud_dest(QKEY));
     let too_long = PostSendError::MessageTooLong { len: m as u64 + 1, max: m as u64 };
-    assert_eq!(pair.qp(A).post_send(wr), Err(too_long));
-    pair.w.run_idle(DEADLINE);
-    assert_eq!(pair.w.net.stats().sent, 0);
-    assert!(pair.w.hosts[A].completions.is_empty());
+    assert_eq!(sim.qp(A).post_send(wr), Err(too_long));
+    sim.w.run_idle(DEADLINE);
+    assert_eq!(sim.w.net.stats().sent, 0);
+    assert!(sim.w.hosts[A].completions.is_empty());
 }
 
 /// Sends UD messages with the given remote Q_Keys, each into a fresh receive
 /// on B, and returns the receive wr_ids completed on B (the sends all complete
 /// on A once on the wire).
-fn ud_deliveries(pair: &mut Pair, remote_qkeys: &[u32]) -> Vec<u64> {
-    let first = pair.w.hosts[B].completions.len();
-    let sent_before = pair.w.hosts[A].completions.len();
+fn ud_deliveries(sim: &mut TwoHosts, remote_qkeys: &[u32]) -> Vec<u64> {
+    let first = sim.w.hosts[B].completions.len();
+    let sent_before = sim.w.hosts[A].completions.len();
     for (i, &qkey) in remote_qkeys.iter().enumerate() {
         let wr_id = 1000 + first as u64 + i as u64;
-        pair.qp(B).post_recv(RecvWr { wr_id, sg_list: vec![B1.sge(0, GRH_LEN + 64)] }).unwrap();
+        sim.qp(B).post_recv(RecvWr { wr_id, sg_list: vec![B1.sge(0, GRH_LEN + 64)] }).unwrap();
         let mut wr = SendWr::new(wr_id, SendOp::Send).with_sge(A0.sge(0, 64));
-        wr.ud = Some(pair.ud_dest(qkey));
-        pair.qp(A).post_send(wr).unwrap();
+        wr.ud = Some(sim.ud_dest(qkey));
+        sim.qp(A).post_send(wr).unwrap();
     }
-    pair.w.run_idle(DEADLINE);
-    let sent = &pair.w.hosts[A].completions[sent_before..];
+    sim.w.run_idle(DEADLINE);
+    let sent = &sim.w.hosts[A].completions[sent_before..];
     assert_eq!(sent.len(), remote_qkeys.len());
     assert!(sent.iter().all(|(_, _, wc)| wc.status == WcStatus::Success));
-    pair.w.hosts[B].completions[first..].iter().map(|(_, _, wc)| wc.wr_id).collect()
+    sim.w.hosts[B].completions[first..].iter().map(|(_, _, wc)| wc.wr_id).collect()
 }
 
 #[test]
 fn ud_qkey_mismatch_is_dropped() {
-    let mut pair = Pair::new(QpType::Ud, Mtu::Mtu1024, Family::V4, REGION_LEN);
-    let got = ud_deliveries(&mut pair, &[QKEY ^ 1, QKEY, 0, QKEY]);
+    let mut sim = TwoHosts::new(QpType::Ud, Mtu::Mtu1024, Family::V4, REGION_LEN);
+    let got = ud_deliveries(&mut sim, &[QKEY ^ 1, QKEY, 0, QKEY]);
     // The dropped messages leave their receives posted: the next message takes
     // the oldest one.
     assert_eq!(got, [1000, 1001]);
-    assert_eq!(pair.qp(B).counters().dropped, 2);
+    assert_eq!(sim.qp(B).counters().dropped, 2);
 }
 
 /// A remote Q_Key with the high bit set sends the QP's own Q_Key instead.
 #[test]
 fn ud_controlled_qkey() {
-    let mut pair = Pair::new(QpType::Ud, Mtu::Mtu1024, Family::V4, REGION_LEN);
-    assert_eq!(ud_deliveries(&mut pair, &[0x8000_0000, 0xffff_ffff]), [1000, 1001]);
+    let mut sim = TwoHosts::new(QpType::Ud, Mtu::Mtu1024, Family::V4, REGION_LEN);
+    assert_eq!(ud_deliveries(&mut sim, &[0x8000_0000, 0xffff_ffff]), [1000, 1001]);
     let other = QpAttr { state: QpState::Rts, qkey: QKEY ^ 0x10, ..QpAttr::default() };
-    pair.qp(A).modify(&other, AttrMask::STATE | AttrMask::QKEY).unwrap();
-    assert_eq!(ud_deliveries(&mut pair, &[0x8000_0000, QKEY]), [1002]);
-    assert_eq!(pair.qp(B).counters().dropped, 1);
+    sim.qp(A).modify(&other, AttrMask::STATE | AttrMask::QKEY).unwrap();
+    assert_eq!(ud_deliveries(&mut sim, &[0x8000_0000, QKEY]), [1002]);
+    assert_eq!(sim.qp(B).counters().dropped, 1);
 }
 
 /// Three senders on three hosts to three QPs on one host that share an SRQ,

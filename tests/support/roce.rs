@@ -1,8 +1,4 @@
-//! Builders that add extended headers to a hand-made `RoceRepr`, shared by
-//! the test suites that feed packets to QPs directly.
-
-// Each test crate that includes this module uses only some of the builders.
-#![allow(dead_code)]
+//! Builders that add extended headers to a hand-made `RoceRepr`.
 
 use softroce::wire::{AethRepr, AtomicEthRepr, BthRepr, DethRepr, Opcode, Psn, RethRepr, RoceRepr, Syndrome};
 

@@ -1,5 +1,6 @@
 //! Devices and GIDs: the GID text form, the rxe GID table layout, rxe's device
-//! and port attributes, and how devices are listed and chosen.
+//! and port attributes, and how devices are listed and chosen (by
+//! `SOFTROCE_DEVICE`: `tests/device_env.rs`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -171,26 +172,6 @@ fn pick_takes_the_named_device_or_the_first() {
         other => panic!("{other:?}"),
     }
     assert!(Device::pick(Vec::new(), None).is_err());
-}
-
-/// The only test in this file that touches the environment.
-#[test]
-fn default_device_honours_softroce_device() {
-    let first = Device::list().unwrap().remove(0);
-
-    std::env::set_var("SOFTROCE_DEVICE", "sr_lo");
-    let chosen = Device::default_device().map(|d| d.name().to_owned());
-    std::env::set_var("SOFTROCE_DEVICE", "sr_no_such_interface");
-    let missing = Device::default_device();
-    std::env::set_var("SOFTROCE_DEVICE", "");
-    let empty = Device::default_device().map(|d| d.name().to_owned());
-    std::env::remove_var("SOFTROCE_DEVICE");
-    let unset = Device::default_device().map(|d| d.name().to_owned());
-
-    assert_eq!(chosen.unwrap(), "sr_lo");
-    assert!(matches!(missing, Err(Error::NoSuchDevice { .. })), "{missing:?}");
-    assert_eq!(empty.unwrap(), first.name());
-    assert_eq!(unset.unwrap(), first.name());
 }
 
 #[test]

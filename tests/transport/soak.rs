@@ -21,6 +21,13 @@ use softroce::net::{Faults, SimNet};
 use softroce::transport::*;
 use softroce::wire::Psn;
 
+// The stack fuzz target's requests, memory layout and model; the soak
+// draws its scenarios itself.
+use crate::fuzz_stack::{
+    first_difference, sge, Bump, Kind, Model, Op, Rng, Stream, BASES, CMP_SWAP_AT, DATA, DST, FETCH_ADD_AT, KEYS, RECV,
+    SRC,
+};
+
 const SEEDS: u64 = 2000;
 /// The longest messages: at MTU 256, more packets than the PSN window.
 const LONG: usize = 48 << 10;
@@ -37,50 +44,20 @@ const DEADLINE: Duration = Duration::from_secs(2);
 const ALL_ACCESS: Access =
     Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
 
-/// A registered memory region: host, key (lkey = rkey) and address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Mr {
-    host: usize,
-    key: u32,
-    base: u64,
-}
+/// The host each region of a [`Model`] is on: A requests, B responds.
+const HOSTS: [usize; 4] = [A, A, B, B];
 
-/// SEND and WRITE data; the transport only reads it.
-const SRC: Mr = Mr { host: A, key: 0xa0, base: 0x10_0000 };
-/// READ destinations and atomic results.
-const DST: Mr = Mr { host: A, key: 0xa1, base: 0x20_0000 };
-/// The FETCH_ADD word, the CMP_SWAP word, WRITE targets and READ sources.
-const DATA: Mr = Mr { host: B, key: 0xb0, base: 0x30_0000 };
-/// Receive buffers.
-const RECV: Mr = Mr { host: B, key: 0xb1, base: 0x40_0000 };
-const REGIONS: [Mr; 4] = [SRC, DST, DATA, RECV];
-const FETCH_ADD_OFF: usize = 0;
-const CMP_SWAP_OFF: usize = 8;
+const ALL_KINDS: [Kind; 7] =
+    [Kind::Send, Kind::SendImm, Kind::Write, Kind::WriteImm, Kind::Read, Kind::CompareSwap, Kind::FetchAdd];
 
-impl Mr {
-    fn sge(self, offset: usize, len: usize) -> Sge {
-        Sge { addr: self.base + offset as u64, length: len as u32, lkey: self.key }
-    }
-}
-
-/// SplitMix64: every choice of a seed comes from one of these.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, n)`.
-    fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next()) * n as u128) >> 64) as usize
-    }
-
+/// The draws the soak makes beyond the fuzz driver's.
+trait Draws {
     /// Uniform in `[0, 1)`.
+    fn unit(&mut self) -> f64;
+    fn micros(&mut self, max: usize) -> Duration;
+}
+
+impl Draws for Rng {
     fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
@@ -90,54 +67,12 @@ impl Rng {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Send,
-    SendImm,
-    Write,
-    WriteImm,
-    Read,
-    CompareSwap,
-    FetchAdd,
-}
-
-impl Kind {
-    const ALL: [Kind; 7] =
-        [Kind::Send, Kind::SendImm, Kind::Write, Kind::WriteImm, Kind::Read, Kind::CompareSwap, Kind::FetchAdd];
-}
-
-/// One work request: its local SGEs, where it lands at B (offset in DATA),
-/// the receive it consumes, and the operands.
-#[derive(Debug, Clone)]
-struct Op {
-    kind: Kind,
-    len: usize,
-    local: Vec<Sge>,
-    remote: usize,
-    recv: Option<RecvWr>,
-    /// Immediate, FETCH_ADD addend or CMP_SWAP swap value.
-    operand: u64,
-    /// Whether a CMP_SWAP compares equal.
-    matching: bool,
-}
-
-/// Allocates disjoint ranges of a region, with small random gaps.
-struct Bump(usize);
-
-impl Bump {
-    fn take(&mut self, rng: &mut Rng, len: usize) -> usize {
-        let at = self.0 + rng.below(16);
-        self.0 = at + len;
-        at
-    }
-}
-
-/// `len` bytes at `offset` of `mr` as up to `parts` SGEs, cut at random.
-fn split(rng: &mut Rng, mr: Mr, offset: usize, len: usize, parts: usize) -> Vec<Sge> {
+/// `len` bytes at `offset` of `region` as up to `parts` SGEs, cut at random.
+fn split(rng: &mut Rng, region: usize, offset: usize, len: usize, parts: usize) -> Vec<Sge> {
     let mut cuts: Vec<usize> = (1..1 + rng.below(parts)).map(|_| rng.below(len + 1)).collect();
     cuts.extend([0, len]);
     cuts.sort_unstable();
-    cuts.windows(2).filter(|c| c[1] > c[0]).map(|c| mr.sge(offset + c[0], c[1] - c[0])).collect()
+    cuts.windows(2).filter(|c| c[1] > c[0]).map(|c| sge(region, offset + c[0], c[1] - c[0])).collect()
 }
 
 /// Everything a seed decides.
@@ -233,8 +168,8 @@ impl Scenario {
                 }
                 Kind::CompareSwap | Kind::FetchAdd => {
                     op.len = 8;
-                    op.local = vec![DST.sge(dst.take(&mut rng, 8), 8)];
-                    op.remote = if kind == Kind::FetchAdd { FETCH_ADD_OFF } else { CMP_SWAP_OFF };
+                    op.local = vec![sge(DST, dst.take(&mut rng, 8), 8)];
+                    op.remote = if kind == Kind::FetchAdd { FETCH_ADD_AT } else { CMP_SWAP_AT };
                     op.matching = rng.below(2) == 0;
                     if kind == Kind::FetchAdd {
                         // Distinct powers of two, four bits apart: the final
@@ -284,74 +219,27 @@ impl Scenario {
         w.create_qp(A, QPN_A, QpType::Rc, QpCap::default(), None);
         w.create_qp(B, QPN_B, QpType::Rc, QpCap::default(), None);
         let mut rng = Rng(self.seed);
-        for (mr, len) in REGIONS.into_iter().zip(self.region_lens) {
-            w.register(mr.host, mr.key, mr.base, len, ALL_ACCESS);
-            let data = &mut w.hosts[mr.host].mem.region_mut(mr.key).unwrap().data;
+        for region in [SRC, DST, DATA, RECV] {
+            let (host, key) = (HOSTS[region], KEYS[region]);
+            w.register(host, key, BASES[region], self.region_lens[region], ALL_ACCESS);
+            let data = &mut w.hosts[host].mem.region_mut(key).unwrap().data;
             for chunk in data.chunks_mut(8) {
                 chunk.copy_from_slice(&rng.next().to_le_bytes()[..chunk.len()]);
             }
         }
-        let data = &mut w.hosts[B].mem.region_mut(DATA.key).unwrap().data;
-        data[FETCH_ADD_OFF..FETCH_ADD_OFF + 8].fill(0);
+        let data = &mut w.hosts[B].mem.region_mut(KEYS[DATA]).unwrap().data;
+        data[FETCH_ADD_AT..FETCH_ADD_AT + 8].fill(0);
         w.connect((A, QPN_A), (B, QPN_B), &self.attr(), (Psn::new(self.psn_a), Psn::new(self.psn_b))).unwrap();
         w
     }
 }
 
-/// The contents of the four regions.
-#[derive(Clone)]
-struct Image([Vec<u8>; 4]);
-
-impl Image {
-    fn of(w: &SimWorld) -> Image {
-        Image(REGIONS.map(|mr| w.hosts[mr.host].mem.region(mr.key).expect("registered").data.clone()))
-    }
-
-    /// The region an SGE's key names, and the SGE's offset in it.
-    fn locate(sge: &Sge) -> (usize, usize) {
-        let i = REGIONS.iter().position(|mr| mr.key == sge.lkey).expect("known key");
-        (i, (sge.addr - REGIONS[i].base) as usize)
-    }
-
-    fn gather(&self, sges: &[Sge]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for sge in sges {
-            let (i, at) = Image::locate(sge);
-            out.extend_from_slice(&self.0[i][at..at + sge.length as usize]);
-        }
-        out
-    }
-
-    fn scatter(&mut self, sges: &[Sge], mut data: &[u8]) {
-        for sge in sges {
-            let (i, at) = Image::locate(sge);
-            let n = data.len().min(sge.length as usize);
-            self.0[i][at..at + n].copy_from_slice(&data[..n]);
-            data = &data[n..];
-        }
-        assert!(data.is_empty(), "model: data does not fit the SGE list");
-    }
-
-    /// Bytes of DATA, the region at B the requests target.
-    fn data(&mut self, offset: usize, len: usize) -> &mut [u8] {
-        &mut self.0[2][offset..offset + len]
-    }
-
-    fn word(&self, offset: usize) -> u64 {
-        u64::from_ne_bytes(self.0[2][offset..offset + 8].try_into().unwrap())
-    }
-
-    /// Names the first differing byte, if any.
-    fn first_difference(&self, expected: &Image) -> Option<String> {
-        let mut regions = REGIONS.iter().zip(self.0.iter().zip(&expected.0));
-        regions.find_map(|(mr, (got, want))| {
-            let at = got.iter().zip(want).position(|(g, w)| g != w)?;
-            Some(format!(
-                "region {:#x} differs first at offset {at}: {:#04x}, expected {:#04x}",
-                mr.key, got[at], want[at]
-            ))
-        })
-    }
+/// Names the first byte where `got` differs from `want`, if any.
+fn first_difference_in(got: &Model, want: &Model) -> Option<String> {
+    [SRC, DST, DATA, RECV].into_iter().find_map(|region| {
+        let diff = first_difference(&got.0[region], &want.0[region], &[])?;
+        Some(format!("region {:#x}: {diff}", KEYS[region]))
+    })
 }
 
 /// The work requests of a scenario, and what they should produce.
@@ -359,68 +247,21 @@ struct Expected {
     sends: Vec<SendWr>,
     send_wcs: Vec<(u32, CqKind, WorkCompletion)>,
     recv_wcs: Vec<(u32, CqKind, WorkCompletion)>,
-    memory: Image,
+    memory: Model,
 }
 
 /// Runs the model over the scenario, from the initial memory: RC executes
 /// every request once, in order.
-fn expect(scenario: &Scenario, initial: &Image) -> Expected {
+fn expect(scenario: &Scenario, initial: &Model) -> Expected {
+    let sends = Stream { from: A, ops: scenario.ops.clone() }.work_requests(initial);
     let mut memory = initial.clone();
-    let (mut sends, mut send_wcs, mut recv_wcs) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, op) in scenario.ops.iter().enumerate() {
-        let remote_addr = DATA.base + op.remote as u64;
-        let rkey = DATA.key;
-        let imm = op.operand as u32;
-        let send_op = match op.kind {
-            Kind::Send => SendOp::Send,
-            Kind::SendImm => SendOp::SendWithImm(imm),
-            Kind::Write => SendOp::RdmaWrite { remote_addr, rkey },
-            Kind::WriteImm => SendOp::RdmaWriteWithImm { remote_addr, rkey, imm },
-            Kind::Read => SendOp::RdmaRead { remote_addr, rkey },
-            Kind::CompareSwap => {
-                let current = memory.word(op.remote);
-                let compare = if op.matching { current } else { current ^ 1 << 17 };
-                SendOp::CompareSwap { remote_addr, rkey, compare, swap: op.operand }
-            }
-            Kind::FetchAdd => SendOp::FetchAdd { remote_addr, rkey, add: op.operand },
-        };
-        match op.kind {
-            Kind::Send | Kind::SendImm => {
-                let msg = memory.gather(&op.local);
-                memory.scatter(&op.recv.as_ref().unwrap().sg_list, &msg);
-            }
-            Kind::Write | Kind::WriteImm => {
-                let msg = memory.gather(&op.local);
-                memory.data(op.remote, op.len).copy_from_slice(&msg);
-            }
-            Kind::Read => {
-                let msg = memory.data(op.remote, op.len).to_vec();
-                memory.scatter(&op.local, &msg);
-            }
-            Kind::CompareSwap | Kind::FetchAdd => {
-                let original = memory.word(op.remote);
-                let new = match send_op {
-                    SendOp::CompareSwap { compare, swap, .. } if compare == original => swap,
-                    SendOp::FetchAdd { add, .. } => original.wrapping_add(add),
-                    _ => original,
-                };
-                memory.data(op.remote, 8).copy_from_slice(&new.to_ne_bytes());
-                memory.scatter(&op.local, &original.to_ne_bytes());
-            }
-        }
-        let mut wc = WorkCompletion::new(i as u64, QPN_A, WcStatus::Success, send_op.wc_opcode());
+    let (mut send_wcs, mut recv_wcs) = (Vec::new(), Vec::new());
+    for (op, wr) in scenario.ops.iter().zip(&sends) {
+        memory.apply(op, wr);
+        let mut wc = WorkCompletion::new(wr.wr_id, QPN_A, WcStatus::Success, wr.op.wc_opcode());
         wc.byte_len = op.len as u32;
         send_wcs.push((QPN_A, CqKind::Send, wc));
-        if let Some(recv) = &op.recv {
-            let opcode = if op.kind == Kind::WriteImm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv };
-            let mut wc = WorkCompletion::new(recv.wr_id, QPN_B, WcStatus::Success, opcode);
-            wc.byte_len = op.len as u32;
-            wc.imm = matches!(op.kind, Kind::SendImm | Kind::WriteImm).then_some(imm);
-            recv_wcs.push((QPN_B, CqKind::Recv, wc));
-        }
-        let mut wr = SendWr::new(i as u64, send_op);
-        wr.sg_list = op.local.clone();
-        sends.push(wr);
+        recv_wcs.extend(op.recv_completion(QPN_B).map(|wc| (QPN_B, CqKind::Recv, wc)));
     }
     Expected { sends, send_wcs, recv_wcs, memory }
 }
@@ -435,7 +276,7 @@ struct Run {
 impl Run {
     fn new(scenario: Scenario) -> Run {
         let w = scenario.world();
-        let expected = expect(&scenario, &Image::of(&w));
+        let expected = expect(&scenario, &Model::of(&w, A));
         Run { scenario, w, expected }
     }
 
@@ -468,10 +309,10 @@ impl Run {
         assert_eq!(w.next_event(), None, "still busy at the deadline");
         assert_eq!(w.hosts[A].completions, self.expected.send_wcs, "completions on A");
         assert_eq!(w.hosts[B].completions, self.expected.recv_wcs, "completions on B");
-        let memory = Image::of(w);
-        let (got, want) = (memory.word(FETCH_ADD_OFF), self.expected.memory.word(FETCH_ADD_OFF));
+        let memory = Model::of(w, A);
+        let (got, want) = (memory.word(FETCH_ADD_AT), self.expected.memory.word(FETCH_ADD_AT));
         assert_eq!(got, want, "FETCH_ADD word {got:#x}, expected {want:#x}: each nibble counts one addend");
-        if let Some(diff) = memory.first_difference(&self.expected.memory) {
+        if let Some(diff) = first_difference_in(&memory, &self.expected.memory) {
             panic!("memory: {diff}");
         }
         for h in [A, B] {
@@ -504,7 +345,7 @@ fn for_each_seed(seeds: Range<u64>, draw: impl Fn(u64) -> Scenario, check: impl 
 
 #[test]
 fn rc_fault_soak() {
-    for_each_seed(0..SEEDS, |seed| Scenario::draw(seed, 1..=16, &Kind::ALL, 0.1), |mut run| run.post_all_and_finish());
+    for_each_seed(0..SEEDS, |seed| Scenario::draw(seed, 1..=16, &ALL_KINDS, 0.1), |mut run| run.post_all_and_finish());
 }
 
 /// The same faults with a receive buffer of 12 packets: READs longer than
@@ -560,7 +401,7 @@ impl Run {
 fn rc_fault_soak_with_unsignaled_requests() {
     for_each_seed(
         0..SEEDS,
-        |seed| Scenario::draw(seed, 1..=16, &Kind::ALL, 0.1),
+        |seed| Scenario::draw(seed, 1..=16, &ALL_KINDS, 0.1),
         |mut run| {
             run.unsignal_some();
             run.post_all_and_finish();
@@ -618,7 +459,7 @@ fn rnr_retry_forever_with_late_receives() {
 
 /// A scenario of `ops` requests without faults, with a 1 ms ACK timeout.
 fn fault_free(seed: u64, ops: usize, retry_cnt: u8) -> Scenario {
-    let mut scenario = Scenario::draw(seed, ops..=ops, &Kind::ALL, 0.0);
+    let mut scenario = Scenario::draw(seed, ops..=ops, &ALL_KINDS, 0.0);
     scenario.timeout = 8;
     scenario.retry_cnt = retry_cnt;
     scenario

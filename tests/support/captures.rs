@@ -1,5 +1,4 @@
-//! Helpers shared by the integration tests: the kernel-rxe captures in
-//! `tests/data` and the RoCEv2 IP packets they hold.
+//! The kernel-rxe captures in `tests/data` and the RoCEv2 IP packets they hold.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};

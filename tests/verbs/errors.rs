@@ -2,16 +2,15 @@
 //! QP states and asynchronous events after local and remote errors,
 //! refused verbs and the memory a failed operation must leave alone.
 
-mod verbs_common;
-
 use std::time::{Duration, Instant};
 
+use crate::support::pattern;
+use crate::support::verbs::*;
 use softroce::transport::{
     Access, AsyncEvent, AttrMask, ModifyError, Mtu, PostRecvError, PostSendError, QpAttr, QpCap, QpState, QpType,
     RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{AckTimeout, ConnectOptions, Error, MemoryRegion, QueuePair};
-use verbs_common::*;
 
 /// A completion without data, as errors and flushes have.
 fn failed(wr_id: u64, qp: &QueuePair, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
@@ -29,7 +28,7 @@ fn move_to(qp: &QueuePair, state: QpState) -> Result<(), Error> {
 
 /// After a failed request: A's QP is in ERR, says so with QP_FATAL, and
 /// flushes what is posted next at once.
-fn assert_requester_failed(pair: &Pair) {
+fn assert_requester_failed(pair: &NodePair) {
     assert_eq!(pair.qp_a.state(), QpState::Err);
     assert_eq!(next_async_event(&pair.a.ctx), AsyncEvent::QpFatal { qpn: pair.qp_a.qpn() });
     pair.qp_a.post_send(send(99, &pair.mr_a)).unwrap();
@@ -37,14 +36,14 @@ fn assert_requester_failed(pair: &Pair) {
 }
 
 /// After a request it refused: B's QP moves to ERR with `event`.
-fn assert_responder_failed(pair: &Pair, event: AsyncEvent) {
+fn assert_responder_failed(pair: &NodePair, event: AsyncEvent) {
     wait_for("the responder to move to ERR", || pair.qp_b.state() == QpState::Err);
     assert_eq!(next_async_event(&pair.b.ctx), event);
 }
 
 /// Posts `wr` on A for B to refuse: the request completes with `status`,
 /// both QPs move to ERR and B raises `event`.
-fn assert_refused(pair: &Pair, wr: SendWr, status: WcStatus, event: AsyncEvent) {
+fn assert_refused(pair: &NodePair, wr: SendWr, status: WcStatus, event: AsyncEvent) {
     let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
     pair.qp_a.post_send(wr).unwrap();
     assert_eq!(next_wc(&pair.a.cq), failed(wr_id, &pair.qp_a, status, opcode));
@@ -54,7 +53,7 @@ fn assert_refused(pair: &Pair, wr: SendWr, status: WcStatus, event: AsyncEvent) 
 
 #[test]
 fn bad_local_sges_fail_with_loc_prot_err_and_flush_what_follows() {
-    let bad_sges: [fn(&Pair) -> Sge; 3] = [
+    let bad_sges: [fn(&NodePair) -> Sge; 3] = [
         // A key no region of the device has.
         |pair| Sge { lkey: pair.mr_a.lkey() ^ 0x5a5a_5a5a, ..pair.mr_a.sge(0, 100) },
         // The right key, but bytes past the end of the region.
@@ -63,7 +62,7 @@ fn bad_local_sges_fail_with_loc_prot_err_and_flush_what_follows() {
         |pair| Sge { lkey: pair.mr_b.lkey(), ..pair.mr_a.sge(0, 100) },
     ];
     for bad_sge in bad_sges {
-        let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+        let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
         fill(&pair.mr_b, FILL);
         pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: vec![pair.mr_b.sge(0, 4096)] }).unwrap();
         pair.qp_a.post_send(SendWr::new(1, SendOp::Send).with_sge(bad_sge(&pair))).unwrap();
@@ -80,7 +79,7 @@ fn bad_local_sges_fail_with_loc_prot_err_and_flush_what_follows() {
 
 #[test]
 fn rdma_write_past_the_rkey_range_fails_with_rem_access_err() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     fill(&pair.mr_b, FILL);
     pair.mr_a.write(0, &pattern(3000, 1)).unwrap();
     // Three packets: the first would fit, the message does not.
@@ -92,7 +91,7 @@ fn rdma_write_past_the_rkey_range_fails_with_rem_access_err() {
 
 #[test]
 fn rdma_read_of_a_region_without_remote_read_fails_with_rem_access_err() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let unreadable = pair.b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
     unreadable.write(0, &pattern(4096, 2)).unwrap();
     fill(&pair.mr_a, FILL);
@@ -105,7 +104,7 @@ fn rdma_read_of_a_region_without_remote_read_fails_with_rem_access_err() {
 #[test]
 fn rdma_write_to_a_qp_without_remote_write_fails_with_rem_inv_req_err() {
     let no_write = ConnectOptions { access: Access::LOCAL_WRITE | Access::REMOTE_READ, ..options(Mtu::Mtu1024) };
-    let pair = Pair::new(nodes(false), QpType::Rc, &options(Mtu::Mtu1024), &no_write);
+    let pair = NodePair::new(nodes(false), QpType::Rc, &options(Mtu::Mtu1024), &no_write);
     fill(&pair.mr_b, FILL);
     let write = SendOp::RdmaWrite { remote_addr: pair.mr_b.addr(), rkey: pair.mr_b.rkey() };
     let wr = SendWr::new(1, write).with_sge(pair.mr_a.sge(0, 100));
@@ -115,7 +114,7 @@ fn rdma_write_to_a_qp_without_remote_write_fails_with_rem_inv_req_err() {
 
 #[test]
 fn rdma_write_to_a_deregistered_region_fails_with_rem_access_err() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let gone = pair.b.mr(4096);
     let write = SendOp::RdmaWrite { remote_addr: gone.addr(), rkey: gone.rkey() };
     drop(gone);
@@ -125,7 +124,7 @@ fn rdma_write_to_a_deregistered_region_fails_with_rem_access_err() {
 
 #[test]
 fn rdma_write_to_a_region_of_another_pd_fails_with_rem_access_err() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let other_pd = pair.b.ctx.alloc_pd().unwrap();
     let foreign = other_pd.alloc_mr(4096, ALL_ACCESS).unwrap();
     fill(&foreign, FILL);
@@ -144,7 +143,7 @@ fn refused_atomics_leave_both_words_alone() {
         (8, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ, WcStatus::RemAccessErr),
     ];
     for (offset, access, status) in cases {
-        let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+        let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
         let target = pair.b.pd.alloc_mr(4096, access).unwrap();
         fill(&target, FILL);
         fill(&pair.mr_a, FILL);
@@ -161,7 +160,7 @@ fn refused_atomics_leave_both_words_alone() {
 
 #[test]
 fn send_longer_than_the_receive_fails_on_both_sides() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     fill(&pair.mr_b, FILL);
     pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: vec![pair.mr_b.sge(0, 99)] }).unwrap();
     let event = AsyncEvent::QpRequestError { qpn: pair.qp_b.qpn() };
@@ -244,7 +243,7 @@ fn modify_without_required_attributes_names_them() {
 
 #[test]
 fn moving_to_err_flushes_posted_receives_and_sends() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     for wr_id in [101, 102] {
         pair.qp_a.post_recv(RecvWr { wr_id, sg_list: vec![pair.mr_a.sge(0, 4096)] }).unwrap();
     }
@@ -297,7 +296,7 @@ fn send_without_a_receive_exhausts_rnr_retries() {
         let requester = ConnectOptions { rnr_retry, ..options(Mtu::Mtu1024) };
         // The shortest RNR wait the responder can ask for (10 µs).
         let responder = ConnectOptions { min_rnr_timer: 1, ..options(Mtu::Mtu1024) };
-        let pair = Pair::new(nodes(false), QpType::Rc, &requester, &responder);
+        let pair = NodePair::new(nodes(false), QpType::Rc, &requester, &responder);
         pair.qp_a.post_send(send(1, &pair.mr_a)).unwrap();
         assert_eq!(next_wc(&pair.a.cq), failed(1, &pair.qp_a, WcStatus::RnrRetryExcErr, WcOpcode::Send));
         assert_requester_failed(&pair);
@@ -316,7 +315,7 @@ fn dead_peer_exhausts_transport_retries_in_time() {
     let ack_timeout = Duration::from_nanos(4096 << TIMEOUT);
     let requester =
         ConnectOptions { timeout: AckTimeout::from_exponent(TIMEOUT).unwrap(), retry_cnt: 1, ..options(Mtu::Mtu1024) };
-    let pair = Pair::new(nodes(false), QpType::Rc, &requester, &options(Mtu::Mtu1024));
+    let pair = NodePair::new(nodes(false), QpType::Rc, &requester, &options(Mtu::Mtu1024));
     // Everything of B goes: its engine stops and its socket closes.
     drop(pair.qp_b);
     drop(pair.mr_b);
@@ -410,7 +409,7 @@ fn region_copies_out_of_bounds_are_refused_and_change_nothing() {
 
 #[test]
 fn malformed_requests_are_refused_at_post_time() {
-    let pair = Pair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let cap = QpCap::default();
     let too_many = SendWr { sg_list: vec![pair.mr_a.sge(0, 1); cap.max_send_sge as usize + 1], ..send(1, &pair.mr_a) };
     let inline = SendWr {
@@ -433,7 +432,7 @@ fn malformed_requests_are_refused_at_post_time() {
         assert!(matches!(refused, Error::PostSend(e) if e == expected), "{refused:?}");
     }
 
-    let uc = Pair::connected(QpType::Uc, &options(Mtu::Mtu1024));
+    let uc = NodePair::connected(QpType::Uc, &options(Mtu::Mtu1024));
     let read = SendOp::RdmaRead { remote_addr: uc.mr_b.addr(), rkey: uc.mr_b.rkey() };
     let refused = uc.qp_a.post_send(SendWr::new(5, read).with_sge(uc.mr_a.sge(0, 8))).unwrap_err();
     assert!(matches!(refused, Error::PostSend(PostSendError::UnsupportedOp(QpType::Uc))), "{refused:?}");

@@ -1,0 +1,9 @@
+//! The wire format (rxe-spec/wire.md): real kernel-rxe captures, property
+//! tests, and the fuzz seeds drawn from the captures.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod fuzz_seeds;
+mod golden;
+mod props;
