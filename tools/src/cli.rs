@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use softroce::verbs::{self, ContextOptions, Device};
+use softroce::verbs::{self, CaptureOptions, ContextOptions, Device};
 use softroce::wire::ROCE_UDP_PORT;
 
 /// `strtol(text, NULL, 0)`: `0x` for hex, a leading 0 for octal; trailing
@@ -59,6 +59,10 @@ pub struct PeerArgs {
     /// which gives up after 120 seconds without messages).
     #[arg(long, value_name = "SECONDS", value_parser = |s: &str| seconds(s, Zero::Allowed))]
     pub timeout: Option<Duration>,
+    /// Record every packet the device sends and receives into this pcap
+    /// file, one RoCE packet per record as on the wire (rxe-spec V-13).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 impl PeerArgs {
@@ -72,9 +76,10 @@ impl PeerArgs {
         }
     }
 
-    /// Context options with the RoCE port.
+    /// Context options with the RoCE port and the capture.
     pub fn context_options(&self) -> ContextOptions {
-        ContextOptions { port: self.roce_port, ..ContextOptions::default() }
+        let capture = self.pcap.as_ref().map(CaptureOptions::new);
+        ContextOptions { port: self.roce_port, capture, ..ContextOptions::default() }
     }
 }
 
