@@ -23,6 +23,7 @@
 
 #[allow(unsafe_code)]
 mod eventfd;
+mod handover;
 #[allow(unsafe_code)]
 mod registry;
 pub(crate) mod threaded;

@@ -3,7 +3,8 @@
 //! delivering completions to completion queues.
 //!
 //! Progress is driven by whichever thread is there, one at a time (the
-//! [`Progress`] state sits behind a mutex):
+//! [`Progress`] state sits behind a mutex; [`Handover`] holds the rules by
+//! which the threads take turns):
 //! - an application thread that posts sends its QP's packets itself
 //!   ([`Engine::kick`]);
 //! - one that waits on or polls an empty CQ receives and handles packets
@@ -21,7 +22,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,6 +31,7 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tracing::{debug, debug_span, trace};
 
 use super::eventfd::EventFd;
+use super::handover::Handover;
 use super::registry::{Registry, RegistryAccess};
 use super::tuning::Tuning;
 use crate::net::{wait_readable, Link, LinkStats, Outgoing};
@@ -169,7 +171,8 @@ pub(crate) struct EngineShared {
     pub qps_version: AtomicU64,
     pub events: AsyncEvents,
     pub stop: AtomicBool,
-    pub doorbell: Option<EventFd>,
+    /// Who drives progress, and the doorbell that calls them in.
+    pub handover: Handover,
     pub link_stats: Mutex<LinkStats>,
     /// Destroyed QPs whose queued answers the engine still has to send.
     pub closing: Mutex<Vec<Arc<QpCell>>>,
@@ -181,63 +184,9 @@ pub(crate) struct EngineShared {
     pub unknown_qp: AtomicU64,
     /// Sleeps of the threads driving progress for want of packets.
     pub sleeps: AtomicU64,
-    /// When the sleeping engine thread wakes (ns on the transport's clock);
-    /// 0 while it is awake.
-    pub engine_wake_at: AtomicU64,
-    /// Application threads driving progress right now.
-    pub drivers: AtomicUsize,
-    /// A thread that stopped driving left answers unsent ([`Engine::release`]).
-    pub answers_owed: AtomicBool,
-    /// The next round must look at every QP, not only at the sockets
-    /// ([`EngineShared::ring`]).
-    pub full_round_wanted: AtomicBool,
-    /// When an application thread last drove progress (ns on the
-    /// transport's clock).
-    pub driven_at: AtomicU64,
     /// The link's receive buffer, which RC windows keep within
     /// ([`Qp::set_peer_buffer`]).
     pub receive_buffer: Option<usize>,
-}
-
-impl EngineShared {
-    /// Calls whoever drives progress in for a full round: a thread that
-    /// changed a QP (a post it could not send itself, a modify, a destroy).
-    pub fn ring(&self) {
-        self.full_round_wanted.store(true, Ordering::SeqCst);
-        if let Some(d) = &self.doorbell {
-            d.signal();
-        }
-    }
-
-    /// Whether the engine thread is awake, or asleep until after `timer`
-    /// (on the transport's clock): then it must be rung to honour it.
-    fn engine_sleeps_past(&self, timer: Duration) -> bool {
-        let wake = self.engine_wake_at.load(Ordering::SeqCst);
-        wake == 0 || nanos(timer) < wake
-    }
-
-    /// Reads the doorbell, the last of `fds`, if `ready` (from
-    /// [`wait_readable`] on them) says it rang: reading it every wake-up
-    /// would cost a system call each.
-    fn drain_doorbell(&self, fds: &[RawFd], ready: u64) {
-        let doorbell_bit = 1 << fds.len().saturating_sub(1).min(63);
-        if let Some(d) = self.doorbell.as_ref().filter(|_| ready & doorbell_bit != 0) {
-            d.drain();
-        }
-    }
-
-    /// How long the engine keeps off the sockets, where it would only race
-    /// an application thread for each packet: a whole `handover` while one
-    /// drives progress, else what is left of it since one last did; `None`
-    /// once the engine is on its own.
-    fn handover_left(&self, now: Duration, handover: Duration) -> Option<Duration> {
-        if self.drivers.load(Ordering::SeqCst) > 0 {
-            return Some(handover);
-        }
-        let since = nanos(now).saturating_sub(self.driven_at.load(Ordering::SeqCst));
-        let left = nanos(handover).saturating_sub(since);
-        (left > 0).then(|| Duration::from_nanos(left))
-    }
 }
 
 /// The engine thread, stopped and joined on drop.
@@ -259,7 +208,7 @@ impl Engine {
     pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
         let tuning = Tuning::for_cpus(std::thread::available_parallelism().map_or(1, usize::from));
         let shared = Arc::new(EngineShared {
-            doorbell: Some(EventFd::new()?),
+            handover: Handover::new(Some(EventFd::new()?), &tuning),
             events: AsyncEvents::new()?,
             receive_buffer: link.receive_buffer(),
             ..EngineShared::default()
@@ -279,23 +228,20 @@ impl Engine {
     /// when nobody else is driving progress (no doorbell, no engine wake-up),
     /// else rings the doorbell for whoever is.
     pub fn kick(&self, cell: &QpCell) {
+        let handover = &self.shared.handover;
         let Some(mut p) = try_lock(&self.progress) else {
-            self.shared.ring();
+            handover.ring();
             return;
         };
         let now = p.now();
         // The posts change what the QPs have to send and when they time out.
         p.quiet_until = Duration::ZERO;
-        // A posting thread may not be back for the ACKs: the engine keeps
-        // off only a kick handover for it (a poller or waiter holds it off
-        // longer).
-        let tuning = &self.tuning;
-        let mark = nanos(now).saturating_sub(nanos(tuning.handover.saturating_sub(tuning.kick_handover)));
-        self.shared.driven_at.fetch_max(mark, Ordering::SeqCst);
+        handover.posted(now);
         // The new requests first: the peer waits for them. But while an ACK
         // is on its way to a busy QP, a few wait for it and leave with the
         // packets it lets out, as one batch: a stream of posts each sent
         // alone costs a system call per packet on both sides.
+        let tuning = &self.tuning;
         let mut qp = lock(&cell.qp);
         let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= tuning.busy_unacked);
         let few = busy && qp.unsent_packets(tuning.send_batch) < tuning.send_batch;
@@ -319,8 +265,8 @@ impl Engine {
         drop(p);
         // More to send (unless the ACK on its way will send it), or a timer
         // the sleeping engine does not know about.
-        if (sent == tuning.kick_limit && !ack_coming) || timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
-            self.shared.ring();
+        if (sent == tuning.kick_limit && !ack_coming) || timer.is_some_and(|t| handover.engine_sleeps_past(t)) {
+            handover.ring();
         }
     }
 
@@ -340,36 +286,20 @@ impl Engine {
     /// whose QP still has an ACK to send) and is not going to wait.
     pub fn progress_now(&self) {
         let Some(mut p) = try_lock(&self.progress) else {
-            self.shared.ring();
+            self.shared.handover.ring();
             return;
         };
         p.iterate(&self.shared, None);
         self.release(p);
     }
 
-    /// Lets go of driving progress: notes when, and rings the engine if it
-    /// sleeps past a timer this thread armed.
+    /// Lets go of driving progress, ringing the engine if the hand-over
+    /// says it must hear of it ([`Handover::release`]).
     fn release(&self, p: MutexGuard<'_, Progress>) {
-        let now = p.now();
-        self.shared.driven_at.store(nanos(now), Ordering::SeqCst);
-        // A round that ended at this thread's completion left the answers
-        // it owes (an ACK, say) for the thread's next post to carry. Should
-        // it never post, the engine sends them: it sees this before it
-        // sleeps, or is rung below if already asleep for long.
-        let owed = p.owed;
-        if owed {
-            self.shared.answers_owed.store(true, Ordering::SeqCst);
-        }
-        // An engine due back within a handover (it is keeping off while
-        // applications drive) needs no look at every QP's timer: a spinning
-        // poller would pay that on every poll.
-        let wake = self.shared.engine_wake_at.load(Ordering::SeqCst);
-        let soon = wake != 0 && wake <= nanos(now + self.tuning.handover);
-        let next_timer = if soon { None } else { p.next_timer() };
+        let ring = self.shared.handover.release(p.now(), p.owed, || p.next_timer());
         drop(p);
-        let asleep_long = wake != 0 && !soon;
-        if (owed && asleep_long) || next_timer.is_some_and(|t| self.shared.engine_sleeps_past(t)) {
-            self.shared.ring();
+        if ring {
+            self.shared.handover.ring();
         }
     }
 
@@ -420,7 +350,7 @@ impl Engine {
     /// nobody else is driving; returns whether it could.
     fn drive_until(&self, ready: &dyn Fn() -> bool, deadline: Instant) -> bool {
         let Some(mut p) = try_lock(&self.progress) else { return false };
-        self.shared.drivers.fetch_add(1, Ordering::SeqCst);
+        let driving = self.shared.handover.driving();
         // On the transport's clock, which each round reads once: the loop
         // reads no clock of its own.
         let deadline = deadline.saturating_duration_since(p.start);
@@ -452,9 +382,9 @@ impl Engine {
             let timer = step.next_timer.map_or(left, |t| t.saturating_sub(now));
             self.shared.sleeps.fetch_add(1, Ordering::Relaxed);
             let ready = wait_readable(&p.fds, left.min(timer));
-            self.shared.drain_doorbell(&p.fds, ready);
+            self.shared.handover.drain_doorbell(&p.fds, ready);
         }
-        self.shared.drivers.fetch_sub(1, Ordering::SeqCst);
+        drop(driving);
         self.release(p);
         true
     }
@@ -463,7 +393,7 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.ring();
+        self.shared.handover.ring();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -542,9 +472,7 @@ impl Progress {
         // A context binds its addresses before the engine starts.
         let locals = link.local_addrs();
         let mut fds = link.raw_fds();
-        if let Some(d) = &shared.doorbell {
-            fds.push(d.as_raw_fd());
-        }
+        fds.extend(shared.handover.doorbell_fd());
         Progress {
             out: Outbox { link, locals, buf: vec![0u8; 4096 + TRANSMIT_HEADROOM + 64] },
             start: Instant::now(),
@@ -602,8 +530,7 @@ impl Progress {
         }
         let now = self.now();
         self.round_at = now;
-        let wanted =
-            shared.full_round_wanted.load(Ordering::SeqCst) && shared.full_round_wanted.swap(false, Ordering::SeqCst);
+        let wanted = shared.handover.take_full_round_call();
         let quiet = !changed && !wanted && now < self.quiet_until;
         // QPs destroyed since the last round leave the table before this
         // round's packets are read (a destroy pushes them here, then bumps
@@ -761,41 +688,40 @@ impl Progress {
 }
 
 /// The engine loop: drive progress, polling for [`Tuning::engine_spin`]
-/// after the last busy round, then sleep until the link or the doorbell has something (or the
-/// next timer is due). While an application thread drives progress, the
-/// engine keeps off.
+/// after the last busy round, then sleep until the link or the doorbell has
+/// something (or the next timer is due). While an application thread drives
+/// progress, the engine keeps off ([`Handover::engine_keeps_off`]).
 fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
     let (fds, start) = {
         let p = lock(progress);
         (p.fds.clone(), p.start)
     };
-    let doorbell: Vec<RawFd> = shared.doorbell.iter().map(|d| d.as_raw_fd()).collect();
+    let handover = &shared.handover;
+    let doorbell: Vec<RawFd> = handover.doorbell_fd().into_iter().collect();
     let mut last_busy = Duration::ZERO;
     // Whether the thread's timer slack is the handover slack: it is changed
     // only when a wait wants the other, not twice a wake-up.
     let mut lax_slack = false;
     while !shared.stop.load(Ordering::SeqCst) {
         let now = start.elapsed();
-        if let Some(left) = shared.handover_left(now, tuning.handover) {
+        if let Some(left) = handover.engine_keeps_off(now) {
             // Only a doorbell (work an application thread could not hand
             // over) calls the engine in while the application drives.
-            shared.engine_wake_at.store(nanos(now + left), Ordering::SeqCst);
+            handover.engine_sleeps_until(now + left);
             // While a thread waits or polls, the engine looks again at the
             // first clock tick after the handover, not at its end; after a
             // post alone, when the poster may have gone, it is back on time.
-            let lax = shared.drivers.load(Ordering::SeqCst) > 0 || left > tuning.kick_handover;
+            let lax = handover.is_driven() || left > tuning.kick_handover;
             if lax != lax_slack {
                 set_timer_slack(if lax { tuning.handover_slack } else { Duration::ZERO });
                 lax_slack = lax;
             }
-            let rung = wait_readable(&doorbell, left) != 0;
-            shared.engine_wake_at.store(0, Ordering::SeqCst);
-            if !rung {
+            let ready = wait_readable(&doorbell, left);
+            handover.engine_wakes();
+            if ready == 0 {
                 continue;
             }
-            if let Some(d) = &shared.doorbell {
-                d.drain();
-            }
+            handover.drain_doorbell(&doorbell, ready);
         }
         let step = lock(progress).iterate(shared, None);
         let now = start.elapsed();
@@ -808,10 +734,9 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
             continue;
         }
         let wait = step.next_timer.map_or(tuning.idle, |t| t.saturating_sub(now)).min(tuning.idle);
-        shared.engine_wake_at.store(nanos(now + wait).max(1), Ordering::SeqCst);
-        if shared.answers_owed.swap(false, Ordering::SeqCst) {
-            // Not asleep after all: a full round sends them first.
-            shared.engine_wake_at.store(0, Ordering::SeqCst);
+        if !handover.engine_may_sleep_until(now + wait) {
+            // Not asleep after all: a full round sends the answers a driver
+            // left first.
             continue;
         }
         if lax_slack {
@@ -821,14 +746,11 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
         }
         shared.sleeps.fetch_add(1, Ordering::Relaxed);
         let ready = wait_readable(&fds, wait);
-        shared.engine_wake_at.store(0, Ordering::SeqCst);
-        shared.drain_doorbell(&fds, ready);
+        handover.engine_wakes();
+        handover.drain_doorbell(&fds, ready);
     }
 }
 
-/// Sets how much later than asked the calling thread's timed waits may end
-/// (`PR_SET_TIMERSLACK`), so that the kernel can end them with another
-/// timer's interrupt; zero restores the thread's default (50 µs).
 /// Keeps the program's signals off this thread: a program that arms
 /// `SIGALRM` (perftest's `-D`) or handles `SIGINT` expects it on one of its
 /// own threads, whose system calls it interrupts. Faults stay deliverable.
@@ -846,15 +768,14 @@ fn block_async_signals() {
     }
 }
 
+/// Sets how much later than asked the calling thread's timed waits may end
+/// (`PR_SET_TIMERSLACK`), so that the kernel can end them with another
+/// timer's interrupt; zero restores the thread's default (50 µs).
 #[allow(unsafe_code)]
 fn set_timer_slack(slack: Duration) {
     let ns = libc::c_ulong::try_from(slack.as_nanos()).unwrap_or(libc::c_ulong::MAX);
     // SAFETY: PR_SET_TIMERSLACK takes a value and changes only this thread's slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns, 0, 0, 0) };
-}
-
-fn nanos(t: Duration) -> u64 {
-    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Hands up to `limit` of the QP's packets to the link; returns how many.
@@ -914,6 +835,8 @@ fn source_for(locals: &[std::net::IpAddr], dest: std::net::IpAddr) -> std::net::
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+
     use super::*;
     use crate::net::Received;
 
@@ -962,7 +885,7 @@ mod tests {
             assert!(!p.iterate(&shared, None).busy);
         }
         assert_eq!(full_rounds.load(Ordering::SeqCst), 1);
-        shared.ring();
+        shared.handover.ring();
         p.iterate(&shared, None);
         assert_eq!(full_rounds.load(Ordering::SeqCst), 2, "a ring calls a full round in");
         p.quiet_until = Duration::MAX;

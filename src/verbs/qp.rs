@@ -36,7 +36,7 @@ impl QueuePair {
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         lock(&self.cell.qp).modify(attr, mask)?;
-        self.ctx.engine.shared.ring();
+        self.ctx.engine.shared.handover.ring();
         Ok(())
     }
 
@@ -140,7 +140,7 @@ impl QueuePair {
             ..QpAttr::default()
         };
         lock(&self.cell.qp).connect(&attr)?;
-        self.ctx.engine.shared.ring();
+        self.ctx.engine.shared.handover.ring();
         Ok(())
     }
 }

@@ -19,7 +19,7 @@ impl SharedReceiveQueue {
     /// `ibv_post_srq_recv`: queues a receive for any of the SRQ's QPs.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         lock(&self.srq).post(wr)?;
-        self.ctx.engine.shared.ring();
+        self.ctx.engine.shared.handover.ring();
         Ok(())
     }
 

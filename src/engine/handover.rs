@@ -1,0 +1,259 @@
+//! Who drives progress, and how the others learn what they must do.
+//!
+//! Progress is driven by whichever thread holds the engine's working state,
+//! one at a time: an application thread that posts, polls or waits does the
+//! work itself, and the engine thread does it otherwise. The rules of the
+//! hand-over between them live here:
+//!
+//! - while an application thread drives, and for [`Tuning::handover`] after
+//!   one last did, the engine thread keeps off the sockets, where it would
+//!   only race that thread for each packet; after a post alone, only for
+//!   [`Tuning::kick_handover`];
+//! - a thread that changed what the QPs owe and could not drive rings the
+//!   doorbell, which calls whoever drives in for a full round;
+//! - a driver that lets go rings the engine if it sleeps past a timer the
+//!   driver armed, or if it left answers unsent (which the engine otherwise
+//!   sends before it next sleeps).
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::eventfd::EventFd;
+use super::tuning::Tuning;
+
+/// The hand-over of progress between application threads and the engine
+/// thread. Points in time are on the transport's clock.
+#[derive(Debug)]
+pub(crate) struct Handover {
+    /// Calls whoever drives progress in: the engine thread, or a waiting
+    /// application thread, which also listens to it.
+    doorbell: Option<EventFd>,
+    /// The next round must look at every QP, not only at the sockets.
+    full_round_wanted: AtomicBool,
+    /// Application threads driving progress right now.
+    drivers: AtomicUsize,
+    /// When an application thread last drove progress (ns).
+    driven_at: AtomicU64,
+    /// When the sleeping engine thread wakes (ns); 0 while it is awake.
+    engine_wake_at: AtomicU64,
+    /// A thread that stopped driving left answers unsent.
+    answers_owed: AtomicBool,
+    /// [`Tuning::handover`].
+    handover: Duration,
+    /// [`Tuning::kick_handover`].
+    kick_handover: Duration,
+}
+
+impl Default for Handover {
+    /// A hand-over without a doorbell, for tests.
+    fn default() -> Handover {
+        Handover::new(None, &Tuning::default())
+    }
+}
+
+impl Handover {
+    pub(crate) fn new(doorbell: Option<EventFd>, tuning: &Tuning) -> Handover {
+        Handover {
+            doorbell,
+            full_round_wanted: AtomicBool::new(false),
+            drivers: AtomicUsize::new(0),
+            driven_at: AtomicU64::new(0),
+            engine_wake_at: AtomicU64::new(0),
+            answers_owed: AtomicBool::new(false),
+            handover: tuning.handover,
+            kick_handover: tuning.kick_handover,
+        }
+    }
+
+    /// Calls whoever drives progress in for a full round: for a thread that
+    /// changed a QP (a post it could not send itself, a modify, a destroy).
+    pub(crate) fn ring(&self) {
+        self.full_round_wanted.store(true, Ordering::SeqCst);
+        if let Some(d) = &self.doorbell {
+            d.signal();
+        }
+    }
+
+    /// Whether a full round was called in since the last call.
+    pub(crate) fn take_full_round_call(&self) -> bool {
+        self.full_round_wanted.load(Ordering::SeqCst) && self.full_round_wanted.swap(false, Ordering::SeqCst)
+    }
+
+    /// The doorbell's descriptor, for the drivers' waits.
+    pub(crate) fn doorbell_fd(&self) -> Option<RawFd> {
+        self.doorbell.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Reads the doorbell, the last of `fds`, if `ready` (from
+    /// [`crate::net::wait_readable`] on them) says it rang: reading it
+    /// every wake-up would cost a system call each.
+    pub(crate) fn drain_doorbell(&self, fds: &[RawFd], ready: u64) {
+        let doorbell_bit = 1 << fds.len().saturating_sub(1).min(63);
+        if let Some(d) = self.doorbell.as_ref().filter(|_| ready & doorbell_bit != 0) {
+            d.drain();
+        }
+    }
+
+    /// A thread posted and sent its QP's packets at `now`: the engine keeps
+    /// off only [`Tuning::kick_handover`] for it (a poller or waiter holds
+    /// it off longer), since the poster may not be back for the ACKs.
+    pub(crate) fn posted(&self, now: Duration) {
+        let mark = nanos(now).saturating_sub(nanos(self.handover.saturating_sub(self.kick_handover)));
+        self.driven_at.fetch_max(mark, Ordering::SeqCst);
+    }
+
+    /// An application thread drives progress until the guard is dropped.
+    pub(crate) fn driving(&self) -> Driving<'_> {
+        self.drivers.fetch_add(1, Ordering::SeqCst);
+        Driving(self)
+    }
+
+    /// Whether an application thread drives progress right now.
+    pub(crate) fn is_driven(&self) -> bool {
+        self.drivers.load(Ordering::SeqCst) > 0
+    }
+
+    /// A driver lets go at `now`, with answers `owed` if its round ended
+    /// early. Says whether the engine must be rung: it is asleep for long
+    /// and answers are owed, or asleep past the earliest QP timer, which
+    /// `next_timer` finds (asked only when the engine is not due back
+    /// within a handover anyway: a spinning poller would pay for that look
+    /// at every QP on every poll).
+    pub(crate) fn release(&self, now: Duration, owed: bool, next_timer: impl FnOnce() -> Option<Duration>) -> bool {
+        self.driven_at.store(nanos(now), Ordering::SeqCst);
+        // A round that ended at the driver's completion left the answers it
+        // owes (an ACK, say) for the thread's next post to carry. Should it
+        // never post, the engine sends them: it sees this before it sleeps,
+        // or is rung if already asleep for long.
+        if owed {
+            self.answers_owed.store(true, Ordering::SeqCst);
+        }
+        let wake = self.engine_wake_at.load(Ordering::SeqCst);
+        let soon = wake != 0 && wake <= nanos(now + self.handover);
+        let next_timer = if soon { None } else { next_timer() };
+        let asleep_long = wake != 0 && !soon;
+        (owed && asleep_long) || next_timer.is_some_and(|t| self.engine_sleeps_past(t))
+    }
+
+    /// Whether the engine thread is awake, or asleep until after `timer`:
+    /// then it must be rung to honour it.
+    pub(crate) fn engine_sleeps_past(&self, timer: Duration) -> bool {
+        let wake = self.engine_wake_at.load(Ordering::SeqCst);
+        wake == 0 || nanos(timer) < wake
+    }
+
+    /// How long the engine keeps off the sockets at `now`: a whole handover
+    /// while an application thread drives, else what is left of it since
+    /// one last did; `None` once the engine is on its own.
+    pub(crate) fn engine_keeps_off(&self, now: Duration) -> Option<Duration> {
+        if self.is_driven() {
+            return Some(self.handover);
+        }
+        let since = nanos(now).saturating_sub(self.driven_at.load(Ordering::SeqCst));
+        let left = nanos(self.handover).saturating_sub(since);
+        (left > 0).then(|| Duration::from_nanos(left))
+    }
+
+    /// The engine thread goes to sleep until `at`, or until rung.
+    pub(crate) fn engine_sleeps_until(&self, at: Duration) {
+        self.engine_wake_at.store(nanos(at).max(1), Ordering::SeqCst);
+    }
+
+    /// The engine thread is awake.
+    pub(crate) fn engine_wakes(&self) {
+        self.engine_wake_at.store(0, Ordering::SeqCst);
+    }
+
+    /// The engine thread, idle, would sleep until `at`: it may, unless a
+    /// driver left answers owed, which it then sends first.
+    pub(crate) fn engine_may_sleep_until(&self, at: Duration) -> bool {
+        self.engine_sleeps_until(at);
+        if self.answers_owed.swap(false, Ordering::SeqCst) {
+            self.engine_wakes();
+            return false;
+        }
+        true
+    }
+}
+
+/// An application thread driving progress ([`Handover::driving`]).
+pub(crate) struct Driving<'a>(&'a Handover);
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        self.0.drivers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `t` in nanoseconds, saturating.
+pub(crate) fn nanos(t: Duration) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    const T: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn the_engine_keeps_off_while_a_thread_drives_and_a_handover_after() {
+        let h = Handover::default();
+        assert_eq!(h.engine_keeps_off(T), None, "nobody drove yet");
+        let driving = h.driving();
+        assert!(h.is_driven());
+        assert_eq!(h.engine_keeps_off(T), Some(MS), "a whole handover while one drives");
+        drop(driving);
+        assert!(!h.release(T, false, || None));
+        assert_eq!(h.engine_keeps_off(T + MS / 4), Some(MS * 3 / 4), "what is left of it after");
+        assert_eq!(h.engine_keeps_off(T + MS), None);
+    }
+
+    #[test]
+    fn a_post_holds_the_engine_off_only_a_kick_handover() {
+        let h = Handover::default();
+        h.posted(T);
+        assert_eq!(h.engine_keeps_off(T), Some(Duration::from_micros(100)));
+        assert!(!h.release(T, false, || None));
+        h.posted(T);
+        assert_eq!(h.engine_keeps_off(T), Some(MS), "a post never shortens a waiter's handover");
+    }
+
+    #[test]
+    fn a_release_rings_the_engine_only_if_it_sleeps_past_the_next_timer() {
+        let h = Handover::default();
+        assert!(h.release(T, false, || Some(T + MS)), "an awake engine may have looked at the timers before this one");
+        h.engine_sleeps_until(T + 10 * MS);
+        assert!(h.release(T, false, || Some(T + 5 * MS)), "it would sleep past the timer");
+        assert!(!h.release(T, false, || Some(T + 20 * MS)), "it wakes before the timer");
+        assert!(!h.release(T, false, || None));
+        h.engine_sleeps_until(T + MS / 2);
+        let never = || -> Option<Duration> { panic!("the QPs' timers are looked at") };
+        assert!(!h.release(T, false, never), "an engine back within a handover needs no look at the timers");
+    }
+
+    #[test]
+    fn answers_owed_ring_a_long_sleeper_and_keep_the_engine_up_once() {
+        let h = Handover::default();
+        h.engine_sleeps_until(T + 10 * MS);
+        assert!(h.release(T, true, || None), "asleep for long: rung to send them");
+        h.engine_wakes();
+        assert!(!h.engine_may_sleep_until(T + 10 * MS), "the engine sends them before it sleeps");
+        assert!(h.engine_may_sleep_until(T + 10 * MS), "and only once");
+    }
+
+    #[test]
+    fn a_ring_calls_in_one_full_round() {
+        let h = Handover::new(Some(EventFd::new().unwrap()), &Tuning::default());
+        assert!(!h.take_full_round_call());
+        h.ring();
+        let fds = [h.doorbell_fd().unwrap()];
+        assert_eq!(crate::net::wait_readable(&fds, Duration::ZERO), 1, "the doorbell rang");
+        h.drain_doorbell(&fds, 1);
+        assert_eq!(crate::net::wait_readable(&fds, Duration::ZERO), 0, "and was read");
+        assert!(h.take_full_round_call());
+        assert!(!h.take_full_round_call(), "one call, one full round");
+    }
+}
