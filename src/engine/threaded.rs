@@ -426,13 +426,7 @@ pub(crate) struct Progress {
     fds: Vec<RawFd>,
     /// A round ended early: QPs may have packets to send.
     owed: bool,
-    /// Destroyed RC QPs that still re-acknowledge their peers' resends
-    /// ([`Qp::linger`]), by QPN, and when each goes, oldest first.
-    lingering: BTreeMap<u32, Arc<QpCell>>,
-    linger_until: VecDeque<(Duration, u32)>,
-    /// Destroyed QPs that may owe answers: those destroyed since the last
-    /// full round, and lingering ones that got a packet.
-    answering: Vec<Arc<QpCell>>,
+    lingering: Lingering,
     /// QPs that waited on their peers (packets unacknowledged) last round:
     /// they share the peer's receive buffer.
     waiting_on_peer: usize,
@@ -467,6 +461,15 @@ struct Step {
     next_timer: Option<Duration>,
 }
 
+/// How a round's receiving ended ([`Progress::receive_batch`]).
+enum Batch {
+    /// What the driver waits for holds: the round ends here.
+    Ready,
+    /// The batch is over: whether it `received` anything, and whether the
+    /// link is `drained` (else the batch was full).
+    Done { received: bool, drained: bool },
+}
+
 impl Progress {
     fn new(link: Box<dyn Link + Send>, shared: &EngineShared, tuning: Tuning) -> Progress {
         // A context binds its addresses before the engine starts.
@@ -483,9 +486,7 @@ impl Progress {
             version: u64::MAX,
             fds,
             owed: false,
-            lingering: BTreeMap::new(),
-            linger_until: VecDeque::new(),
-            answering: Vec::new(),
+            lingering: Lingering::new(&tuning),
             waiting_on_peer: 0,
             quiet_until: Duration::ZERO,
             seen_timer: None,
@@ -495,19 +496,6 @@ impl Progress {
 
     fn now(&self) -> Duration {
         self.start.elapsed()
-    }
-
-    /// Keeps a destroyed RC QP answering resends for [`Tuning::linger`],
-    /// within [`Tuning::max_lingering`] QPs (the oldest goes first).
-    fn linger(&mut self, now: Duration, cell: Arc<QpCell>) {
-        if self.linger_until.len() >= self.tuning.max_lingering {
-            if let Some((_, qpn)) = self.linger_until.pop_front() {
-                self.lingering.remove(&qpn);
-            }
-        }
-        let qpn = lock(&cell.qp).qpn();
-        self.lingering.insert(qpn, cell);
-        self.linger_until.push_back((now + self.tuning.linger, qpn));
     }
 
     /// The earliest timer of any QP.
@@ -521,6 +509,45 @@ impl Progress {
     /// ACK, say) leave with the waiter's next post, in one batch with it
     /// (see [`Engine::kick`]), or with the next round.
     fn iterate(&mut self, shared: &EngineShared, until: Option<&dyn Fn() -> bool>) -> Step {
+        let changed = self.refresh_qps(shared);
+        let now = self.now();
+        self.round_at = now;
+        let wanted = shared.handover.take_full_round_call();
+        let quiet = !changed && !wanted && now < self.quiet_until;
+        // QPs destroyed since the last round leave the table before this
+        // round's packets are read (a destroy pushes them here, then bumps
+        // the version), so a resend in this very round finds its lingering QP.
+        if changed {
+            self.lingering.adopt(now, std::mem::take(&mut *lock(&shared.closing)));
+        }
+        let (received, drained) = match self.receive_batch(shared, now, until) {
+            Batch::Ready => {
+                self.owed = true;
+                self.quiet_until = Duration::ZERO;
+                *lock(&shared.link_stats) = self.out.link.stats();
+                return Step { busy: true, next_timer: None };
+            }
+            Batch::Done { received, drained } => (received, drained),
+        };
+        self.owed = false;
+        if quiet && !received {
+            return Step { busy: false, next_timer: self.seen_timer };
+        }
+        let (served, next_timer) = self.run_timers_and_transmit(shared, now, drained);
+        let answered = self.lingering.answer(&mut self.out, shared, now);
+        self.lingering.expire(now);
+        let busy = received || served || answered;
+        self.out.link.flush();
+        *lock(&shared.link_stats) = self.out.link.stats();
+        self.seen_timer = next_timer;
+        self.quiet_until =
+            if busy { Duration::ZERO } else { (now + self.tuning.quiet_span).min(next_timer.unwrap_or(Duration::MAX)) };
+        Step { busy, next_timer }
+    }
+
+    /// Re-reads the QP table if it changed since the last round; says
+    /// whether it did.
+    fn refresh_qps(&mut self, shared: &EngineShared) -> bool {
         let seen = shared.qps_version.load(Ordering::Acquire);
         let changed = seen != self.version;
         if changed {
@@ -528,121 +555,96 @@ impl Progress {
             self.qps = self.by_qpn.values().cloned().collect();
             self.version = seen;
         }
-        let now = self.now();
-        self.round_at = now;
-        let wanted = shared.handover.take_full_round_call();
-        let quiet = !changed && !wanted && now < self.quiet_until;
-        // QPs destroyed since the last round leave the table before this
-        // round's packets are read (a destroy pushes them here, then bumps
-        // the version): RC ones linger a while from now on, answering
-        // resends of what they executed, so a resend in this very round
-        // finds its QP; all still owe the answers they had queued.
-        let closing = if changed { std::mem::take(&mut *lock(&shared.closing)) } else { Vec::new() };
-        for cell in closing {
-            let lingers = {
-                let mut qp = lock(&cell.qp);
-                let lingers = qp.qp_type() == QpType::Rc && !qp.is_lingering();
-                if lingers {
-                    qp.linger();
-                }
-                lingers
+        changed
+    }
+
+    /// Receives up to a round's packets and hands each to its QP (or to a
+    /// destroyed one that lingers); stops early once `until` holds.
+    fn receive_batch(&mut self, shared: &EngineShared, now: Duration, until: Option<&dyn Fn() -> bool>) -> Batch {
+        // One registry guard for the whole batch, and a QP's lock kept
+        // across its consecutive packets: every lock and unlock is a
+        // locked instruction, which waits until the payload copied into
+        // registered memory has left the store buffer.
+        let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
+        let mut mem = RegistryAccess(&registry);
+        let mut held: Option<(u32, MutexGuard<'_, Qp>)> = None;
+        let (mut handled, mut acked_at) = (0, 0);
+        let mut received = false;
+        for _ in 0..self.tuning.round_receive {
+            let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
+                return Batch::Done { received, drained: true };
             };
-            if lingers {
-                self.linger(now, Arc::clone(&cell));
-            }
-            self.answering.push(cell);
-        }
-        let mut busy = false;
-
-        // Timers run only once the link is drained: an ACK waiting in the
-        // socket must not lose the race to the timeout it would cancel.
-        let mut drained = false;
-        {
-            // One registry guard for the whole round, and a QP's lock kept
-            // across its consecutive packets: every lock and unlock is a
-            // locked instruction, which waits until the payload copied into
-            // registered memory has left the store buffer.
-            let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-            let mut mem = RegistryAccess(&registry);
-            let mut held: Option<(u32, MutexGuard<'_, Qp>)> = None;
-            let (mut handled, mut acked_at) = (0, 0);
-            for _ in 0..self.tuning.round_receive {
-                let Some((r, roce)) = self.out.link.receive_in_place(now, &mut self.rx) else {
-                    drained = true;
-                    break;
-                };
-                busy = true;
-                let Ok(pkt) = RoceRepr::parse(roce) else {
-                    shared.malformed.fetch_add(1, Ordering::Relaxed);
+            received = true;
+            let Ok(pkt) = RoceRepr::parse(roce) else {
+                shared.malformed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let qpn = pkt.header.bth.dest_qpn;
+            let (cell, lingering) = match (self.by_qpn.get(&qpn), self.lingering.cells.get(&qpn)) {
+                (Some(cell), _) => (cell, false),
+                (None, Some(cell)) => (cell, true),
+                (None, None) => {
+                    trace!(qpn, "packet for an unknown QP");
+                    shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
                     continue;
-                };
-                let qpn = pkt.header.bth.dest_qpn;
-                let (cell, lingering) = match (self.by_qpn.get(&qpn), self.lingering.get(&qpn)) {
-                    (Some(cell), _) => (cell, false),
-                    (None, Some(cell)) => (cell, true),
-                    (None, None) => {
-                        trace!(qpn, "packet for an unknown QP");
-                        shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                };
-                if held.as_ref().is_none_or(|(of, _)| *of != qpn) {
-                    // One QP lock at a time.
-                    drop(held.take());
-                    held = Some((qpn, lock(&cell.qp)));
                 }
-                let Some((_, qp)) = held.as_mut() else { continue };
-                let mut srq = cell.srq.as_ref().map(|s| lock(s));
-                let incoming = Incoming {
-                    src: r.src,
-                    src_port: r.src_port,
-                    dst: r.dst,
-                    header: &pkt.header,
-                    payload: pkt.payload,
-                };
-                let answered = lingering.then(|| qp.counters().duplicate_requests);
-                let asks_ack = pkt.header.bth.ack_req;
-                qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
-                handled += 1;
-                if asks_ack && handled - acked_at >= self.tuning.early_ack_after {
-                    // The ACK leaves now, not after the rest of the round:
-                    // a requester whose window is the peer's small socket
-                    // buffer would otherwise stop and wait for every round.
-                    acked_at = handled;
-                    transmit_with(qp, &mut self.out, &mem, now, usize::MAX, TransmitOrder::ResponsesOnly);
-                    self.out.link.flush();
-                }
-                if let Some(answered) = answered {
-                    // A destroyed QP answers only a resend of its last messages;
-                    // anything else was for a QP the device no longer has.
-                    if qp.counters().duplicate_requests == answered {
-                        shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        self.answering.push(Arc::clone(cell));
-                    }
-                }
-                drop(srq);
-                cell.drain(qp, &shared.events);
-                // The rest of a GRO train first: an ACK behind the answer
-                // it came with would wait in the link, signalled to nobody,
-                // while the waiter's next post waits for it (a thread that
-                // then drives another device left it to the engine's next
-                // look, up to 5 ms away).
-                if until.is_some_and(|ready| ready()) && !self.out.link.amid_datagram() {
-                    drop(held);
-                    drop(registry);
-                    self.owed = true;
-                    self.quiet_until = Duration::ZERO;
-                    *lock(&shared.link_stats) = self.out.link.stats();
-                    return Step { busy: true, next_timer: None };
+            };
+            if held.as_ref().is_none_or(|(of, _)| *of != qpn) {
+                // One QP lock at a time.
+                drop(held.take());
+                held = Some((qpn, lock(&cell.qp)));
+            }
+            let Some((_, qp)) = held.as_mut() else { continue };
+            let mut srq = cell.srq.as_ref().map(|s| lock(s));
+            let answered = lingering.then(|| qp.counters().duplicate_requests);
+            let asks_ack = pkt.header.bth.ack_req;
+            let incoming =
+                Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
+            qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
+            handled += 1;
+            if asks_ack && handled - acked_at >= self.tuning.early_ack_after {
+                // The ACK leaves now, not after the rest of the round:
+                // a requester whose window is the peer's small socket
+                // buffer would otherwise stop and wait for every round.
+                acked_at = handled;
+                transmit_with(qp, &mut self.out, &mem, now, usize::MAX, TransmitOrder::ResponsesOnly);
+                self.out.link.flush();
+            }
+            if let Some(answered) = answered {
+                // A destroyed QP answers only a resend of its last messages;
+                // anything else was for a QP the device no longer has.
+                if qp.counters().duplicate_requests == answered {
+                    shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.lingering.answering.push(Arc::clone(cell));
                 }
             }
+            drop(srq);
+            cell.drain(qp, &shared.events);
+            // The rest of a GRO train first: an ACK behind the answer
+            // it came with would wait in the link, signalled to nobody,
+            // while the waiter's next post waits for it (a thread that
+            // then drives another device left it to the engine's next
+            // look, up to 5 ms away).
+            if until.is_some_and(|ready| ready()) && !self.out.link.amid_datagram() {
+                return Batch::Ready;
+            }
         }
-        self.owed = false;
-        if quiet && !busy {
-            return Step { busy, next_timer: self.seen_timer };
-        }
+        Batch::Done { received, drained: false }
+    }
 
+    /// Every QP in turn: its share of the peer's buffer, its due timers
+    /// (only once the link is `drained`: an ACK waiting in the socket must
+    /// not lose the race to the timeout it would cancel), its packets and
+    /// its completions. Says whether any QP did something, and the earliest
+    /// timer left.
+    fn run_timers_and_transmit(
+        &mut self,
+        shared: &EngineShared,
+        now: Duration,
+        drained: bool,
+    ) -> (bool, Option<Duration>) {
+        let mut busy = false;
         let mut next_timer: Option<Duration> = None;
         // The device's QPs send into one socket buffer at a peer on this
         // host, so each window gets a share of it (rxe-spec T-7).
@@ -665,25 +667,88 @@ impl Progress {
                 (a, b) => a.or(b),
             };
         }
-        // Destroyed QPs still owe their peers the answers they had queued
-        // (the ACK of the last message, say), and lingering ones the
-        // answers to resends they got this round.
-        for cell in std::mem::take(&mut self.answering) {
-            let mut qp = lock(&cell.qp);
-            let sent = transmit(&mut qp, &mut self.out, shared, now, usize::MAX, TransmitOrder::ResponsesFirst);
-            busy |= sent > 0;
+        (busy, next_timer)
+    }
+}
+
+/// Destroyed QPs that still owe their peers answers.
+struct Lingering {
+    /// Destroyed RC QPs that still re-acknowledge their peers' resends
+    /// ([`Qp::linger`]), by QPN,
+    cells: BTreeMap<u32, Arc<QpCell>>,
+    /// and when each goes, oldest first.
+    until: VecDeque<(Duration, u32)>,
+    /// Destroyed QPs that may owe answers: those destroyed since the last
+    /// full round, and lingering ones that got a packet.
+    answering: Vec<Arc<QpCell>>,
+    /// [`Tuning::linger`].
+    linger: Duration,
+    /// [`Tuning::max_lingering`].
+    max: usize,
+}
+
+impl Lingering {
+    fn new(tuning: &Tuning) -> Lingering {
+        Lingering {
+            cells: BTreeMap::new(),
+            until: VecDeque::new(),
+            answering: Vec::new(),
+            linger: tuning.linger,
+            max: tuning.max_lingering,
         }
-        while self.linger_until.front().is_some_and(|&(until, _)| until <= now) {
-            if let Some((_, qpn)) = self.linger_until.pop_front() {
-                self.lingering.remove(&qpn);
+    }
+
+    /// Takes in QPs just destroyed: RC ones linger from `now` on, answering
+    /// resends of what they executed; all still owe the answers they had
+    /// queued.
+    fn adopt(&mut self, now: Duration, closing: Vec<Arc<QpCell>>) {
+        for cell in closing {
+            let lingers = {
+                let mut qp = lock(&cell.qp);
+                let lingers = qp.qp_type() == QpType::Rc && !qp.is_lingering();
+                if lingers {
+                    qp.linger();
+                }
+                lingers
+            };
+            if lingers {
+                self.keep(now, Arc::clone(&cell));
+            }
+            self.answering.push(cell);
+        }
+    }
+
+    /// Keeps a destroyed RC QP answering resends for [`Tuning::linger`],
+    /// within [`Tuning::max_lingering`] QPs (the oldest goes first).
+    fn keep(&mut self, now: Duration, cell: Arc<QpCell>) {
+        if self.until.len() >= self.max {
+            if let Some((_, qpn)) = self.until.pop_front() {
+                self.cells.remove(&qpn);
             }
         }
-        self.out.link.flush();
-        *lock(&shared.link_stats) = self.out.link.stats();
-        self.seen_timer = next_timer;
-        self.quiet_until =
-            if busy { Duration::ZERO } else { (now + self.tuning.quiet_span).min(next_timer.unwrap_or(Duration::MAX)) };
-        Step { busy, next_timer }
+        let qpn = lock(&cell.qp).qpn();
+        self.cells.insert(qpn, cell);
+        self.until.push_back((now + self.linger, qpn));
+    }
+
+    /// Sends what the QPs that may owe answers owe (the ACK of the last
+    /// message, say, or of a resend); says whether they sent anything.
+    fn answer(&mut self, out: &mut Outbox, shared: &EngineShared, now: Duration) -> bool {
+        let mut sent = false;
+        for cell in std::mem::take(&mut self.answering) {
+            let mut qp = lock(&cell.qp);
+            sent |= transmit(&mut qp, out, shared, now, usize::MAX, TransmitOrder::ResponsesFirst) > 0;
+        }
+        sent
+    }
+
+    /// Lets go of the QPs whose time to linger is over.
+    fn expire(&mut self, now: Duration) {
+        while self.until.front().is_some_and(|&(until, _)| until <= now) {
+            if let Some((_, qpn)) = self.until.pop_front() {
+                self.cells.remove(&qpn);
+            }
+        }
     }
 }
 
