@@ -2,10 +2,15 @@
 //! and a link, run the timers and collect completions.
 //!
 //! - the threaded engine behind a verbs context (`threaded`): one thread per
-//!   device that owns the UDP link, woken by a doorbell.
+//!   device that owns the UDP link, woken by a doorbell, while application
+//!   threads drive progress themselves where they can (`handover`), with
+//!   the knobs of `tuning`.
 //! - [`World`]: a single-threaded engine over any [`crate::net::Link`], in
 //!   virtual time (simulated networks: deterministic, for tests, fuzzing and
 //!   teaching) or real time (UDP sockets).
+//!
+//! Both hand packets, timers and transmissions to the QPs the same way
+//! (`dispatch`).
 //!
 //! The registry of raw memory ranges the engine writes into is the crate's
 //! own: safe code outside it cannot register an address, so it cannot make
@@ -21,6 +26,7 @@
 //! use softroce::engine::{Registry, RegistryAccess};
 //! ```
 
+mod dispatch;
 #[allow(unsafe_code)]
 mod eventfd;
 mod handover;

@@ -28,18 +28,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use tracing::{debug, debug_span, trace};
+use tracing::{debug_span, trace};
 
+use super::dispatch::{self, Egress};
 use super::eventfd::EventFd;
 use super::handover::Handover;
 use super::registry::{Registry, RegistryAccess};
 use super::tuning::Tuning;
-use crate::net::{wait_readable, Link, LinkStats, Outgoing};
+use crate::net::{wait_readable, Link, LinkStats};
 use crate::transport::{
-    AsyncEvent, Counters, CqKind, Incoming, Memory, Qp, QpType, Srq, TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
+    AsyncEvent, Counters, CqKind, Qp, QpType, Srq, TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
 };
-use crate::wire::packet::{rxe_source_port, rxe_ud_source_port};
-use crate::wire::{Bth, RoceRepr};
+use crate::wire::RoceRepr;
 
 /// Locks a mutex, recovering it if a thread panicked while holding it: the
 /// state inside stays consistent because every critical section is a single
@@ -447,6 +447,13 @@ struct Outbox {
     buf: Vec<u8>,
 }
 
+impl Outbox {
+    /// The link, its addresses and the buffer, as QPs' packets leave on them.
+    fn egress(&mut self) -> Egress<'_> {
+        Egress { link: &mut *self.link, locals: &self.locals, buf: &mut self.buf }
+    }
+}
+
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Progress").field("locals", &self.out.locals).field("qps", &self.qps.len()).finish()
@@ -598,16 +605,14 @@ impl Progress {
             let mut srq = cell.srq.as_ref().map(|s| lock(s));
             let answered = lingering.then(|| qp.counters().duplicate_requests);
             let asks_ack = pkt.header.bth.ack_req;
-            let incoming =
-                Incoming { src: r.src, src_port: r.src_port, dst: r.dst, header: &pkt.header, payload: pkt.payload };
-            qp.handle_packet(now, incoming, &mut mem, srq.as_deref_mut());
+            dispatch::deliver(qp, now, &r, &pkt, &mut mem, srq.as_deref_mut());
             handled += 1;
             if asks_ack && handled - acked_at >= self.tuning.early_ack_after {
                 // The ACK leaves now, not after the rest of the round:
                 // a requester whose window is the peer's small socket
                 // buffer would otherwise stop and wait for every round.
                 acked_at = handled;
-                transmit_with(qp, &mut self.out, &mem, now, usize::MAX, TransmitOrder::ResponsesOnly);
+                self.out.egress().transmit(qp, &mem, now, usize::MAX, TransmitOrder::ResponsesOnly);
                 self.out.link.flush();
             }
             if let Some(answered) = answered {
@@ -653,9 +658,8 @@ impl Progress {
         for cell in &self.qps {
             let mut qp = lock(&cell.qp);
             qp.set_peer_buffer(share);
-            if drained && qp.poll_timeout().is_some_and(|t| t <= now) {
-                qp.handle_timeout(now);
-                busy = true;
+            if drained {
+                busy |= dispatch::run_due_timers(&mut qp, now);
             }
             let limit = self.tuning.round_transmit;
             let sent = transmit(&mut qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
@@ -843,7 +847,8 @@ fn set_timer_slack(slack: Duration) {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns, 0, 0, 0) };
 }
 
-/// Hands up to `limit` of the QP's packets to the link; returns how many.
+/// Hands up to `limit` of the QP's packets to the link, under a registry
+/// guard of its own; returns how many.
 fn transmit(
     qp: &mut Qp,
     out: &mut Outbox,
@@ -853,49 +858,7 @@ fn transmit(
     order: TransmitOrder,
 ) -> usize {
     let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-    transmit_with(qp, out, &RegistryAccess(&registry), now, limit, order)
-}
-
-/// [`transmit`] under a registry guard the caller holds.
-fn transmit_with(
-    qp: &mut Qp,
-    out: &mut Outbox,
-    mem: &dyn Memory,
-    now: Duration,
-    limit: usize,
-    order: TransmitOrder,
-) -> usize {
-    let Outbox { link, locals, buf } = out;
-    let mut sent = 0;
-    while sent < limit {
-        // Build in the link's send buffer where it has one: no copy there.
-        let room = link.send_buffer(buf.len());
-        let in_link = room.is_some();
-        let space = room.unwrap_or(&mut *buf);
-        let Some(t) = qp.poll_transmit(now, mem, space, order) else { break };
-        let remote_qpn = Bth::new_unchecked(&space[..t.len]).dest_qpn();
-        let src_port = match qp.qp_type() {
-            QpType::Ud => rxe_ud_source_port(qp.qpn()),
-            _ => rxe_source_port(qp.qpn(), remote_qpn),
-        };
-        let src = source_for(locals, t.dest);
-        let sent_now = if in_link {
-            link.transmit_built(now, src, t.dest, src_port, t.len)
-        } else {
-            link.transmit(now, Outgoing { src, dst: t.dest, src_port, roce: &mut buf[..t.len] })
-        };
-        if let Err(e) = sent_now {
-            debug!(qpn = qp.qpn(), error = %e, "send failed");
-        }
-        sent += 1;
-    }
-    sent
-}
-
-/// The local address a packet to `dest` leaves from: the first of the same
-/// IP version.
-fn source_for(locals: &[std::net::IpAddr], dest: std::net::IpAddr) -> std::net::IpAddr {
-    locals.iter().copied().find(|a| a.is_ipv4() == dest.is_ipv4()).unwrap_or(dest)
+    out.egress().transmit(qp, &RegistryAccess(&registry), now, limit, order)
 }
 
 #[cfg(test)]
@@ -903,7 +866,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
-    use crate::net::Received;
+    use crate::net::{Outgoing, Received};
 
     /// A link with nothing to receive that counts the rounds that flush it:
     /// only full rounds (and posts) do.

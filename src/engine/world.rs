@@ -6,15 +6,13 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use tracing::trace;
-
-use crate::net::{Link, Outgoing, Received};
+use super::dispatch::{self, Egress};
+use crate::net::{Link, Received};
 use crate::transport::{
-    Access, AsyncEvent, CqKind, Incoming, MemoryTable, ModifyError, Qp, QpAttr, QpCap, QpType, Region, Srq,
-    TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
+    Access, AsyncEvent, CqKind, MemoryTable, ModifyError, Qp, QpAttr, QpCap, QpType, Region, Srq, TransmitOrder,
+    WorkCompletion, TRANSMIT_HEADROOM,
 };
-use crate::wire::packet::rxe_source_port;
-use crate::wire::{Bth, Psn, RoceRepr};
+use crate::wire::{Psn, RoceRepr};
 
 /// The protection domain every QP and region of a world belongs to.
 pub const PD: u32 = 1;
@@ -193,10 +191,7 @@ impl<L: Link> World<L> {
         let now = self.now;
         for host in &mut self.hosts {
             for qp in host.qps.values_mut() {
-                if qp.poll_timeout().is_some_and(|t| t <= now) {
-                    qp.handle_timeout(now);
-                    busy = true;
-                }
+                busy |= dispatch::run_due_timers(qp, now);
             }
         }
         for h in 0..self.hosts.len() {
@@ -221,21 +216,15 @@ impl<L: Link> World<L> {
         timers.chain(self.net.next_event()).min()
     }
 
+    /// Hands every packet of host `h`'s QPs to the link, from the host's
+    /// address; says whether there were any.
     fn transmit_all(&mut self, h: usize) -> bool {
         let now = self.now;
         let host = &mut self.hosts[h];
+        let mut out = Egress { link: &mut self.net, locals: std::slice::from_ref(&host.addr), buf: &mut self.buf };
         let mut sent = false;
         for qp in host.qps.values_mut() {
-            while let Some(tx) = qp.poll_transmit(now, &host.mem, &mut self.buf, TransmitOrder::ResponsesFirst) {
-                sent = true;
-                let roce = &mut self.buf[..tx.len];
-                let remote_qpn = Bth::new_unchecked(&*roce).dest_qpn();
-                let out =
-                    Outgoing { src: host.addr, dst: tx.dest, src_port: rxe_source_port(qp.qpn(), remote_qpn), roce };
-                if let Err(e) = self.net.transmit(now, out) {
-                    trace!(error = %e, "link refused a packet");
-                }
-            }
+            sent |= out.transmit(qp, &host.mem, now, usize::MAX, TransmitOrder::ResponsesFirst) > 0;
         }
         sent
     }
@@ -253,7 +242,63 @@ fn deliver(host: &mut Host, now: Duration, rx: &Received, roce: &[u8]) {
         return;
     };
     let srq = qp.srq().and_then(|id| host.srqs.get_mut(&id));
-    let incoming =
-        Incoming { src: rx.src, src_port: rx.src_port, dst: rx.dst, header: &pkt.header, payload: pkt.payload };
-    qp.handle_packet(now, incoming, &mut host.mem, srq);
+    dispatch::deliver(qp, now, rx, &pkt, &mut host.mem, srq);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::capture::{self, IpPcapWriter};
+    use crate::net::{Faults, SimNet};
+    use crate::transport::{RecvWr, SendOp, SendWr, Sge, UdDest, GRH_LEN};
+    use crate::wire::packet::{rxe_source_port, rxe_ud_source_port, Packet};
+    use crate::wire::Transport;
+
+    /// A UD QP's packets leave from kernel rxe's port for its own QPN, a
+    /// connected QP's from the port of its two QPNs (rxe-spec W-22): a
+    /// world sends as the threaded engine does.
+    #[test]
+    fn qps_send_from_kernel_rxe_source_ports() {
+        const RC: (u32, u32) = (0x11, 0x12);
+        const UD: (u32, u32) = (0x21, 0x22);
+        const QKEY: u32 = 0x77;
+        let addrs = [IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))];
+        let pcap = IpPcapWriter::new(Vec::new()).unwrap();
+        let mut w = World::new(SimNet::new(1, Faults::default()).with_pcap(pcap));
+        for (h, (&addr, (rc, ud))) in addrs.iter().zip([(RC.0, UD.0), (RC.1, UD.1)]).enumerate() {
+            w.add_host(addr).unwrap();
+            w.register(h, 1, 0x1000, 4096, Access::LOCAL_WRITE);
+            w.create_qp(h, rc, QpType::Rc, QpCap::default(), None);
+            w.create_qp(h, ud, QpType::Ud, QpCap::default(), None);
+        }
+        let attr = QpAttr { qkey: QKEY, ..QpAttr::default() };
+        let psns = (Psn::new(1), Psn::new(1));
+        w.connect((0, RC.0), (1, RC.1), &attr, psns).unwrap();
+        w.connect((0, UD.0), (1, UD.1), &attr, psns).unwrap();
+        let sge = |len| Sge { addr: 0x1000, length: len, lkey: 1 };
+        for qpn in [RC.1, UD.1] {
+            w.hosts[1].qp(qpn).post_recv(RecvWr { wr_id: 1, sg_list: vec![sge(GRH_LEN as u32 + 64)] }).unwrap();
+        }
+        w.hosts[0].qp(RC.0).post_send(SendWr::new(1, SendOp::Send).with_sge(sge(64))).unwrap();
+        let to_b = UdDest { dest: addrs[1], remote_qpn: UD.1, remote_qkey: QKEY };
+        w.hosts[0].qp(UD.0).post_send(SendWr::new(2, SendOp::Send).with_sge(sge(64)).with_ud(to_b)).unwrap();
+        assert!(w.run_until(Duration::from_secs(1), |w| w.hosts[1].completions.len() == 2));
+
+        let (frames, error) = capture::read(&w.net.into_pcap().unwrap().unwrap());
+        assert!(error.is_none(), "{error:?}");
+        let mut transports = Vec::new();
+        for frame in &frames {
+            let pkt = Packet::parse(capture::ip_bytes(frame.link, &frame.data).unwrap()).unwrap();
+            let transport = pkt.roce.header.bth.opcode.transport();
+            let port = match transport {
+                Transport::Ud => rxe_ud_source_port(UD.0),
+                _ => rxe_source_port(RC.0, RC.1),
+            };
+            assert_eq!(pkt.udp.source_port, port, "{transport:?}");
+            transports.push(transport);
+        }
+        assert!(transports.contains(&Transport::Ud) && transports.contains(&Transport::Rc), "{transports:?}");
+    }
 }
