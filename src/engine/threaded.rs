@@ -519,7 +519,8 @@ impl Progress {
         let changed = self.refresh_qps(shared);
         let now = self.now();
         self.round_at = now;
-        let quiet = !changed && !shared.handover.take_full_round_call() && now < self.quiet_until;
+        let wanted = shared.handover.take_full_round_call();
+        let quiet = !changed && !wanted && now < self.quiet_until;
         // QPs destroyed since the last round leave the table before this
         // round's packets are read (a destroy pushes them here, then bumps
         // the version), so a resend in this very round finds its lingering QP.
