@@ -29,7 +29,7 @@ fn request(opcode: u8, psn: responder::PsnChoice, target: responder::Target) -> 
 /// A UC SEND cut short by a lost packet keeps its receive for the next
 /// message, as rxe does. A WRITE_WITH_IMMEDIATE arriving next must complete
 /// that receive, the oldest, not the one after it: receives complete in the
-/// order they were posted. (Fixed in `Qp::write`, src/transport/responder.rs.)
+/// order they were posted. (Fixed in `Qp::write`, src/transport/qp/responder.rs.)
 #[test]
 fn uc_write_with_immediate_takes_the_receive_a_dropped_send_kept() {
     use responder::*;
