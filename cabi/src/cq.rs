@@ -3,7 +3,6 @@
 use std::os::fd::AsRawFd;
 use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use crate::device::{is_nonblocking, wait_readable, Ctx};
 use crate::errno::set_errno;
 use crate::guard::{guard, guard_int, guard_neg, guard_ptr, guard_void};
 use crate::sys::*;
+use crate::users::Users;
 
 /// A completion channel as C sees it: programs `poll` its `fd`.
 #[repr(C)]
@@ -75,7 +75,7 @@ pub struct Cq {
     events: Mutex<(u32, u32)>,
     acked: Condvar,
     /// QPs that complete into the queue.
-    users: AtomicU32,
+    pub(crate) users: Users,
     /// The completion an extended CQ's `read_*` functions read.
     current: Mutex<ibv_wc>,
 }
@@ -91,14 +91,6 @@ impl Cq {
     pub(crate) unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
         // SAFETY: ibv_cq opens the ibv_cq_ex that opens a Cq.
         unsafe { cq.cast::<Cq>().as_ref() }
-    }
-
-    pub(crate) fn hold(&self) {
-        self.users.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn release(&self) {
-        self.users.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -210,7 +202,7 @@ unsafe fn create(
         channel,
         events: Mutex::new((0, 0)),
         acked: Condvar::new(),
-        users: AtomicU32::new(0),
+        users: Users::default(),
         current: Mutex::new(ibv_wc_zero()),
     });
     let raw = Box::leak(boxed) as *mut Cq;
@@ -297,7 +289,7 @@ unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard_int(|| {
         let Some(found) = (unsafe { Cq::from_ibv(cq) }) else { return libc::EINVAL };
-        if found.users.load(Ordering::Relaxed) > 0 {
+        if found.users.busy() {
             return libc::EBUSY;
         }
         // As rdma-core: wait until the program acknowledged every event it got.

@@ -21,5 +21,6 @@ mod strs;
 #[rustfmt::skip]
 pub mod sys;
 mod unimplemented;
+mod users;
 
 pub use device::{ADDR_ENV, PCAP_ENV, PCAP_PACKETS_ENV, PORT_ENV};

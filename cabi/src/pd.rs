@@ -3,7 +3,6 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use softroce::verbs::{Access, AddressHandle, Gid, MemoryRegion, ProtectionDomain};
 
@@ -11,6 +10,7 @@ use crate::device::Ctx;
 use crate::errno::set_errno;
 use crate::guard::{guard_int, guard_neg, guard_ptr};
 use crate::sys::*;
+use crate::users::Users;
 
 /// A protection domain as C sees it, with a count of the objects in it so
 /// that it cannot be freed under them (`EBUSY`, as the kernel says).
@@ -19,7 +19,7 @@ pub struct Pd {
     ibv: ibv_pd,
     pub(crate) pd: ProtectionDomain,
     pub(crate) ctx: &'static Ctx,
-    users: AtomicU32,
+    pub(crate) users: Users,
 }
 
 impl Pd {
@@ -32,16 +32,6 @@ impl Pd {
 
     pub(crate) fn ibv(&self) -> *mut ibv_pd {
         ptr::addr_of!(self.ibv).cast_mut()
-    }
-
-    /// An object was made in the domain.
-    pub(crate) fn hold(&self) {
-        self.users.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// An object of the domain was destroyed.
-    pub(crate) fn release(&self) {
-        self.users.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -63,7 +53,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         // call after freeing its objects; a PD used after that is the
         // program's use-after-free, as with libibverbs.
         let ctx: &'static Ctx = unsafe { &*ptr::from_ref(ctx) };
-        let boxed = Box::new(Pd { ibv: ibv_pd { context, handle: 0 }, pd, ctx, users: AtomicU32::new(0) });
+        let boxed = Box::new(Pd { ibv: ibv_pd { context, handle: 0 }, pd, ctx, users: Users::default() });
         Box::leak(boxed).ibv()
     })
 }
@@ -73,7 +63,7 @@ symver!(ibv_alloc_pd);
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard_int(|| {
         let Some(found) = (unsafe { Pd::from_ibv(pd) }) else { return libc::EINVAL };
-        if found.users.load(Ordering::Relaxed) > 0 {
+        if found.users.busy() {
             return libc::EBUSY;
         }
         // SAFETY: leaked from a Box by ibv_alloc_pd.
@@ -149,7 +139,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         };
         let ibv =
             ibv_mr { context: found.ctx.ibv(), pd, addr, length, handle: mr.lkey(), lkey: mr.lkey(), rkey: mr.rkey() };
-        found.hold();
+        found.users.hold();
         // SAFETY: PDs outlive their regions (dealloc is EBUSY while any lives).
         let pd_ref: &'static Pd = unsafe { &*ptr::from_ref(found) };
         Box::leak(Box::new(Mr { ibv, mr, pd: pd_ref })) as *mut Mr as *mut ibv_mr
@@ -168,7 +158,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let pd = mr.pd;
         // Deregisters: once this returns the engine no longer touches the memory.
         drop(mr);
-        pd.release();
+        pd.users.release();
         0
     })
 }
@@ -205,7 +195,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         }
         // SAFETY: a GID is 16 bytes whichever union member wrote it.
         let gid = Gid::from(unsafe { attr.grh.dgid.raw });
-        found.hold();
+        found.users.hold();
         // SAFETY: PDs outlive their handles (dealloc is EBUSY while any lives).
         let pd_ref: &'static Pd = unsafe { &*ptr::from_ref(found) };
         let ibv = ibv_ah { context: found.ctx.ibv(), pd, handle: 0 };
@@ -222,7 +212,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         }
         // SAFETY: leaked from a Box by ibv_create_ah.
         let ah = unsafe { Box::from_raw(ah.cast::<Ah>()) };
-        ah.pd.release();
+        ah.pd.users.release();
         0
     })
 }

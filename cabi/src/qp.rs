@@ -95,20 +95,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_a
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let mut request = Request {
-            qp_context: init.qp_context,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            srq: init.srq,
-            cap: init.cap,
-            qp_type: init.qp_type,
-            sq_sig_all: init.sq_sig_all,
-        };
-        match unsafe { create(pd, &mut request, None) } {
-            Ok(qp) => {
-                init.cap = request.cap;
-                qp.cast()
-            }
+        match unsafe { create(pd, init, None) } {
+            Ok(qp) => qp.cast(),
             Err(errno) => {
                 set_errno(errno);
                 ptr::null_mut()
@@ -130,9 +118,16 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-        if attr.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || attr.comp_mask & !known != 0 {
-            set_errno(if attr.comp_mask & IBV_QP_INIT_ATTR_PD == 0 { libc::EINVAL } else { libc::EOPNOTSUPP });
+        // Creation flags are accepted when none is set: the device claims
+        // none of them (device_cap_flags_ex is 0).
+        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+        if attr.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        let flags = if attr.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { attr.create_flags } else { 0 };
+        if attr.comp_mask & !known != 0 || flags != 0 {
+            set_errno(libc::EOPNOTSUPP);
             return ptr::null_mut();
         }
         let send_ops = (attr.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(attr.send_ops_flags);
@@ -140,7 +135,8 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             set_errno(libc::EOPNOTSUPP);
             return ptr::null_mut();
         }
-        let mut request = Request {
+        // What the extended attributes share with the classic ones.
+        let mut request = ibv_qp_init_attr {
             qp_context: attr.qp_context,
             send_cq: attr.send_cq,
             recv_cq: attr.recv_cq,
@@ -162,20 +158,9 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     })
 }
 
-/// What `ibv_qp_init_attr` and `ibv_qp_init_attr_ex` share.
-struct Request {
-    qp_context: *mut c_void,
-    send_cq: *mut ibv_cq,
-    recv_cq: *mut ibv_cq,
-    srq: *mut ibv_srq,
-    cap: ibv_qp_cap,
-    qp_type: ibv_qp_type,
-    sq_sig_all: c_int,
-}
-
 /// Creates the QP; `request.cap` becomes what it got, which may be more
 /// than asked for.
-unsafe fn create(pd: *mut ibv_pd, request: &mut Request, send_ops: Option<u64>) -> Result<*mut Qp, c_int> {
+unsafe fn create(pd: *mut ibv_pd, request: &mut ibv_qp_init_attr, send_ops: Option<u64>) -> Result<*mut Qp, c_int> {
     let found = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
     let qp_type = match request.qp_type {
         IBV_QPT_RC => QpType::Rc,
@@ -222,11 +207,11 @@ unsafe fn create(pd: *mut ibv_pd, request: &mut Request, send_ops: Option<u64>) 
     let (pd_ref, send_ref, recv_ref, srq_ref) = unsafe {
         (&*ptr::from_ref(found), &*ptr::from_ref(send_cq), &*ptr::from_ref(recv_cq), srq.map(|s| &*ptr::from_ref(s)))
     };
-    pd_ref.hold();
-    send_ref.hold();
-    recv_ref.hold();
+    pd_ref.users.hold();
+    send_ref.users.hold();
+    recv_ref.users.hold();
     if let Some(s) = srq_ref {
-        s.hold();
+        s.users.hold();
     }
     let qpn = qp.qpn();
     let boxed = Box::new(Qp {
@@ -490,11 +475,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let boxed = unsafe { Box::from_raw(qp.cast::<Qp>()) };
         let (pd, send_cq, recv_cq, srq) = (boxed.pd, boxed.send_cq, boxed.recv_cq, boxed.srq);
         drop(boxed);
-        pd.release();
-        send_cq.release();
-        recv_cq.release();
+        pd.users.release();
+        send_cq.users.release();
+        recv_cq.users.release();
         if let Some(s) = srq {
-            s.release();
+            s.users.release();
         }
         0
     })
@@ -624,7 +609,7 @@ pub unsafe extern "C" fn ibv_query_qp(
 symver!(ibv_query_qp);
 
 /// Reads `n` SGEs of a C work request.
-unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
     if n < 0 || (n > 0 && list.is_null()) {
         return Err(libc::EINVAL);
     }

@@ -2,14 +2,15 @@
 
 use std::os::raw::c_int;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-use softroce::verbs::{RecvWr, Sge, SharedReceiveQueue};
+use softroce::verbs::{RecvWr, SharedReceiveQueue};
 
 use crate::errno::set_errno;
 use crate::guard::{guard_int, guard_ptr};
 use crate::pd::Pd;
+use crate::qp::sges;
 use crate::sys::*;
+use crate::users::Users;
 
 /// A shared receive queue as C sees it, with a count of the QPs on it.
 #[repr(C)]
@@ -17,7 +18,7 @@ pub struct Srq {
     ibv: ibv_srq,
     pub(crate) srq: SharedReceiveQueue,
     pd: &'static Pd,
-    users: AtomicU32,
+    pub(crate) users: Users,
 }
 
 impl Srq {
@@ -26,14 +27,6 @@ impl Srq {
     pub(crate) unsafe fn from_ibv<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
         // SAFETY: ibv_srq is the first field of an Srq.
         unsafe { srq.cast::<Srq>().as_ref() }
-    }
-
-    pub(crate) fn hold(&self) {
-        self.users.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn release(&self) {
-        self.users.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn write_attr(&self, attr: &mut ibv_srq_attr) {
@@ -66,10 +59,10 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
         ibv.srq_context = init.srq_context;
         ibv.pd = pd;
         let id = srq.id();
-        found.hold();
+        found.users.hold();
         // SAFETY: PDs outlive their SRQs (dealloc is EBUSY while any lives).
         let pd_ref: &'static Pd = unsafe { &*ptr::from_ref(found) };
-        let raw = Box::leak(Box::new(Srq { ibv, srq, pd: pd_ref, users: AtomicU32::new(0) }));
+        let raw = Box::leak(Box::new(Srq { ibv, srq, pd: pd_ref, users: Users::default() }));
         raw.write_attr(&mut init.attr);
         found.ctx.srqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, raw as *mut Srq as usize);
         (raw as *mut Srq).cast()
@@ -81,14 +74,14 @@ symver!(ibv_create_srq);
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard_int(|| {
         let Some(found) = (unsafe { Srq::from_ibv(srq) }) else { return libc::EINVAL };
-        if found.users.load(Ordering::Relaxed) > 0 {
+        if found.users.busy() {
             return libc::EBUSY;
         }
         found.pd.ctx.srqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&found.srq.id());
         let pd = found.pd;
         // SAFETY: leaked from a Box by ibv_create_srq.
         drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
-        pd.release();
+        pd.users.release();
         0
     })
 }
@@ -143,14 +136,9 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         let mut cur = wr;
         // SAFETY: the program's chain of requests, ended by a NULL `next`.
         while let Some(request) = unsafe { cur.as_ref() } {
-            let posted = if request.num_sge < 0 || (request.num_sge > 0 && request.sg_list.is_null()) {
-                Err(libc::EINVAL)
-            } else {
-                // SAFETY: the program's array of num_sge SGEs.
-                let list = unsafe { std::slice::from_raw_parts(request.sg_list, request.num_sge as usize) };
-                let sg_list = list.iter().map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect();
+            let posted = unsafe { sges(request.sg_list, request.num_sge) }.and_then(|sg_list| {
                 found.srq.post_recv(RecvWr { wr_id: request.wr_id, sg_list }).map_err(|e| e.errno())
-            };
+            });
             if let Err(errno) = posted {
                 if !bad_wr.is_null() {
                     // SAFETY: the caller's out-pointer.
