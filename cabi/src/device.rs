@@ -241,12 +241,12 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         if let Some(port) = std::env::var(PORT_ENV).ok().and_then(|p| p.parse().ok()) {
             options.port = port;
         }
-        options.capture = capture_from_env();
         let port = options.port;
         let mut open = dev.open.lock().unwrap_or_else(|e| e.into_inner());
         let ctx = match &*open {
             Some(opened) => Ok(opened.ctx.clone()),
-            None => Context::open(&dev.device, options),
+            // Only a device opened afresh starts a capture (and numbers it).
+            None => Context::open(&dev.device, ContextOptions { capture: capture_from_env(), ..options }),
         };
         let ctx = match ctx {
             Ok(ctx) => ctx,
