@@ -140,8 +140,44 @@ pub struct Counters {
     pub seq_naks_sent: u64,
     /// Duplicate requests (PSN before the expected one) seen as responder.
     pub duplicate_requests: u64,
+    /// Fatal NAKs sent as responder, by kind: invalid request, remote
+    /// access error, remote operational error (and invalid RD request).
+    pub fatal_naks_sent: FatalNaks,
+    /// Fatal NAKs received as requester, by kind.
+    pub fatal_naks_received: FatalNaks,
     /// Packets dropped: wrong state, source, Q_Key, ghost responses, UC gaps.
     pub dropped: u64,
+}
+
+/// NAKs that end a connection (class B/C errors), counted by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FatalNaks {
+    /// `NAK invalid request`.
+    pub invalid_request: u64,
+    /// `NAK remote access error`.
+    pub remote_access: u64,
+    /// `NAK remote operational error` and `NAK invalid RD request`.
+    pub remote_operational: u64,
+}
+
+impl FatalNaks {
+    /// Counts one NAK of `code`; sequence errors are not fatal, so not counted.
+    pub(crate) fn count(&mut self, code: crate::wire::NakCode) {
+        use crate::wire::NakCode;
+        match code {
+            NakCode::InvalidRequest => self.invalid_request += 1,
+            NakCode::RemoteAccessError => self.remote_access += 1,
+            NakCode::RemoteOperationalError | NakCode::InvalidRdRequest => self.remote_operational += 1,
+            NakCode::PsnSequenceError => {}
+        }
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &FatalNaks) {
+        self.invalid_request += other.invalid_request;
+        self.remote_access += other.remote_access;
+        self.remote_operational += other.remote_operational;
+    }
 }
 
 /// Which of a QP's packets [`Qp::poll_transmit`] hands out first, when it

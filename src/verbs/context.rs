@@ -284,5 +284,7 @@ pub(super) fn add_counters(total: &mut Counters, c: &Counters) {
     total.seq_naks_received += c.seq_naks_received;
     total.seq_naks_sent += c.seq_naks_sent;
     total.duplicate_requests += c.duplicate_requests;
+    total.fatal_naks_sent.add(&c.fatal_naks_sent);
+    total.fatal_naks_received.add(&c.fatal_naks_received);
     total.dropped += c.dropped;
 }

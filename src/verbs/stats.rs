@@ -21,7 +21,7 @@ pub const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 const MAGIC: &str = "softroce-stats 1";
 
 /// A QP's counters under the names `softroce stat` shows.
-pub fn qp_counters(c: &Counters) -> [(&'static str, u64); 10] {
+pub fn qp_counters(c: &Counters) -> [(&'static str, u64); 16] {
     [
         ("sent_pkts", c.sent_packets),
         ("rcvd_pkts", c.received_packets),
@@ -35,6 +35,13 @@ pub fn qp_counters(c: &Counters) -> [(&'static str, u64); 10] {
         ("completer_retry_err", c.retries),
         ("local_ack_timeout_err", c.timeouts),
         ("qp_dropped_pkts", c.dropped),
+        // softroce's own: rxe counts none of these.
+        ("sent_inv_req_nak", c.fatal_naks_sent.invalid_request),
+        ("sent_access_nak", c.fatal_naks_sent.remote_access),
+        ("sent_op_nak", c.fatal_naks_sent.remote_operational),
+        ("rcvd_inv_req_nak", c.fatal_naks_received.invalid_request),
+        ("rcvd_access_nak", c.fatal_naks_received.remote_access),
+        ("rcvd_op_nak", c.fatal_naks_received.remote_operational),
     ]
 }
 

@@ -799,10 +799,15 @@ fn fenced_send_waits_for_the_outstanding_read() {
 
 #[test]
 fn fatal_naks_complete_with_remote_errors_and_flush_the_rest() {
-    for (code, status) in [
-        (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
-        (NakCode::InvalidRequest, WcStatus::RemInvReqErr),
-        (NakCode::RemoteOperationalError, WcStatus::RemOpErr),
+    let counted = |invalid_request, remote_access, remote_operational| FatalNaks {
+        invalid_request,
+        remote_access,
+        remote_operational,
+    };
+    for (code, status, kind) in [
+        (NakCode::RemoteAccessError, WcStatus::RemAccessErr, counted(0, 1, 0)),
+        (NakCode::InvalidRequest, WcStatus::RemInvReqErr, counted(1, 0, 0)),
+        (NakCode::RemoteOperationalError, WcStatus::RemOpErr, counted(0, 0, 1)),
     ] {
         let (mut node, _) = requester(attr(), 100);
         node.post_send(send(1, 0, 100));
@@ -824,6 +829,7 @@ fn fatal_naks_complete_with_remote_errors_and_flush_the_rest() {
         assert_eq!(node.qp.state(), QpState::Err);
         assert_eq!(node.events(), vec![AsyncEvent::QpFatal { qpn: QPN }]);
         assert_eq!(node.qp.poll_timeout(), None);
+        assert_eq!(node.qp.counters().fatal_naks_received, kind, "{code:?} counted by kind");
 
         node.post_send(send(4, 0, 100));
         assert_eq!(summary(&node.completions()), vec![flushed(4, WcOpcode::Send)]);

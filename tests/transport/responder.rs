@@ -297,6 +297,13 @@ fn responder_with_receives(attr: QpAttr) -> TestQp {
 /// `event`, and flushed the receives it had not used.
 fn assert_fatal_nak(node: &mut TestQp, psn: u32, code: NakCode, event: AsyncEvent, flushed: &[u64]) {
     assert_one_ack(&node.transmit(), psn, Syndrome::Nak(code), 0);
+    let sent = node.qp.counters().fatal_naks_sent;
+    let one_of_its_kind = match code {
+        NakCode::InvalidRequest => FatalNaks { invalid_request: 1, ..FatalNaks::default() },
+        NakCode::RemoteAccessError => FatalNaks { remote_access: 1, ..FatalNaks::default() },
+        _ => FatalNaks { remote_operational: 1, ..FatalNaks::default() },
+    };
+    assert_eq!(sent, one_of_its_kind, "{code:?} counted by kind");
     assert_eq!(node.qp.state(), QpState::Err);
     assert_eq!(node.events(), vec![event]);
     let wcs = node.completions();

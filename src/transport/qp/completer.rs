@@ -184,9 +184,18 @@ impl Qp {
                     self.go_back_to(psn);
                 }
             }
-            NakCode::InvalidRequest => self.fail_front(WcStatus::RemInvReqErr),
-            NakCode::RemoteAccessError => self.fail_front(WcStatus::RemAccessErr),
-            NakCode::RemoteOperationalError | NakCode::InvalidRdRequest => self.fail_front(WcStatus::RemOpErr),
+            NakCode::InvalidRequest => {
+                self.counters.fatal_naks_received.count(code);
+                self.fail_front(WcStatus::RemInvReqErr)
+            }
+            NakCode::RemoteAccessError => {
+                self.counters.fatal_naks_received.count(code);
+                self.fail_front(WcStatus::RemAccessErr)
+            }
+            NakCode::RemoteOperationalError | NakCode::InvalidRdRequest => {
+                self.counters.fatal_naks_received.count(code);
+                self.fail_front(WcStatus::RemOpErr)
+            }
         }
     }
 

@@ -524,6 +524,7 @@ impl Qp {
     /// Class B/C errors: NAK the request and move the QP to ERR.
     fn nak_and_fail(&mut self, psn: Psn, code: NakCode) {
         debug!(qpn = self.qpn, psn = psn.value(), ?code, "NAK");
+        self.counters.fatal_naks_sent.count(code);
         self.resp.responses.clear();
         self.resp.responses.push_back(Response::Ack { psn, syndrome: Syndrome::Nak(code), msn: self.resp.msn });
         let event = match code {
