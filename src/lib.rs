@@ -93,6 +93,23 @@
 pub mod capture;
 pub mod engine;
 pub mod net;
+pub mod rundir;
 pub mod transport;
 pub mod verbs;
 pub mod wire;
+
+/// A 32-bit value from the kernel's CSPRNG: keys and initial PSNs must not be
+/// guessable by an off-path attacker (ReDMArk, USENIX Security 2021).
+#[allow(unsafe_code)]
+pub(crate) fn random_u32() -> u32 {
+    let mut v = [0u8; 4];
+    let mut filled = 0;
+    while filled < 4 {
+        // SAFETY: writes at most the remaining bytes of `v`.
+        let n = unsafe { libc::getrandom(v[filled..].as_mut_ptr().cast(), 4 - filled, 0) };
+        if n > 0 {
+            filled += n as usize;
+        }
+    }
+    u32::from_ne_bytes(v)
+}

@@ -45,6 +45,8 @@ const CONTROL_WORDS: usize = 4;
 #[derive(Clone, Copy)]
 struct Message {
     dest: SocketAddr,
+    /// The owner slot of the first datagram's destination QP ([`owner_slot`]).
+    slot: u8,
     start: usize,
     len: usize,
     segment: usize,
@@ -54,21 +56,31 @@ struct Message {
 impl Message {
     const EMPTY: Message = Message {
         dest: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        slot: 0,
         start: 0,
         len: 0,
         segment: 0,
         segments: 0,
     };
 
-    /// Whether a datagram of `len` bytes to `dest` can be the next segment:
-    /// not after a shorter last one, within the kernel's limits.
-    fn takes(&self, dest: SocketAddr, len: usize) -> bool {
+    /// Whether a datagram of `len` bytes to `dest`, for a QP of owner slot
+    /// `slot`, can be the next segment: not after a shorter last one, within
+    /// the kernel's limits, and for the same owner, as a receiving host
+    /// steers a train by its first segment (rxe-spec N-3).
+    fn takes(&self, dest: SocketAddr, slot: u8, len: usize) -> bool {
         self.dest == dest
+            && self.slot == slot
             && len <= self.segment
             && self.len == self.segment * self.segments
             && self.segments < MAX_SEGMENTS
             && self.len + len <= MAX_DATAGRAM
     }
+}
+
+/// The slot of the process that owns a RoCE packet's destination QP on a
+/// shared port: the top byte of the BTH's destination QPN (`net::share`).
+fn owner_slot(roce: &[u8]) -> u8 {
+    roce.get(5).copied().unwrap_or(0)
 }
 
 /// Datagrams to send from one socket, grouped into GSO trains while the
@@ -133,7 +145,8 @@ impl SendBatch {
         if self.used + len > self.data.len() {
             return Ok(None);
         }
-        let joins = self.gso && self.count > 0 && self.messages[self.count - 1].takes(dest, len);
+        let slot = owner_slot(&self.data[self.used..self.used + len]);
+        let joins = self.gso && self.count > 0 && self.messages[self.count - 1].takes(dest, slot, len);
         let index = if joins {
             let last = &mut self.messages[self.count - 1];
             last.len += len;
@@ -142,7 +155,7 @@ impl SendBatch {
         } else if self.count == BATCH {
             return Ok(None);
         } else {
-            self.messages[self.count] = Message { dest, start: self.used, len, segment: len, segments: 1 };
+            self.messages[self.count] = Message { dest, slot, start: self.used, len, segment: len, segments: 1 };
             self.count += 1;
             0
         };
@@ -583,6 +596,22 @@ mod tests {
     }
 
     #[test]
+    fn trains_break_where_the_destination_owner_changes() {
+        let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut batch = SendBatch::new(true);
+        let packet = |qpn: u32| {
+            let mut p = vec![0u8; 100];
+            p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            p
+        };
+        let mut index = |qpn| batch.push(a, &packet(qpn)).unwrap().unwrap().1;
+        // QPs 0x01_0011 and 0x01_0012 belong to slot 1, 0x02_0005 to slot 2.
+        let got: Vec<u16> = [0x01_0011, 0x01_0012, 0x02_0005, 0x02_0005, 0x01_0011].map(&mut index).to_vec();
+        assert_eq!(got, [0, 1, 0, 1, 0]);
+        assert_eq!(batch.count, 3);
+    }
+
+    #[test]
     fn trains_respect_the_segment_and_size_limits() {
         let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let mut batch = SendBatch::new(true);
@@ -603,12 +632,15 @@ mod tests {
         let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let mut batch = SendBatch::new(true);
         batch.push(a, &[1; 100]).unwrap().unwrap();
-        // Room for more than the datagram will need, as an engine asks.
-        batch.room(4096).unwrap()[..100].copy_from_slice(&[2; 100]);
+        // Room for more than the datagram will need, as an engine asks; the
+        // same destination QP (byte 5) as the first, so the train goes on.
+        let mut second = [2u8; 100];
+        second[5] = 1;
+        batch.room(4096).unwrap()[..100].copy_from_slice(&second);
         let (queued, index) = batch.commit(a, 100).unwrap().unwrap();
-        assert_eq!((&*queued, index), (&[2u8; 100][..], 1));
+        assert_eq!((&*queued, index), (&second[..], 1));
         assert_eq!((batch.count, batch.used), (1, 200));
-        assert_eq!(&batch.data[..200], &[[1u8; 100], [2; 100]].concat()[..]);
+        assert_eq!(&batch.data[..200], &[&[1u8; 100][..], &second].concat()[..]);
         assert!(batch.commit(a, 0).is_err());
     }
 
@@ -628,9 +660,15 @@ mod tests {
     }
 
     /// `n` datagrams of `len` bytes (the last `last` bytes), each filled with
-    /// its number.
+    /// its number but for byte 5 (the destination's owner slot), 0 in all.
     fn train(n: u8, len: usize, last: usize) -> Vec<Vec<u8>> {
-        (0..n).map(|i| vec![i; if i + 1 == n { last } else { len }]).collect()
+        (0..n)
+            .map(|i| {
+                let mut datagram = vec![i; if i + 1 == n { last } else { len }];
+                datagram[5] = 0;
+                datagram
+            })
+            .collect()
     }
 
     /// Everything `rx` gets within a second, as `pop` hands it out.

@@ -11,8 +11,11 @@
 
 #[allow(unsafe_code)]
 mod mmsg;
+pub mod bpf;
 #[allow(unsafe_code)]
 pub mod raw;
+#[allow(unsafe_code)]
+pub mod share;
 pub mod sim;
 pub mod udp;
 

@@ -74,22 +74,6 @@ impl Default for ContextOptions {
     }
 }
 
-/// A 32-bit value from the kernel's CSPRNG: keys and initial PSNs must not be
-/// guessable by an off-path attacker (ReDMArk, USENIX Security 2021).
-#[allow(unsafe_code)]
-pub(crate) fn random_u32() -> u32 {
-    let mut v = [0u8; 4];
-    let mut filled = 0;
-    while filled < 4 {
-        // SAFETY: writes at most the remaining bytes of `v`.
-        let n = unsafe { libc::getrandom(v[filled..].as_mut_ptr().cast(), 4 - filled, 0) };
-        if n > 0 {
-            filled += n as usize;
-        }
-    }
-    u32::from_ne_bytes(v)
-}
-
 /// What every object of a context shares: the device and its engine.
 #[derive(Debug)]
 pub(super) struct ContextInner {

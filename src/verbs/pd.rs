@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use memmap2::MmapMut;
 
-use super::context::{random_u32, ContextInner};
+use super::context::ContextInner;
+use crate::random_u32;
 use super::error::{Error, Result};
 use super::gid::Gid;
 use super::{AddressHandle, CompletionQueue, MemoryRegion, QueuePair, SharedReceiveQueue};

@@ -5,8 +5,7 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -59,26 +58,9 @@ pub fn device_counters(d: &DeviceCounters) -> impl Iterator<Item = (&'static str
         .chain(qp_counters(&d.qp).into_iter().filter(|(name, _)| !matches!(*name, "sent_pkts" | "rcvd_pkts")))
 }
 
-/// The per-user directory the files live in: `$XDG_RUNTIME_DIR/softroce`,
-/// else `/tmp/softroce-UID`; made mode 0700, and refused if another user
-/// owns it (they could otherwise show a user counters that are not theirs).
+/// The per-user directory the files live in (`rundir::user_directory`).
 pub fn directory() -> io::Result<PathBuf> {
-    // SAFETY: getuid has no preconditions.
-    #[allow(unsafe_code)]
-    let uid = unsafe { libc::getuid() };
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| Path::new(d).is_dir()) {
-        Some(runtime) => Path::new(&runtime).join("softroce"),
-        None => std::env::temp_dir().join(format!("softroce-{uid}")),
-    }
-    .join("stats");
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
-    if fs::metadata(&dir)?.uid() != uid {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("{} belongs to another user", dir.display()),
-        ));
-    }
-    Ok(dir)
+    crate::rundir::user_directory("stats")
 }
 
 /// One context's published counters, as read back.

@@ -1,0 +1,950 @@
+//! One UDP port shared by all of a user's softroce processes, as kernel rxe
+//! shares one device among processes (rxe-spec N-1 … N-9).
+//!
+//! Every member (each open context) binds the port with `SO_REUSEPORT`, so
+//! the kernel puts the sockets of one address in one reuseport group, which
+//! only sockets of the same user can join. The group carries a classic-BPF
+//! program ([`bpf::Steering`]) that sends each datagram to the socket of the
+//! process owning its destination QP: QPNs are `slot << 16 | n`, and each
+//! member holds one slot (1..=255).
+//!
+//! The kernel does not say where a socket sits in a group, and a closing
+//! socket's place goes to the last one. So positions are found by a
+//! *census*, which needs no member's cooperation: every member's socket
+//! drops census probes (a socket filter), the coordinator sends `k + 1`
+//! probes that the program steers to position `k`, and each socket's drop
+//! counter in `/proc/net/udp` then says its position.
+//!
+//! Bookkeeping lives in the user's private directory (`rundir`), one
+//! subdirectory per port: a lock file (`flock`: one coordinator at a time;
+//! an OFD lock on byte `slot`, held by its member and released by the kernel
+//! when the process dies, even by SIGKILL), a state file, and each member's
+//! Unix datagram socket. A datagram that reaches the wrong member (during a
+//! change, or a GRO train a remote host's NIC made of several owners'
+//! packets) goes on to its owner over that socket.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::bpf::{self, Insn, Steering};
+
+/// Members of one port at most: slots 1..=255 (slot 0 holds QP0 and QP1).
+pub const MAX_MEMBERS: usize = 255;
+/// How often a member's steward looks for members that died.
+pub const LIVENESS_PERIOD: Duration = Duration::from_millis(50);
+/// The first line of a state file; a different one is another version's.
+const STATE_MAGIC: &str = "softroce-shared-port 1";
+/// Census rounds before giving up (each has a new nonce).
+const CENSUS_TRIES: u32 = 4;
+/// How long a census waits for its probes to be counted.
+const CENSUS_WAIT: Duration = Duration::from_millis(200);
+/// Bytes ahead of a forwarded packet: source address and port, and the
+/// local address it came to ([`encode_forward`]).
+const FORWARD_HEADER: usize = 36;
+
+/// One member's place in the group sharing a port: its slot, its sockets
+/// (one per local address) and the steward thread that keeps the group's
+/// steering right when members come and go.
+pub struct Member {
+    shared: Arc<Shared>,
+    steward: Option<JoinHandle<()>>,
+    /// Where packets for other members are forwarded from, and forwarded
+    /// packets for this one arrive.
+    inbox: UnixDatagram,
+    /// Reused for forwarded packets, header and all.
+    scratch: Vec<u8>,
+}
+
+/// What the member and its steward share.
+struct Shared {
+    slot: u8,
+    dir: PathBuf,
+    /// The lock file: `flock` for coordination, the OFD lock on our slot.
+    lock: File,
+    sockets: Mutex<Vec<(IpAddr, Arc<UdpSocket>)>>,
+    /// The steering in force as of the last census or change, for deciding
+    /// who owns a GSI packet.
+    steering: Mutex<BTreeMap<IpAddr, Steering>>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+    misdelivered: AtomicBool,
+    censuses: AtomicU64,
+}
+
+impl Member {
+    /// Joins the group sharing `port` on each of `addrs`: takes the least
+    /// recently used free slot, binds a socket per address, takes a census
+    /// and steers the slot's QPs here.
+    pub fn join(port: u16, addrs: &[IpAddr]) -> io::Result<Member> {
+        let dir = crate::rundir::user_directory(&format!("port-{port}"))?;
+        let lock =
+            OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(dir.join("lock"))?;
+        let coordinator = Coordinator::take(&lock)?;
+        let mut state = State::read(&dir)?;
+        let slot = take_slot(&lock, &dir, &state)?;
+        let mut sockets = Vec::new();
+        for &addr in addrs {
+            sockets.push((addr, Arc::new(member_socket(addr, port)?)));
+        }
+        let inbox_path = slot_path(&dir, slot);
+        let _ = fs::remove_file(&inbox_path);
+        let inbox = UnixDatagram::bind(&inbox_path)?;
+        inbox.set_nonblocking(true)?;
+        let mut inodes = Vec::new();
+        for (addr, socket) in &sockets {
+            inodes.push((*addr, inode(socket.as_raw_fd())?));
+        }
+        state.slots.insert(slot, SlotState { used: now_ms(), inodes });
+        let shared = Arc::new(Shared {
+            slot,
+            dir,
+            lock,
+            sockets: Mutex::new(sockets),
+            steering: Mutex::default(),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            misdelivered: AtomicBool::new(false),
+            censuses: AtomicU64::new(0),
+        });
+        shared.census_all(&mut state)?;
+        state.write(&shared.dir, slot)?;
+        drop(coordinator);
+        let steward = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new().name(format!("softroce-share-{slot}")).spawn(move || shared.steward())?
+        };
+        Ok(Member { shared, steward: Some(steward), inbox, scratch: Vec::new() })
+    }
+
+    /// This member's slot: its QPNs are `slot << 16 | n`.
+    pub fn slot(&self) -> u8 {
+        self.shared.slot
+    }
+
+    /// The member's sockets, one per address, for the link to send and
+    /// receive on.
+    pub fn sockets(&self) -> Vec<(IpAddr, Arc<UdpSocket>)> {
+        lock(&self.shared.sockets).clone()
+    }
+
+    /// Censuses taken by this member so far.
+    pub fn censuses(&self) -> u64 {
+        self.shared.censuses.load(Ordering::Relaxed)
+    }
+
+    /// The descriptor that is readable while forwarded packets wait.
+    pub fn inbox_fd(&self) -> RawFd {
+        self.inbox.as_raw_fd()
+    }
+
+    /// The slot of another member that owns `roce`, which arrived at
+    /// `local`; `None` if it is this member's (or nobody's to say: a packet
+    /// for QP0, a QPN of slot 0, or a GSI MAD no rule places).
+    pub fn owner_elsewhere(&self, local: IpAddr, roce: &[u8]) -> Option<u8> {
+        let slot = match roce.get(4..8) {
+            Some(&[_, slot, b6, b7]) if (slot, b6, b7) != (0, 0, 1) => slot,
+            Some(_) => lock(&self.shared.steering).get(&local).and_then(|s| s.owner(roce))?,
+            None => return None,
+        };
+        (slot != 0 && slot != self.shared.slot).then_some(slot)
+    }
+
+    /// Passes `roce`, which arrived at `local` from `src`, to member `slot`,
+    /// and asks the steward for a census; false if it has no live owner.
+    pub fn forward(&mut self, slot: u8, src: SocketAddr, local: IpAddr, roce: &[u8]) -> bool {
+        if !self.shared.misdelivered.swap(true, Ordering::Relaxed) {
+            self.shared.wake.notify_one();
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&encode_forward(src, local));
+        self.scratch.extend_from_slice(roce);
+        self.inbox.send_to(&self.scratch, slot_path(&self.shared.dir, slot)).is_ok()
+    }
+
+    /// The next packet another member forwarded here: its source, the local
+    /// address it came to, and its length at the start of `buf`.
+    pub fn receive_forwarded(&mut self, buf: &mut [u8]) -> Option<(SocketAddr, IpAddr, usize)> {
+        loop {
+            self.scratch.resize(FORWARD_HEADER + buf.len(), 0);
+            let n = self.inbox.recv(&mut self.scratch).ok()?;
+            let Some((src, local)) = decode_forward(&self.scratch[..n.min(FORWARD_HEADER)]) else { continue };
+            let len = n - FORWARD_HEADER;
+            buf[..len].copy_from_slice(&self.scratch[FORWARD_HEADER..n]);
+            return Some((src, local, len));
+        }
+    }
+
+    /// Steers rdma_cm connection requests for `service` (port space << 16
+    /// | port) on every address to this member.
+    pub fn listen(&self, service: u32) -> io::Result<()> {
+        self.shared.change_listeners(|listeners| {
+            listeners.retain(|&(s, _)| s != service);
+            listeners.push((service, self.shared.slot));
+        })
+    }
+
+    /// Stops steering `service` here.
+    pub fn unlisten(&self, service: u32) -> io::Result<()> {
+        let slot = self.shared.slot;
+        self.shared.change_listeners(|listeners| listeners.retain(|&l| l != (service, slot)))
+    }
+
+    /// Leaves the group: steers as the group will be once this member's
+    /// sockets close (the last socket takes each of their places), passes on
+    /// what already arrived for others with `drain`, and closes them. The
+    /// caller must have dropped its own references to the sockets.
+    pub fn leave(mut self, drain: impl FnOnce(&mut Member)) {
+        self.stop_steward();
+        let Ok(coordinator) = Coordinator::take(&self.shared.lock) else { return };
+        let mut state = State::read(&self.shared.dir).unwrap_or_default();
+        let slot = self.shared.slot;
+        for (addr, socket) in lock(&self.shared.sockets).iter() {
+            let Some(group) = state.groups.get_mut(addr) else { continue };
+            if let Some(at) = group.positions.iter().position(|&s| s == Some(slot)) {
+                group.positions.swap_remove(at);
+            }
+            group.listeners.retain(|&(_, s)| s != slot);
+            let _ = attach_steering(socket, &group.steering(), None);
+        }
+        drain(&mut self);
+        lock(&self.shared.sockets).clear();
+        if let Some(s) = state.slots.get_mut(&slot) {
+            *s = SlotState { used: now_ms(), inodes: Vec::new() };
+        }
+        let _ = state.write(&self.shared.dir, slot);
+        let _ = fs::remove_file(slot_path(&self.shared.dir, slot));
+        drop(coordinator);
+        // Closing the lock file (with the last Arc) releases the slot.
+    }
+
+    fn stop_steward(&mut self) {
+        *lock(&self.shared.stop) = true;
+        self.shared.wake.notify_all();
+        if let Some(steward) = self.steward.take() {
+            let _ = steward.join();
+        }
+    }
+
+    /// Takes a census now, as the steward does when it sees a change.
+    pub fn census(&self) -> io::Result<()> {
+        let _coordinator = Coordinator::take(&self.shared.lock)?;
+        let mut state = State::read(&self.shared.dir)?;
+        self.shared.census_all(&mut state)?;
+        state.write(&self.shared.dir, self.shared.slot)
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        // A member dropped without `leave` (an error path) still stops its
+        // steward; the others find its slot free at their next look.
+        self.stop_steward();
+    }
+}
+
+impl Shared {
+    /// The steward: every [`LIVENESS_PERIOD`], or when a packet was
+    /// misdelivered, it checks whether a member vanished and if so takes a
+    /// census. Misdeliveries that a census does not cure (a remote GRO
+    /// train of mixed owners) back off.
+    fn steward(&self) {
+        let mut backoff = LIVENESS_PERIOD;
+        let mut next_for_misdelivery = Instant::now();
+        loop {
+            {
+                let stop = lock(&self.stop);
+                let (stop, _) = self
+                    .wake
+                    .wait_timeout_while(stop, LIVENESS_PERIOD, |stop| {
+                        !*stop && !self.misdelivered.load(Ordering::Relaxed)
+                    })
+                    .unwrap_or_else(|e| e.into_inner());
+                if *stop {
+                    return;
+                }
+            }
+            let misdelivered = Instant::now() >= next_for_misdelivery && self.misdelivered.swap(false, Ordering::Relaxed);
+            if !misdelivered && !self.someone_vanished() {
+                if self.misdelivered.load(Ordering::Relaxed) {
+                    // Too soon after the last census for a misdelivery.
+                    std::thread::sleep(next_for_misdelivery.saturating_duration_since(Instant::now()));
+                }
+                continue;
+            }
+            let changed = self.recount().unwrap_or(true);
+            backoff = if changed { LIVENESS_PERIOD / 5 } else { (backoff * 2).min(Duration::from_secs(2)) };
+            next_for_misdelivery = Instant::now() + backoff;
+        }
+    }
+
+    /// A census under the coordinator lock; whether any position changed.
+    fn recount(&self) -> io::Result<bool> {
+        let _coordinator = Coordinator::take(&self.lock)?;
+        let mut state = State::read(&self.dir)?;
+        let before = state.groups.clone();
+        self.census_all(&mut state)?;
+        state.write(&self.dir, self.slot)?;
+        Ok(state.groups != before)
+    }
+
+    /// Whether a slot the steering names lost its owner. Reads the state
+    /// the last coordinator wrote (a member that left has taken itself out),
+    /// and takes its steering as ours.
+    fn someone_vanished(&self) -> bool {
+        let (Ok(probe), Ok(state)) = (File::open(self.dir.join("lock")), State::read(&self.dir)) else { return false };
+        let mut steering = lock(&self.steering);
+        for (addr, s) in steering.iter_mut() {
+            if let Some(group) = state.groups.get(addr) {
+                *s = group.steering();
+            }
+        }
+        steering
+            .values()
+            .flat_map(|s| s.positions.iter().flatten())
+            .any(|&slot| slot != self.slot && !is_locked(&probe, slot))
+    }
+
+    /// Takes a census of each address's group, forgetting members whose
+    /// slot lock is gone, and attaches the result.
+    fn census_all(&self, state: &mut State) -> io::Result<()> {
+        let probe = File::open(self.dir.join("lock"))?;
+        state.slots.retain(|&slot, s| {
+            if slot != self.slot && !is_locked(&probe, slot) {
+                s.inodes.clear();
+            }
+            true
+        });
+        state.listeners_of_live_slots();
+        let sockets = lock(&self.sockets).clone();
+        let mut steering = BTreeMap::new();
+        for (addr, socket) in &sockets {
+            let group = state.groups.entry(*addr).or_default();
+            group.listeners = state.listeners.clone();
+            let inodes: BTreeMap<u64, u8> = state
+                .slots
+                .iter()
+                .flat_map(|(&slot, s)| s.inodes.iter().filter(|(a, _)| a == addr).map(move |&(_, ino)| (ino, slot)))
+                .collect();
+            group.positions = census(socket, &inodes, &group.steering())?;
+            attach_steering(socket, &group.steering(), None)?;
+            steering.insert(*addr, group.steering());
+        }
+        *lock(&self.steering) = steering;
+        self.censuses.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Changes the rdma_cm listeners and re-steers every group.
+    fn change_listeners(&self, change: impl FnOnce(&mut Vec<(u32, u8)>)) -> io::Result<()> {
+        let _coordinator = Coordinator::take(&self.lock)?;
+        let mut state = State::read(&self.dir)?;
+        change(&mut state.listeners);
+        let sockets = lock(&self.sockets).clone();
+        let mut steering = lock(&self.steering);
+        for (addr, socket) in &sockets {
+            let group = state.groups.entry(*addr).or_default();
+            group.listeners = state.listeners.clone();
+            attach_steering(socket, &group.steering(), None)?;
+            steering.insert(*addr, group.steering());
+        }
+        state.write(&self.dir, self.slot)
+    }
+}
+
+/// Where each socket of one address's group sits: `inodes` maps the known
+/// members' sockets to their slots; others (a member that has not written
+/// its inode yet, a program of the user's own that binds the port with
+/// `SO_REUSEPORT`) come out as `None`.
+fn census(socket: &UdpSocket, inodes: &BTreeMap<u64, u8>, current: &Steering) -> io::Result<Vec<Option<u8>>> {
+    let own = inode(socket.as_raw_fd())?;
+    let local = socket.local_addr()?;
+    for _ in 0..CENSUS_TRIES {
+        let before = group_drops(local.is_ipv6(), own)?;
+        let size = before.len();
+        if size <= 1 {
+            // Alone: nothing to count.
+            return Ok(vec![inodes.get(&own).copied()]);
+        }
+        let nonce = crate::random_u32();
+        attach_steering(socket, current, Some(nonce))?;
+        let expected = (size * (size + 1) / 2) as u64;
+        for position in 0..size {
+            for _ in 0..=position {
+                send_probe(socket, local, &bpf::probe(nonce, position as u32))?;
+            }
+        }
+        let deadline = Instant::now() + CENSUS_WAIT;
+        loop {
+            let after = group_drops(local.is_ipv6(), own)?;
+            let deltas: Vec<(u64, u64)> = after
+                .iter()
+                .map(|&(ino, drops)| {
+                    let was = before.iter().find(|&&(i, _)| i == ino).map_or(drops, |&(_, d)| d);
+                    (ino, drops.wrapping_sub(was))
+                })
+                .collect();
+            let total: u64 = deltas.iter().map(|&(_, d)| d).sum();
+            if total >= expected || Instant::now() >= deadline {
+                if let Some(positions) = positions_from(&deltas, size, inodes) {
+                    return Ok(positions);
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    // Drops other than the probes' kept changing the counts: keep the
+    // steering as it was; misdelivered packets are still forwarded.
+    tracing::warn!("could not count the members sharing {local}; steering stays as it was");
+    Ok(current.positions.clone())
+}
+
+/// Positions from the drops each socket counted, if they are exactly one
+/// socket per position (socket at `k` dropped `k + 1` probes).
+fn positions_from(deltas: &[(u64, u64)], size: usize, inodes: &BTreeMap<u64, u8>) -> Option<Vec<Option<u8>>> {
+    let mut positions: Vec<Option<Option<u8>>> = vec![None; size];
+    for &(ino, delta) in deltas {
+        let at = usize::try_from(delta).ok()?.checked_sub(1)?;
+        let place = positions.get_mut(at)?;
+        if place.is_some() {
+            return None;
+        }
+        *place = Some(inodes.get(&ino).copied());
+    }
+    positions.into_iter().collect()
+}
+
+fn send_probe(socket: &UdpSocket, to: SocketAddr, probe: &[u8]) -> io::Result<()> {
+    let deadline = Instant::now() + CENSUS_WAIT;
+    loop {
+        match socket.send_to(probe, to) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(100))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Every socket in the group of the socket with inode `own` (the
+/// unconnected ones bound to the same address and port, as `/proc/net/udp`
+/// lists them) and its drop counter.
+fn group_drops(ipv6: bool, own: u64) -> io::Result<Vec<(u64, u64)>> {
+    let table = fs::read_to_string(if ipv6 { "/proc/net/udp6" } else { "/proc/net/udp" })?;
+    // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
+    let rows: Vec<(&str, &str, u64, u64)> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (inode, drops) = (f.get(9)?.parse().ok()?, f.get(12)?.parse().ok()?);
+            Some((*f.get(1)?, *f.get(3)?, inode, drops))
+        })
+        .collect();
+    let Some(&(local, ..)) = rows.iter().find(|r| r.2 == own) else {
+        return Err(io::Error::other("a member socket is missing from /proc/net/udp"));
+    };
+    // State 07 (TCP_CLOSE): unconnected, so in the group's positions.
+    Ok(rows.iter().filter(|r| r.0 == local && r.1 == "07").map(|r| (r.2, r.3)).collect())
+}
+
+/// A socket for `addr` on `port` that joins the user's reuseport group
+/// there: never `SO_REUSEADDR`, which would let another user's socket bind
+/// beside it and take its datagrams (rxe-spec N-6).
+#[allow(unsafe_code)]
+fn member_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
+    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain socket(2); the descriptor is owned by the UdpSocket at once.
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket nobody else owns.
+    let socket = unsafe { UdpSocket::from_raw_fd(fd) };
+    set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    if addr.is_ipv6() {
+        set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+    }
+    attach(fd, libc::SO_ATTACH_FILTER, &bpf::probe_filter(port))?;
+    let (storage, len) = sockaddr(SocketAddr::new(addr, port));
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes.
+    if unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::AddrInUse {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "UDP port {port} on {addr} is held by a socket softroce cannot share: another user's \
+                     program, kernel rxe, or a program that did not ask to share it (`ss -ulpn 'sport = \
+                     :{port}'` names programs; kernel rxe shows in `rdma link`). Another user on this \
+                     host needs an address of its own (SOFTROCE_ADDR, `softroce run --addr`)"
+                ),
+            ));
+        }
+        return Err(e);
+    }
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: zero is a valid sockaddr_storage.
+    #[allow(unsafe_code)]
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            #[allow(unsafe_code)]
+            unsafe {
+                (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>().write(sin)
+            };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            #[allow(unsafe_code)]
+            unsafe {
+                (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>().write(sin6)
+            };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// Attaches the group's steering (with a census probe rule if `nonce`).
+fn attach_steering(socket: &UdpSocket, steering: &Steering, nonce: Option<u32>) -> io::Result<()> {
+    let program = steering
+        .program(nonce)
+        .ok_or_else(|| io::Error::other("the steering table does not fit in one BPF program"))?;
+    attach(socket.as_raw_fd(), libc::SO_ATTACH_REUSEPORT_CBPF, &program)
+}
+
+#[allow(unsafe_code)]
+fn attach(fd: RawFd, option: libc::c_int, program: &[Insn]) -> io::Result<()> {
+    let len = u16::try_from(program.len()).map_err(|_| io::Error::other("BPF program too long"))?;
+    let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
+    // SAFETY: `fprog` points at `len` instructions that outlive the call;
+    // the kernel copies them.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            (&fprog as *const libc::sock_fprog).cast(),
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+#[allow(unsafe_code)]
+fn set_int(fd: RawFd, level: libc::c_int, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: a pointer to a c_int of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            option,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+#[allow(unsafe_code)]
+fn inode(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: zero is a valid stat; fstat fills it for a valid descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_ino)
+}
+
+/// Holds the port's `flock`: one coordinator at a time. It holds the lock
+/// through its own descriptor of the file's open description, which is
+/// where `flock` keeps it.
+struct Coordinator(File);
+
+impl Coordinator {
+    #[allow(unsafe_code)]
+    fn take(file: &File) -> io::Result<Coordinator> {
+        let file = file.try_clone()?;
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Coordinator(file));
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl Drop for Coordinator {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: flock on a descriptor we own.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// An OFD write lock on byte `slot` of `file`: `F_OFD_SETLK` to take it,
+/// `F_OFD_GETLK` to test it (through another open of the file, as a
+/// description does not conflict with itself).
+#[allow(unsafe_code)]
+fn ofd_lock(file: &File, slot: u8, cmd: libc::c_int) -> io::Result<libc::flock> {
+    // SAFETY: zero is a valid flock.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = libc::off_t::from(slot);
+    fl.l_len = 1;
+    // SAFETY: fcntl with a valid descriptor and flock.
+    if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl)
+}
+
+/// Whether a member holds `slot` (tested through `probe`, an open of the
+/// lock file that holds no lock).
+fn is_locked(probe: &File, slot: u8) -> bool {
+    ofd_lock(probe, slot, libc::F_OFD_GETLK).is_ok_and(|fl| fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// Takes the free slot used longest ago (never used first), so a dead
+/// member's QPNs are not handed out again at once.
+fn take_slot(lock: &File, dir: &Path, state: &State) -> io::Result<u8> {
+    let probe = File::open(dir.join("lock"))?;
+    let mut free: Vec<(u64, u8)> = (1..=MAX_MEMBERS as u8)
+        .filter(|&slot| !is_locked(&probe, slot))
+        .map(|slot| (state.slots.get(&slot).map_or(0, |s| s.used), slot))
+        .collect();
+    free.sort_unstable();
+    for (_, slot) in free {
+        if ofd_lock(lock, slot, libc::F_OFD_SETLK).is_ok() {
+            return Ok(slot);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::OutOfMemory,
+        format!("all {MAX_MEMBERS} slots of {} are taken: too many softroce processes share it", dir.display()),
+    ))
+}
+
+fn slot_path(dir: &Path, slot: u8) -> PathBuf {
+    dir.join(format!("slot-{slot}.sock"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The header of a forwarded packet: the IP version, the source's port and
+/// address, and the local address (IPv4 ones mapped into 16 bytes).
+fn encode_forward(src: SocketAddr, local: IpAddr) -> [u8; FORWARD_HEADER] {
+    let mut h = [0; FORWARD_HEADER];
+    let v6 = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    h[0] = if src.is_ipv4() { 4 } else { 6 };
+    h[2..4].copy_from_slice(&src.port().to_be_bytes());
+    h[4..20].copy_from_slice(&v6(src.ip()));
+    h[20..36].copy_from_slice(&v6(local));
+    h
+}
+
+fn decode_forward(h: &[u8]) -> Option<(SocketAddr, IpAddr)> {
+    let h: &[u8; FORWARD_HEADER] = h.try_into().ok()?;
+    let ip = |b: &[u8]| -> Option<IpAddr> {
+        let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(b).ok()?);
+        Some(match h[0] {
+            4 => IpAddr::V4(v6.to_ipv4_mapped()?),
+            6 => IpAddr::V6(v6),
+            _ => return None,
+        })
+    };
+    Some((SocketAddr::new(ip(&h[4..20])?, u16::from_be_bytes([h[2], h[3]])), ip(&h[20..36])?))
+}
+
+/// The port's shared state, as written in its `state` file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct State {
+    /// Every slot ever taken: when it was last used, and its member's
+    /// socket inode per address while it lives.
+    slots: BTreeMap<u8, SlotState>,
+    listeners: Vec<(u32, u8)>,
+    groups: BTreeMap<IpAddr, Group>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct SlotState {
+    used: u64,
+    inodes: Vec<(IpAddr, u64)>,
+}
+
+/// One address's reuseport group as last counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Group {
+    positions: Vec<Option<u8>>,
+    listeners: Vec<(u32, u8)>,
+}
+
+impl Group {
+    fn steering(&self) -> Steering {
+        Steering { positions: self.positions.clone(), listeners: self.listeners.clone() }
+    }
+}
+
+impl State {
+    /// The state in `dir`; empty if there is none yet.
+    fn read(dir: &Path) -> io::Result<State> {
+        let text = match fs::read_to_string(dir.join("state")) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(State::default()),
+            Err(e) => return Err(e),
+        };
+        let mut lines = text.lines();
+        if lines.next() != Some(STATE_MAGIC) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} was written by another softroce version; stop its processes first", dir.display()),
+            ));
+        }
+        let mut state = State::default();
+        for line in lines {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let parsed = match f.as_slice() {
+                ["slot", slot, "used", used, inodes @ ..] => (|| {
+                    let inodes = inodes
+                        .iter()
+                        .map(|i| i.split_once('=').and_then(|(a, n)| Some((a.parse().ok()?, n.parse().ok()?))))
+                        .collect::<Option<Vec<_>>>()?;
+                    state.slots.insert(slot.parse().ok()?, SlotState { used: used.parse().ok()?, inodes });
+                    Some(())
+                })(),
+                ["listen", service, slot] => (|| {
+                    state.listeners.push((service.parse().ok()?, slot.parse().ok()?));
+                    Some(())
+                })(),
+                ["group", addr, positions @ ..] => (|| {
+                    let positions =
+                        positions.iter().map(|p| if *p == "-" { Some(None) } else { p.parse().ok().map(Some) });
+                    let group = Group { positions: positions.collect::<Option<_>>()?, listeners: Vec::new() };
+                    state.groups.insert(addr.parse().ok()?, group);
+                    Some(())
+                })(),
+                _ => None,
+            };
+            if parsed.is_none() {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad line in state: {line}")));
+            }
+        }
+        let listeners = state.listeners.clone();
+        for group in state.groups.values_mut() {
+            group.listeners = listeners.clone();
+        }
+        Ok(state)
+    }
+
+    /// Forgets listeners whose member is gone.
+    fn listeners_of_live_slots(&mut self) {
+        let slots = &self.slots;
+        self.listeners.retain(|(_, slot)| slots.get(slot).is_some_and(|s| !s.inodes.is_empty()));
+    }
+
+    /// Replaces the state file (by rename, so readers see one or the other).
+    fn write(&self, dir: &Path, slot: u8) -> io::Result<()> {
+        let mut text = format!("{STATE_MAGIC}\n");
+        for (slot, s) in &self.slots {
+            text += &format!("slot {slot} used {}", s.used);
+            for (addr, ino) in &s.inodes {
+                text += &format!(" {addr}={ino}");
+            }
+            text.push('\n');
+        }
+        for (service, slot) in &self.listeners {
+            text += &format!("listen {service} {slot}\n");
+        }
+        for (addr, group) in &self.groups {
+            text += &format!("group {addr}");
+            for p in &group.positions {
+                text += &p.map_or(" -".to_string(), |s| format!(" {s}"));
+            }
+            text.push('\n');
+        }
+        let tmp = dir.join(format!("state.{slot}.tmp"));
+        let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        file.write_all(text.as_bytes())?;
+        fs::rename(tmp, dir.join("state"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    fn packet(qpn: u32) -> Vec<u8> {
+        let mut p = vec![0; 64];
+        p[4..8].copy_from_slice(&qpn.to_be_bytes());
+        p
+    }
+
+    /// The QPNs each member's socket received within `wait`.
+    fn received(members: &[&Member], wait: Duration) -> Vec<Vec<u32>> {
+        let deadline = Instant::now() + wait;
+        let mut got = vec![Vec::new(); members.len()];
+        while Instant::now() < deadline {
+            for (i, m) in members.iter().enumerate() {
+                let socket = &m.sockets()[0].1;
+                let mut buf = [0; 128];
+                while let Ok(n) = socket.recv(&mut buf) {
+                    got[i].push(u32::from_be_bytes(buf[4..8].try_into().unwrap()) & 0xff_ffff);
+                    assert_eq!(n, 64);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        got
+    }
+
+    /// Sends each member's QP a packet and checks each got exactly its own.
+    fn check_steering(members: &[&Member], port: u16) {
+        let sender = UdpSocket::bind((LOCAL, 0)).unwrap();
+        let qpns: Vec<u32> = members.iter().map(|m| u32::from(m.slot()) << 16 | 0x42).collect();
+        for _ in 0..4 {
+            for &qpn in &qpns {
+                sender.send_to(&packet(qpn), (LOCAL, port)).unwrap();
+            }
+        }
+        let got = received(members, Duration::from_millis(100));
+        for (i, qpn) in qpns.iter().enumerate() {
+            assert_eq!(got[i], vec![*qpn; 4], "member {i} (slot {})", members[i].slot());
+        }
+    }
+
+    fn free_port() -> u16 {
+        crate::net::udp::free_port(&[LOCAL]).unwrap()
+    }
+
+    #[test]
+    fn members_get_their_own_qps_and_a_crash_is_counted_out() {
+        let port = free_port();
+        let members: Vec<Member> = (0..4).map(|_| Member::join(port, &[LOCAL]).unwrap()).collect();
+        let slots: Vec<u8> = members.iter().map(Member::slot).collect();
+        assert!(slots.windows(2).all(|w| w[0] != w[1]), "slots {slots:?}");
+        check_steering(&members.iter().collect::<Vec<_>>(), port);
+        // The first to join dies without leaving: its socket closes, the last
+        // takes its place, and its slot lock goes with it.
+        let mut members = members.into_iter();
+        drop(members.next());
+        let survivors: Vec<Member> = members.collect();
+        let counted: Vec<u64> = survivors.iter().map(Member::censuses).collect();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while survivors.iter().zip(&counted).all(|(m, &c)| m.censuses() == c) {
+            assert!(Instant::now() < deadline, "no survivor took a census");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        check_steering(&survivors.iter().collect::<Vec<_>>(), port);
+        // A newcomer does not get the dead member's slot back at once.
+        let newcomer = Member::join(port, &[LOCAL]).unwrap();
+        assert!(!slots.contains(&newcomer.slot()), "slot {} reused", newcomer.slot());
+        let mut all: Vec<&Member> = survivors.iter().collect();
+        all.push(&newcomer);
+        check_steering(&all, port);
+    }
+
+    #[test]
+    fn a_member_that_leaves_moves_the_last_into_its_place_without_a_census() {
+        let port = free_port();
+        let mut members: Vec<Member> = (0..3).map(|_| Member::join(port, &[LOCAL]).unwrap()).collect();
+        let leaver = members.remove(0);
+        let counted: Vec<u64> = members.iter().map(Member::censuses).collect();
+        leaver.leave(|_| {});
+        check_steering(&members.iter().collect::<Vec<_>>(), port);
+        assert_eq!(members.iter().map(Member::censuses).collect::<Vec<_>>(), counted);
+    }
+
+    #[test]
+    fn misdelivered_packets_reach_their_owner_through_its_inbox() {
+        let port = free_port();
+        let mut a = Member::join(port, &[LOCAL]).unwrap();
+        let mut b = Member::join(port, &[LOCAL]).unwrap();
+        let p = packet(u32::from(b.slot()) << 16 | 7);
+        let src: SocketAddr = "127.0.0.9:5000".parse().unwrap();
+        assert_eq!(a.owner_elsewhere(LOCAL, &p), Some(b.slot()));
+        assert_eq!(b.owner_elsewhere(LOCAL, &p), None);
+        assert_eq!(a.owner_elsewhere(LOCAL, &packet(1 << 16 | 0)[..7]), None, "too short to say");
+        assert!(a.forward(b.slot(), src, LOCAL, &p));
+        let mut buf = [0; 256];
+        let got = b.receive_forwarded(&mut buf).unwrap();
+        assert_eq!(got, (src, LOCAL, p.len()));
+        assert_eq!(&buf[..p.len()], &p[..]);
+        // Nobody holds slot 250's inbox.
+        assert!(!a.forward(250, src, LOCAL, &p));
+    }
+
+    #[test]
+    fn forward_headers_round_trip() {
+        for (src, local) in [("10.0.0.1:4791", "10.0.0.2"), ("[fe80::1]:49152", "::1")] {
+            let (src, local): (SocketAddr, IpAddr) = (src.parse().unwrap(), local.parse().unwrap());
+            assert_eq!(decode_forward(&encode_forward(src, local)), Some((src, local)));
+        }
+        assert_eq!(decode_forward(&[9; FORWARD_HEADER]), None);
+    }
+
+    #[test]
+    fn state_round_trips_and_refuses_another_version() {
+        let dir = std::env::temp_dir().join(format!("softroce-state-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let mut state = State::default();
+        state.slots.insert(3, SlotState { used: 17, inodes: vec![(LOCAL, 99), ("::1".parse().unwrap(), 100)] });
+        state.slots.insert(4, SlotState { used: 18, inodes: vec![] });
+        state.listeners.push((0x0106_4e20, 3));
+        let group = Group { positions: vec![Some(3), None], listeners: state.listeners.clone() };
+        state.groups.insert(LOCAL, group);
+        state.write(&dir, 3).unwrap();
+        assert_eq!(State::read(&dir).unwrap(), state);
+        fs::write(dir.join("state"), "softroce-shared-port 0\n").unwrap();
+        assert_eq!(State::read(&dir).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
