@@ -288,12 +288,12 @@ mod tests {
         let t = table();
         let program = t.program(None).unwrap();
         let cases = [
-            (mad(0x0010, 0x0900_0001, 0, 0x0106_4e20), 2),  // REQ to the listener (slot 3)
+            (mad(0x0010, 0x0900_0001, 0, 0x0106_4e20), 2), // REQ to the listener (slot 3)
             (mad(0x0010, 0x0900_0001, 0, 0x0106_4e21), HASH), // REQ to nobody's service
-            (mad(0x0017, 0x0900_0001, 0, 0x0106_4e20), 2),  // SIDR_REQ
-            (mad(0x0010, 0, 0, 0x1_0106_4e20), HASH),        // a Service ID that is not rdma_cm's
-            (mad(0x0018, 0xc800_0004, 0, 0), 3),              // SIDR_REP by our Request ID
-            (mad(0x0014, 0x1234_5678, 0x0700_0009, 0), 0),    // RTU by our Comm ID
+            (mad(0x0017, 0x0900_0001, 0, 0x0106_4e20), 2), // SIDR_REQ
+            (mad(0x0010, 0, 0, 0x1_0106_4e20), HASH),      // a Service ID that is not rdma_cm's
+            (mad(0x0018, 0xc800_0004, 0, 0), 3),           // SIDR_REP by our Request ID
+            (mad(0x0014, 0x1234_5678, 0x0700_0009, 0), 0), // RTU by our Comm ID
             (mad(0x0011, 0x1234_5678, 0x0500_0009, 0), HASH), // REP for a slot nobody holds
         ];
         for (i, (p, position)) in cases.iter().enumerate() {

@@ -9,9 +9,9 @@
 //!
 //! All implement [`Link`], the interface engines drive.
 
+pub mod bpf;
 #[allow(unsafe_code)]
 mod mmsg;
-pub mod bpf;
 #[allow(unsafe_code)]
 pub mod raw;
 #[allow(unsafe_code)]
@@ -108,6 +108,12 @@ pub struct LinkStats {
     /// Received packets dropped as malformed or too large for the buffer (on
     /// the UDP link, failed socket reads too).
     pub malformed: u64,
+    /// Packets for a QP of another process sharing the UDP port that
+    /// arrived here anyway and were passed on to it (`share`).
+    pub forwarded: u64,
+    /// Packets for a process sharing the port that is gone, dropped as
+    /// packets for a QP that does not exist are.
+    pub ownerless: u64,
     /// Packets sent with an ICRC broken on purpose
     /// ([`UdpLink::corrupt_icrc_every`]).
     pub corrupted: u64,

@@ -71,6 +71,8 @@ struct Shared {
     dir: PathBuf,
     /// The lock file: `flock` for coordination, the OFD lock on our slot.
     lock: File,
+    /// Another open of the lock file, holding no lock, to test others'.
+    probe: File,
     sockets: Mutex<Vec<(IpAddr, Arc<UdpSocket>)>>,
     /// The steering in force as of the last census or change, for deciding
     /// who owns a GSI packet.
@@ -87,8 +89,7 @@ impl Member {
     /// and steers the slot's QPs here.
     pub fn join(port: u16, addrs: &[IpAddr]) -> io::Result<Member> {
         let dir = crate::rundir::user_directory(&format!("port-{port}"))?;
-        let lock =
-            OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(dir.join("lock"))?;
+        let lock = OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(dir.join("lock"))?;
         let coordinator = Coordinator::take(&lock)?;
         let mut state = State::read(&dir)?;
         let slot = take_slot(&lock, &dir, &state)?;
@@ -105,10 +106,12 @@ impl Member {
             inodes.push((*addr, inode(socket.as_raw_fd())?));
         }
         state.slots.insert(slot, SlotState { used: now_ms(), inodes });
+        let probe = File::open(dir.join("lock"))?;
         let shared = Arc::new(Shared {
             slot,
             dir,
             lock,
+            probe,
             sockets: Mutex::new(sockets),
             steering: Mutex::default(),
             stop: Mutex::new(false),
@@ -273,7 +276,8 @@ impl Shared {
                     return;
                 }
             }
-            let misdelivered = Instant::now() >= next_for_misdelivery && self.misdelivered.swap(false, Ordering::Relaxed);
+            let misdelivered =
+                Instant::now() >= next_for_misdelivery && self.misdelivered.swap(false, Ordering::Relaxed);
             if !misdelivered && !self.someone_vanished() {
                 if self.misdelivered.load(Ordering::Relaxed) {
                     // Too soon after the last census for a misdelivery.
@@ -281,49 +285,58 @@ impl Shared {
                 }
                 continue;
             }
-            let changed = self.recount().unwrap_or(true);
+            let changed = self.recount(misdelivered).unwrap_or(true);
             backoff = if changed { LIVENESS_PERIOD / 5 } else { (backoff * 2).min(Duration::from_secs(2)) };
             next_for_misdelivery = Instant::now() + backoff;
         }
     }
 
-    /// A census under the coordinator lock; whether any position changed.
-    fn recount(&self) -> io::Result<bool> {
+    /// Under the coordinator lock: takes a census if `forced` or if the
+    /// state still names a member that is gone (one that left has taken
+    /// itself out, and its steering needs no census); else adopts the
+    /// state's steering. Whether any position changed.
+    fn recount(&self, forced: bool) -> io::Result<bool> {
         let _coordinator = Coordinator::take(&self.lock)?;
         let mut state = State::read(&self.dir)?;
         let before = state.groups.clone();
-        self.census_all(&mut state)?;
-        state.write(&self.dir, self.slot)?;
+        let stale = {
+            let steering = lock(&self.steering);
+            let ours = state.groups.iter().filter(|(addr, _)| steering.contains_key(addr));
+            ours.flat_map(|(_, g)| g.positions.iter().flatten()).any(|&slot| self.vanished(slot))
+        };
+        if forced || stale {
+            self.census_all(&mut state)?;
+            state.write(&self.dir, self.slot)?;
+        } else {
+            let mut steering = lock(&self.steering);
+            for (addr, s) in steering.iter_mut() {
+                if let Some(group) = state.groups.get(addr) {
+                    *s = group.steering();
+                }
+            }
+        }
         Ok(state.groups != before)
     }
 
-    /// Whether a slot the steering names lost its owner. Reads the state
-    /// the last coordinator wrote (a member that left has taken itself out),
-    /// and takes its steering as ours.
+    /// Whether `slot`, another member's, has lost its owner.
+    fn vanished(&self, slot: u8) -> bool {
+        slot != self.slot && !is_locked(&self.probe, slot)
+    }
+
+    /// Whether a slot in our steering lost its owner: a few `fcntl`s, no
+    /// allocation (the steward runs all along, beside the data path).
     fn someone_vanished(&self) -> bool {
-        let (Ok(probe), Ok(state)) = (File::open(self.dir.join("lock")), State::read(&self.dir)) else { return false };
-        let mut steering = lock(&self.steering);
-        for (addr, s) in steering.iter_mut() {
-            if let Some(group) = state.groups.get(addr) {
-                *s = group.steering();
-            }
-        }
-        steering
-            .values()
-            .flat_map(|s| s.positions.iter().flatten())
-            .any(|&slot| slot != self.slot && !is_locked(&probe, slot))
+        lock(&self.steering).values().flat_map(|s| s.positions.iter().flatten()).any(|&slot| self.vanished(slot))
     }
 
     /// Takes a census of each address's group, forgetting members whose
     /// slot lock is gone, and attaches the result.
     fn census_all(&self, state: &mut State) -> io::Result<()> {
-        let probe = File::open(self.dir.join("lock"))?;
-        state.slots.retain(|&slot, s| {
-            if slot != self.slot && !is_locked(&probe, slot) {
+        for (&slot, s) in state.slots.iter_mut() {
+            if self.vanished(slot) {
                 s.inodes.clear();
             }
-            true
-        });
+        }
         state.listeners_of_live_slots();
         let sockets = lock(&self.sockets).clone();
         let mut steering = BTreeMap::new();
@@ -559,7 +572,11 @@ fn attach(fd: RawFd, option: libc::c_int, program: &[Insn]) -> io::Result<()> {
             size_of::<libc::sock_fprog>() as libc::socklen_t,
         )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 #[allow(unsafe_code)]
@@ -574,7 +591,11 @@ fn set_int(fd: RawFd, level: libc::c_int, option: libc::c_int, value: libc::c_in
             size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 #[allow(unsafe_code)]

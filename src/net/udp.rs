@@ -24,11 +24,13 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etherparse::{IpNumber, Ipv6Header, UdpHeader};
 
 use super::mmsg::{RecvBatch, SendBatch, MAX_DATAGRAM};
+use super::share::Member;
 use super::{Link, LinkStats, Outgoing, Received};
 use crate::capture::LiveCapture;
 use crate::wire::icrc;
@@ -39,7 +41,11 @@ use crate::wire::ROCE_UDP_PORT;
 /// batches (`sendmmsg`/`recvmmsg`).
 pub struct UdpLink {
     port: u16,
-    sockets: BTreeMap<IpAddr, (UdpSocket, SendBatch)>,
+    sockets: BTreeMap<IpAddr, (Arc<UdpSocket>, SendBatch)>,
+    /// The link's place among the processes sharing its port, once joined.
+    share: Option<Member>,
+    /// A packet another member forwarded, and its length.
+    forwarded: Vec<u8>,
     /// Datagrams received and not yet handed out, and the address they came to.
     rx: RecvBatch,
     rx_local: Option<IpAddr>,
@@ -62,6 +68,8 @@ impl UdpLink {
         UdpLink {
             port,
             sockets: BTreeMap::new(),
+            share: None,
+            forwarded: Vec::new(),
             rx: RecvBatch::default(),
             rx_local: None,
             stats: LinkStats::default(),
@@ -100,10 +108,34 @@ impl UdpLink {
         UdpLink::new(ROCE_UDP_PORT)
     }
 
-    /// Binds a socket to `addr` on the link's port.
+    /// Binds a socket of its own to `addr` on the link's port: nobody
+    /// else's process can use the port there ([`UdpLink::join`] shares it).
     pub fn bind(&mut self, addr: IpAddr) -> io::Result<()> {
         let socket = UdpSocket::bind(SocketAddr::new(addr, self.port))?;
         socket.set_nonblocking(true)?;
+        self.add_socket(addr, Arc::new(socket))
+    }
+
+    /// Binds `addrs` on the link's port together with the user's other
+    /// processes that do the same (`net::share`): each datagram reaches the
+    /// process that owns its destination QP. Returns the link's slot: its
+    /// QPNs must be `slot << 16 | n`.
+    pub fn join(&mut self, addrs: &[IpAddr]) -> io::Result<u8> {
+        let member = Member::join(self.port, addrs)?;
+        for (addr, socket) in member.sockets() {
+            self.add_socket(addr, socket)?;
+        }
+        let slot = member.slot();
+        self.share = Some(member);
+        Ok(slot)
+    }
+
+    /// The link's member of its port's group, once joined.
+    pub fn member(&self) -> Option<&Member> {
+        self.share.as_ref()
+    }
+
+    fn add_socket(&mut self, addr: IpAddr, socket: Arc<UdpSocket>) -> io::Result<()> {
         if addr.is_ipv4() {
             set_pmtudisc_do(&socket)?;
         } else {
@@ -135,45 +167,135 @@ impl UdpLink {
     }
 
     /// The next received packet of at most `limit` bytes with a good ICRC,
-    /// and where its bytes are in the receive batch; counts the others.
-    fn next_packet(&mut self, limit: usize) -> Option<(Received, Range<usize>)> {
+    /// and where its bytes are ([`UdpLink::bytes`]); counts the others, and
+    /// passes on those that belong to another process sharing the port.
+    fn next_packet(&mut self, limit: usize) -> Option<(Received, Held)> {
         loop {
-            if let (Some((src, at)), Some(local)) = (self.rx.pop(), self.rx_local) {
-                self.stats.received += 1;
-                let len = at.len();
-                let Some(src) = src.filter(|_| len > 0 && len <= limit.min(LARGEST_PACKET)) else {
-                    self.stats.malformed += 1;
-                    continue;
-                };
-                let Some(id) = icrc_check(&mut self.rx_icrc, src, local, self.port, self.rx.bytes(at.clone())) else {
-                    self.stats.icrc_errors += 1;
-                    continue;
-                };
-                if let Some(capture) = &mut self.capture {
-                    capture.record(src, SocketAddr::new(local, self.port), id, self.rx.bytes(at.clone()));
-                }
-                return Some((Received { src: src.ip(), src_port: src.port(), dst: local, len }, at));
-            }
-            // Refill from the first socket with datagrams waiting.
-            let mut filled = false;
-            for (&local, (socket, _)) in &self.sockets {
-                match self.rx.fill(socket.as_raw_fd()) {
-                    Ok(0) => {}
-                    Ok(_) => {
-                        self.rx_local = Some(local);
-                        filled = true;
-                        break;
+            let (src, local, held) = match (self.rx.pop(), self.rx_local) {
+                (Some((src, at)), Some(local)) => {
+                    self.stats.received += 1;
+                    let len = at.len();
+                    let Some(src) = src.filter(|_| len > 0 && len <= limit.min(LARGEST_PACKET)) else {
+                        self.stats.malformed += 1;
+                        continue;
+                    };
+                    if let Some(member) = &mut self.share {
+                        let roce = self.rx.bytes(at.clone());
+                        if let Some(owner) = member.owner_elsewhere(local, roce) {
+                            if member.forward(owner, src, local, roce) {
+                                self.stats.forwarded += 1;
+                            } else {
+                                self.stats.ownerless += 1;
+                            }
+                            continue;
+                        }
                     }
-                    Err(_) => self.stats.malformed += 1,
+                    (src, local, Held::Batch(at))
                 }
+                _ => {
+                    if self.refill() {
+                        continue;
+                    }
+                    let Some((src, local, len)) = self.receive_forwarded() else {
+                        if let Some(capture) = &mut self.capture {
+                            capture.flush();
+                        }
+                        return None;
+                    };
+                    self.stats.received += 1;
+                    if len > limit {
+                        self.stats.malformed += 1;
+                        continue;
+                    }
+                    (src, local, Held::Forwarded(len))
+                }
+            };
+            let roce = held.bytes(&self.rx, &self.forwarded);
+            let Some(id) = icrc_check(&mut self.rx_icrc, src, local, self.port, roce) else {
+                self.stats.icrc_errors += 1;
+                continue;
+            };
+            if let Some(capture) = &mut self.capture {
+                capture.record(src, SocketAddr::new(local, self.port), id, roce);
             }
-            if !filled {
-                if let Some(capture) = &mut self.capture {
-                    capture.flush();
+            let len = roce.len();
+            return Some((Received { src: src.ip(), src_port: src.port(), dst: local, len }, held));
+        }
+    }
+
+    /// Refills the receive batch from the first socket with datagrams
+    /// waiting; false if none has any.
+    fn refill(&mut self) -> bool {
+        for (&local, (socket, _)) in &self.sockets {
+            match self.rx.fill(socket.as_raw_fd()) {
+                Ok(0) => {}
+                Ok(_) => {
+                    self.rx_local = Some(local);
+                    return true;
                 }
-                return None;
+                Err(_) => self.stats.malformed += 1,
             }
         }
+        false
+    }
+
+    /// A packet another process sharing the port passed on, into
+    /// `self.forwarded`.
+    fn receive_forwarded(&mut self) -> Option<(SocketAddr, IpAddr, usize)> {
+        let member = self.share.as_mut()?;
+        self.forwarded.resize(LARGEST_PACKET, 0);
+        member.receive_forwarded(&mut self.forwarded)
+    }
+
+    /// The bytes of a packet [`UdpLink::next_packet`] returned.
+    fn bytes(&self, held: &Held) -> &[u8] {
+        held.bytes(&self.rx, &self.forwarded)
+    }
+}
+
+/// Where a received packet's bytes are.
+#[derive(Debug, Clone)]
+enum Held {
+    /// In the receive batch.
+    Batch(Range<usize>),
+    /// The first bytes of the forwarded-packet buffer.
+    Forwarded(usize),
+}
+
+impl Held {
+    fn bytes<'a>(&self, rx: &'a RecvBatch, forwarded: &'a [u8]) -> &'a [u8] {
+        match self {
+            Held::Batch(at) => rx.bytes(at.clone()),
+            Held::Forwarded(len) => forwarded.get(..*len).unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for UdpLink {
+    /// Leaves the port's group: packets already here for other members go
+    /// on to them, and the steering is made right for the group without
+    /// this link's sockets before they close.
+    fn drop(&mut self) {
+        let Some(member) = self.share.take() else { return };
+        let (rx, sockets) = (&mut self.rx, &mut self.sockets);
+        member.leave(|member| {
+            loop {
+                while let (Some((Some(src), at)), Some(local)) = (rx.pop(), self.rx_local) {
+                    let roce = rx.bytes(at);
+                    if let Some(owner) = member.owner_elsewhere(local, roce) {
+                        member.forward(owner, src, local, roce);
+                    }
+                }
+                let next = sockets.iter().find_map(|(&local, (socket, _))| {
+                    rx.fill(socket.as_raw_fd()).is_ok_and(|n| n > 0).then_some(local)
+                });
+                match next {
+                    Some(local) => self.rx_local = Some(local),
+                    None => break,
+                }
+            }
+            sockets.clear();
+        });
     }
 }
 
@@ -387,14 +509,14 @@ impl Link for UdpLink {
     }
 
     fn receive(&mut self, _now: Duration, buf: &mut [u8]) -> Option<Received> {
-        let (r, at) = self.next_packet(buf.len())?;
-        buf[..r.len].copy_from_slice(self.rx.bytes(at));
+        let (r, held) = self.next_packet(buf.len())?;
+        buf[..r.len].copy_from_slice(self.bytes(&held));
         Some(r)
     }
 
     fn receive_in_place<'a>(&'a mut self, _now: Duration, _scratch: &'a mut [u8]) -> Option<(Received, &'a [u8])> {
-        let (r, at) = self.next_packet(LARGEST_PACKET)?;
-        Some((r, self.rx.bytes(at)))
+        let (r, held) = self.next_packet(LARGEST_PACKET)?;
+        Some((r, self.bytes(&held)))
     }
 
     fn amid_datagram(&self) -> bool {
@@ -410,7 +532,8 @@ impl Link for UdpLink {
     }
 
     fn raw_fds(&self) -> Vec<RawFd> {
-        self.sockets.values().map(|(s, _)| s.as_raw_fd()).collect()
+        let inbox = self.share.as_ref().map(Member::inbox_fd);
+        self.sockets.values().map(|(s, _)| s.as_raw_fd()).chain(inbox).collect()
     }
 
     fn stats(&self) -> LinkStats {

@@ -82,11 +82,26 @@ pub(super) struct ContextInner {
     _publisher: Option<Publisher>,
     pub(super) device: Device,
     pub(super) engine: Engine,
-    pub(super) next_qpn: AtomicU32,
+    /// This context's QPNs are `qpn_base | n`, `n` counted from a random
+    /// start: the base is its slot on the shared port, which steers their
+    /// packets here.
+    qpn_base: u32,
+    next_qpn: AtomicU32,
     next_id: AtomicU32,
 }
 
 impl ContextInner {
+    /// A QPN of this context's slot that `taken` does not hold.
+    pub(super) fn qpn(&self, taken: impl Fn(u32) -> bool) -> Result<u32> {
+        for _ in 0..=0xffff {
+            let qpn = self.qpn_base | (self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xffff);
+            if !taken(qpn) {
+                return Ok(qpn);
+            }
+        }
+        Err(Error::Limit { what: "QPs of one context", max: 0x1_0000 })
+    }
+
     /// A number that names a PD, CQ or SRQ of this context.
     pub(super) fn id(&self) -> u32 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
@@ -115,11 +130,10 @@ impl Context {
             })?;
             link.capture(live);
         }
-        for addr in device.addresses() {
-            link.bind(addr).map_err(|e| {
-                Error::Io(std::io::Error::new(e.kind(), format!("bind {addr} port {}: {e}", options.port)))
-            })?;
-        }
+        let addrs: Vec<_> = device.addresses().collect();
+        // The port is shared with the user's other processes on this host,
+        // as kernel rxe shares a device (rxe-spec N-1).
+        let slot = link.join(&addrs)?;
         let engine = Engine::start(link, options.busy_poll, device.name())?;
         let source = CounterSource { shared: Arc::clone(&engine.shared), device: device.name().to_owned() };
         let publisher = options.publish_counters.then(|| Publisher::start(source)).flatten();
@@ -127,7 +141,8 @@ impl Context {
             _publisher: publisher,
             device: device.clone(),
             engine,
-            next_qpn: AtomicU32::new(0x11),
+            qpn_base: u32::from(slot) << 16,
+            next_qpn: AtomicU32::new(crate::random_u32()),
             next_id: AtomicU32::new(1),
         };
         Ok(Context { inner: Arc::new(inner) })
@@ -199,11 +214,12 @@ fn device_counters(shared: &EngineShared) -> DeviceCounters {
         add_counters(&mut qp_totals, lock(&cell.qp).counters());
     }
     drop(qps);
+    let link = *lock(&shared.link_stats);
     DeviceCounters {
         qp: qp_totals,
-        link: *lock(&shared.link_stats),
+        link,
         malformed: shared.malformed.load(Ordering::Relaxed),
-        unknown_qp: shared.unknown_qp.load(Ordering::Relaxed),
+        unknown_qp: shared.unknown_qp.load(Ordering::Relaxed) + link.ownerless,
         sleeps: shared.sleeps.load(Ordering::Relaxed),
     }
 }
@@ -249,7 +265,7 @@ pub struct DeviceCounters {
     /// a bad pad count, headers cut short…), dropped.
     pub malformed: u64,
     /// Packets for a QP number the device does not have (never created, or
-    /// destroyed), dropped.
+    /// destroyed; or of a slot on the shared port no process holds), dropped.
     pub unknown_qp: u64,
     /// Times a thread driving the device's progress (its engine thread, or
     /// an application thread waiting for a completion) went to sleep for

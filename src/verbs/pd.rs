@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use memmap2::MmapMut;
 
 use super::context::ContextInner;
-use crate::random_u32;
 use super::error::{Error, Result};
 use super::gid::Gid;
 use super::{AddressHandle, CompletionQueue, MemoryRegion, QueuePair, SharedReceiveQueue};
 use crate::engine::threaded::{lock, QpCell};
 use crate::engine::RawRegion;
+use crate::random_u32;
 use crate::transport::{Access, Qp, QpCap, QpType, Srq};
 use crate::wire::Psn;
 
@@ -114,7 +114,9 @@ impl ProtectionDomain {
                 return Err(Error::Limit { what, max: max.into() });
             }
         }
-        let qpn = self.ctx.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+        let shared = &self.ctx.engine.shared;
+        let mut qps = lock(&shared.qps);
+        let qpn = self.ctx.qpn(|qpn| qps.contains_key(&qpn))?;
         let mut qp = Qp::new(qpn, init.qp_type, self.pd, init.cap, init.srq.map(|s| s.id));
         qp.set_peer_buffer(self.ctx.engine.shared.receive_buffer);
         if init.qp_type == QpType::Ud {
@@ -127,8 +129,8 @@ impl ProtectionDomain {
             recv_cq: Arc::clone(&init.recv_cq.shared),
             srq: init.srq.map(|s| Arc::clone(&s.srq)),
         });
-        let shared = &self.ctx.engine.shared;
-        lock(&shared.qps).insert(qpn, Arc::clone(&cell));
+        qps.insert(qpn, Arc::clone(&cell));
+        drop(qps);
         shared.qps_version.fetch_add(1, Ordering::Release);
         let psn = Psn::new(random_u32());
         Ok(QueuePair { ctx: Arc::clone(&self.ctx), cell, qpn, psn, sig_all })
