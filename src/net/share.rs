@@ -15,8 +15,9 @@
 //! probes that the program steers to position `k`, and each socket's drop
 //! counter in `/proc/net/udp` then says its position.
 //!
-//! Bookkeeping lives in the user's private directory (`rundir`), one
-//! subdirectory per port: a lock file (`flock`: one coordinator at a time;
+//! Bookkeeping lives in the user's private directory
+//! (`rundir::host_directory`), one subdirectory per port and network
+//! namespace: a lock file (`flock`: one coordinator at a time;
 //! an OFD lock on byte `slot`, held by its member and released by the kernel
 //! when the process dies, even by SIGKILL), a state file, and each member's
 //! Unix datagram socket. A datagram that reaches the wrong member (during a
@@ -28,7 +29,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,6 +64,8 @@ pub struct Member {
     inbox: UnixDatagram,
     /// Reused for forwarded packets, header and all.
     scratch: Vec<u8>,
+    /// Whether the member has left (or, in tests, crashed).
+    left: bool,
 }
 
 /// What the member and its steward share.
@@ -88,9 +91,21 @@ impl Member {
     /// recently used free slot, binds a socket per address, takes a census
     /// and steers the slot's QPs here.
     pub fn join(port: u16, addrs: &[IpAddr]) -> io::Result<Member> {
-        let dir = crate::rundir::user_directory(&format!("port-{port}"))?;
-        let lock = OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(dir.join("lock"))?;
-        let coordinator = Coordinator::take(&lock)?;
+        // A network namespace is a host of its own: its own groups, slots
+        // and QPNs.
+        let netns = fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
+        let (dir, lock, coordinator) = loop {
+            let dir = crate::rundir::host_directory(&format!("port-{port}-net{netns}"))?;
+            let path = dir.join("lock");
+            let lock =
+                OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path)?;
+            let coordinator = Coordinator::take(&lock)?;
+            // The last member to leave removes the directory: start again
+            // if that happened while this one waited for the lock.
+            if fs::metadata(&path).is_ok_and(|m| m.ino() == lock.metadata().map_or(0, |l| l.ino())) {
+                break (dir, lock, coordinator);
+            }
+        };
         let mut state = State::read(&dir)?;
         let slot = take_slot(&lock, &dir, &state)?;
         let mut sockets = Vec::new();
@@ -126,7 +141,7 @@ impl Member {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new().name(format!("softroce-share-{slot}")).spawn(move || shared.steward())?
         };
-        Ok(Member { shared, steward: Some(steward), inbox, scratch: Vec::new() })
+        Ok(Member { shared, steward: Some(steward), inbox, scratch: Vec::new(), left: false })
     }
 
     /// This member's slot: its QPNs are `slot << 16 | n`.
@@ -207,6 +222,18 @@ impl Member {
     /// what already arrived for others with `drain`, and closes them. The
     /// caller must have dropped its own references to the sockets.
     pub fn leave(mut self, drain: impl FnOnce(&mut Member)) {
+        self.depart(drain);
+    }
+
+    /// Ends membership as a crash would: sockets and locks close with
+    /// nothing said to the others.
+    #[cfg(test)]
+    fn crash(mut self) {
+        self.left = true;
+    }
+
+    fn depart(&mut self, drain: impl FnOnce(&mut Member)) {
+        self.left = true;
         self.stop_steward();
         let Ok(coordinator) = Coordinator::take(&self.shared.lock) else { return };
         let mut state = State::read(&self.shared.dir).unwrap_or_default();
@@ -219,13 +246,21 @@ impl Member {
             group.listeners.retain(|&(_, s)| s != slot);
             let _ = attach_steering(socket, &group.steering(), None);
         }
-        drain(&mut self);
+        state.listeners.retain(|&(_, s)| s != slot);
+        drain(self);
         lock(&self.shared.sockets).clear();
         if let Some(s) = state.slots.get_mut(&slot) {
             *s = SlotState { used: now_ms(), inodes: Vec::new() };
         }
-        let _ = state.write(&self.shared.dir, slot);
         let _ = fs::remove_file(slot_path(&self.shared.dir, slot));
+        let alone = state.slots.keys().all(|&s| s == slot || self.shared.vanished(s));
+        if alone {
+            // Nobody else lives here: leave no directory behind (a joiner
+            // waiting for the lock sees the file gone and starts again).
+            let _ = fs::remove_dir_all(&self.shared.dir);
+        } else {
+            let _ = state.write(&self.shared.dir, slot);
+        }
         drop(coordinator);
         // Closing the lock file (with the last Arc) releases the slot.
     }
@@ -248,10 +283,13 @@ impl Member {
 }
 
 impl Drop for Member {
+    /// Leaves the group, if [`Member::leave`] did not, with nothing to pass on.
     fn drop(&mut self) {
-        // A member dropped without `leave` (an error path) still stops its
-        // steward; the others find its slot free at their next look.
-        self.stop_steward();
+        if self.left {
+            self.stop_steward();
+        } else {
+            self.depart(|_| {});
+        }
     }
 }
 
@@ -896,7 +934,7 @@ mod tests {
         // The first to join dies without leaving: its socket closes, the last
         // takes its place, and its slot lock goes with it.
         let mut members = members.into_iter();
-        drop(members.next());
+        members.next().unwrap().crash();
         let survivors: Vec<Member> = members.collect();
         let counted: Vec<u64> = survivors.iter().map(Member::censuses).collect();
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -933,7 +971,7 @@ mod tests {
         let src: SocketAddr = "127.0.0.9:5000".parse().unwrap();
         assert_eq!(a.owner_elsewhere(LOCAL, &p), Some(b.slot()));
         assert_eq!(b.owner_elsewhere(LOCAL, &p), None);
-        assert_eq!(a.owner_elsewhere(LOCAL, &packet(1 << 16 | 0)[..7]), None, "too short to say");
+        assert_eq!(a.owner_elsewhere(LOCAL, &packet(1 << 16)[..7]), None, "too short to say");
         assert!(a.forward(b.slot(), src, LOCAL, &p));
         let mut buf = [0; 256];
         let got = b.receive_forwarded(&mut buf).unwrap();

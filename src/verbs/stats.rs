@@ -53,6 +53,9 @@ pub fn device_counters(d: &DeviceCounters) -> impl Iterator<Item = (&'static str
         ("icrc_err", d.link.icrc_errors),
         ("malformed_pkts", d.link.malformed + d.malformed),
         ("unknown_qp_pkts", d.unknown_qp),
+        // softroce's own: packets for another process sharing the port,
+        // passed on to it (kernel rxe demultiplexes in one place).
+        ("forwarded_pkts", d.link.forwarded),
     ];
     link.into_iter()
         .chain(qp_counters(&d.qp).into_iter().filter(|(name, _)| !matches!(*name, "sent_pkts" | "rcvd_pkts")))
