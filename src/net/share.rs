@@ -1,5 +1,5 @@
 //! One UDP port shared by all of a user's softroce processes, as kernel rxe
-//! shares one device among processes (rxe-spec N-1 … N-9).
+//! shares one device among processes (rxe-spec/share.md).
 //!
 //! Every member (each open context) binds the port with `SO_REUSEPORT`, so
 //! the kernel puts the sockets of one address in one reuseport group, which
@@ -512,7 +512,7 @@ fn group_drops(ipv6: bool, own: u64) -> io::Result<Vec<(u64, u64)>> {
 
 /// A socket for `addr` on `port` that joins the user's reuseport group
 /// there: never `SO_REUSEADDR`, which would let another user's socket bind
-/// beside it and take its datagrams (rxe-spec N-6).
+/// beside it and take its datagrams (rxe-spec N-9).
 #[allow(unsafe_code)]
 fn member_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
     let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
