@@ -386,7 +386,12 @@ impl Shared {
                 .iter()
                 .flat_map(|(&slot, s)| s.inodes.iter().filter(|(a, _)| a == addr).map(move |&(_, ino)| (ino, slot)))
                 .collect();
-            group.positions = census(socket, &inodes, &group.steering())?;
+            // Without a census (no /proc, say) the steering stays as it was:
+            // packets still arrive, some by way of another member (N-4).
+            match census(socket, &inodes, &group.steering()) {
+                Ok(positions) => group.positions = positions,
+                Err(e) => tracing::warn!("no census of the members sharing {addr}: {e}"),
+            }
             attach_steering(socket, &group.steering(), None)?;
             steering.insert(*addr, group.steering());
         }
