@@ -912,11 +912,12 @@ mod tests {
 
     /// Sends each member's QP a packet and checks each got exactly its own.
     fn check_steering(members: &[&Member], port: u16) {
-        let sender = UdpSocket::bind((LOCAL, 0)).unwrap();
+        let local = members[0].sockets()[0].0;
+        let sender = UdpSocket::bind((local, 0)).unwrap();
         let qpns: Vec<u32> = members.iter().map(|m| u32::from(m.slot()) << 16 | 0x42).collect();
         for _ in 0..4 {
             for &qpn in &qpns {
-                sender.send_to(&packet(qpn), (LOCAL, port)).unwrap();
+                sender.send_to(&packet(qpn), (local, port)).unwrap();
             }
         }
         let got = received(members, Duration::from_millis(100));
@@ -954,6 +955,17 @@ mod tests {
         let mut all: Vec<&Member> = survivors.iter().collect();
         all.push(&newcomer);
         check_steering(&all, port);
+    }
+
+    #[test]
+    fn ipv6_members_are_counted_and_steered_too() {
+        let local: IpAddr = "::1".parse().unwrap();
+        let Ok(port) = crate::net::udp::free_port(&[local]) else {
+            eprintln!("skipped: no IPv6 loopback here");
+            return;
+        };
+        let members: Vec<Member> = (0..3).map(|_| Member::join(port, &[local]).unwrap()).collect();
+        check_steering(&members.iter().collect::<Vec<_>>(), port);
     }
 
     #[test]

@@ -3,4 +3,5 @@
 //! link sees every packet on `lo`, and other tests' traffic would crowd it.
 
 mod raw_link;
+mod shared_port;
 mod udp_link;
