@@ -202,19 +202,10 @@ impl Member {
         }
     }
 
-    /// Steers rdma_cm connection requests for `service` (port space << 16
-    /// | port) on every address to this member.
-    pub fn listen(&self, service: u32) -> io::Result<()> {
-        self.shared.change_listeners(|listeners| {
-            listeners.retain(|&(s, _)| s != service);
-            listeners.push((service, self.shared.slot));
-        })
-    }
-
-    /// Stops steering `service` here.
-    pub fn unlisten(&self, service: u32) -> io::Result<()> {
-        let slot = self.shared.slot;
-        self.shared.change_listeners(|listeners| listeners.retain(|&l| l != (service, slot)))
+    /// A handle to the member's slot and CM listeners, for whoever owns the
+    /// QPs (the link itself lives in an engine).
+    pub fn handle(&self) -> ShareHandle {
+        ShareHandle(Arc::clone(&self.shared))
     }
 
     /// Leaves the group: steers as the group will be once this member's
@@ -279,6 +270,42 @@ impl Member {
         let mut state = State::read(&self.shared.dir)?;
         self.shared.census_all(&mut state)?;
         state.write(&self.shared.dir, self.shared.slot)
+    }
+}
+
+/// What a context may ask of its link's membership from outside the
+/// engine: its slot, and which rdma_cm services its GSI QP listens on.
+#[derive(Clone)]
+pub struct ShareHandle(Arc<Shared>);
+
+impl std::fmt::Debug for ShareHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShareHandle").field("slot", &self.0.slot).finish()
+    }
+}
+
+impl ShareHandle {
+    /// The member's slot: the top byte of its QPNs, and of the CM Comm IDs
+    /// and SIDR Request IDs it hands out, so answers find it (rxe-spec N-5).
+    pub fn slot(&self) -> u8 {
+        self.0.slot
+    }
+
+    /// Steers rdma_cm connection requests (REQ, SIDR_REQ) for `service`
+    /// (port space << 16 | port: the Service ID's low word) on every
+    /// address to this member.
+    pub fn listen(&self, service: u32) -> io::Result<()> {
+        let slot = self.0.slot;
+        self.0.change_listeners(|listeners| {
+            listeners.retain(|&(s, _)| s != service);
+            listeners.push((service, slot));
+        })
+    }
+
+    /// Stops steering `service` here.
+    pub fn unlisten(&self, service: u32) -> io::Result<()> {
+        let slot = self.0.slot;
+        self.0.change_listeners(|listeners| listeners.retain(|&l| l != (service, slot)))
     }
 }
 

@@ -11,6 +11,7 @@ use super::{CompletionChannel, CompletionQueue, ProtectionDomain};
 use crate::capture::LiveCapture;
 use crate::engine::threaded::{lock, Arm, ChannelShared, CqShared, Engine, EngineShared};
 use crate::engine::EventFd;
+use crate::net::share::{Member, ShareHandle};
 use crate::net::{LinkStats, UdpLink};
 use crate::transport::{AsyncEvent, Counters};
 use crate::wire::ROCE_UDP_PORT;
@@ -86,6 +87,8 @@ pub(super) struct ContextInner {
     /// start: the base is its slot on the shared port, which steers their
     /// packets here.
     qpn_base: u32,
+    /// The context's place on the shared port.
+    share: Option<ShareHandle>,
     next_qpn: AtomicU32,
     next_id: AtomicU32,
 }
@@ -134,6 +137,7 @@ impl Context {
         // The port is shared with the user's other processes on this host,
         // as kernel rxe shares a device (rxe-spec N-1).
         let slot = link.join(&addrs)?;
+        let share = link.member().map(Member::handle);
         let engine = Engine::start(link, options.busy_poll, device.name())?;
         let source = CounterSource { shared: Arc::clone(&engine.shared), device: device.name().to_owned() };
         let publisher = options.publish_counters.then(|| Publisher::start(source)).flatten();
@@ -142,6 +146,7 @@ impl Context {
             device: device.clone(),
             engine,
             qpn_base: u32::from(slot) << 16,
+            share,
             next_qpn: AtomicU32::new(crate::random_u32()),
             next_id: AtomicU32::new(1),
         };
@@ -191,6 +196,27 @@ impl Context {
     /// (libibverbs' `async_fd`), for `poll` and event loops.
     pub fn async_event_fd(&self) -> RawFd {
         self.inner.engine.shared.events.fd().expect("a started engine has an event descriptor")
+    }
+
+    /// This context's slot on its shared port: the top byte of its QPNs,
+    /// which a CM built on it also gives its Comm IDs and SIDR Request IDs
+    /// so that answers reach it (rxe-spec N-5).
+    pub fn slot(&self) -> u8 {
+        self.inner.share.as_ref().map_or(0, ShareHandle::slot)
+    }
+
+    /// Steers connection requests (CM REQ and SIDR_REQ) for an rdma_cm
+    /// `service` (port space << 16 | port) that reach any process sharing
+    /// the port to this context's GSI QP.
+    pub fn listen_cm(&self, service: u32) -> Result<()> {
+        let share = self.inner.share.as_ref().ok_or_else(|| Error::InvalidArgument("no shared port".into()))?;
+        Ok(share.listen(service)?)
+    }
+
+    /// Stops [`Context::listen_cm`] for `service`.
+    pub fn unlisten_cm(&self, service: u32) -> Result<()> {
+        let share = self.inner.share.as_ref().ok_or_else(|| Error::InvalidArgument("no shared port".into()))?;
+        Ok(share.unlisten(service)?)
     }
 
     /// Device-wide counters, like rxe's hw_counters: the sum over every QP

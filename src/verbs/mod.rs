@@ -57,7 +57,7 @@ pub use endpoint::Endpoint;
 pub use error::{Error, Result};
 pub use gid::Gid;
 pub use mr::{MemoryRegion, RemoteRegion};
-pub use pd::{ProtectionDomain, QpBuilder};
+pub use pd::{ProtectionDomain, QpBuilder, GSI_QKEY, GSI_QPN};
 pub use qp::{AckTimeout, ConnectOptions, QueuePair};
 pub use srq::SharedReceiveQueue;
 // The transport's value types that verbs calls take and return, so that a

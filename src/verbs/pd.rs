@@ -13,6 +13,11 @@ use super::{AddressHandle, CompletionQueue, MemoryRegion, QueuePair, SharedRecei
 use crate::engine::threaded::{lock, QpCell};
 use crate::engine::RawRegion;
 use crate::random_u32;
+
+/// The GSI QP's number (IBTA 3.5.3): QP1, which carries the CM's MADs.
+pub const GSI_QPN: u32 = 1;
+/// The Q_Key GSI MADs carry (IBTA 13.4.6.2).
+pub const GSI_QKEY: u32 = 0x8001_0000;
 use crate::transport::{Access, Qp, QpCap, QpType, Srq};
 use crate::wire::Psn;
 
@@ -90,7 +95,16 @@ impl ProtectionDomain {
     /// `ibv_create_qp`: the start of a QP of `qp_type` whose send and receive
     /// completions go to `cq` (see [`QpBuilder`] for the rest).
     pub fn create_qp<'a>(&'a self, qp_type: QpType, cq: &'a CompletionQueue) -> QpBuilder<'a> {
-        QpBuilder { pd: self, qp_type, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sig_all: false }
+        QpBuilder {
+            pd: self,
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap::default(),
+            sig_all: false,
+            gsi: false,
+        }
     }
 
     /// A QP in RESET, with a random first PSN. Its CQs and SRQ must belong to
@@ -116,7 +130,12 @@ impl ProtectionDomain {
         }
         let shared = &self.ctx.engine.shared;
         let mut qps = lock(&shared.qps);
-        let qpn = self.ctx.qpn(|qpn| qps.contains_key(&qpn))?;
+        let qpn = match (init.gsi, init.qp_type) {
+            (false, _) => self.ctx.qpn(|qpn| qps.contains_key(&qpn))?,
+            (true, QpType::Ud) if !qps.contains_key(&GSI_QPN) => GSI_QPN,
+            (true, QpType::Ud) => return Err(Error::InvalidArgument("the context has a GSI QP already".into())),
+            (true, _) => return Err(Error::InvalidArgument("a GSI QP is a UD QP".into())),
+        };
         let mut qp = Qp::new(qpn, init.qp_type, self.pd, init.cap, init.srq.map(|s| s.id));
         qp.set_peer_buffer(self.ctx.engine.shared.receive_buffer);
         if init.qp_type == QpType::Ud {
@@ -170,6 +189,7 @@ pub struct QpBuilder<'a> {
     srq: Option<&'a SharedReceiveQueue>,
     cap: QpCap,
     sig_all: bool,
+    gsi: bool,
 }
 
 impl<'a> QpBuilder<'a> {
@@ -194,6 +214,14 @@ impl<'a> QpBuilder<'a> {
     /// Every send completes, signaled or not (`sq_sig_all`).
     pub fn sig_all(mut self, sig_all: bool) -> QpBuilder<'a> {
         self.sig_all = sig_all;
+        self
+    }
+
+    /// The context's GSI QP: a UD QP numbered 1, which receives the CM's
+    /// MADs (Q_Key [`GSI_QKEY`]) that reach this process (rxe-spec N-5).
+    /// One per context.
+    pub fn gsi(mut self) -> QpBuilder<'a> {
+        self.gsi = true;
         self
     }
 

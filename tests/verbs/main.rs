@@ -11,5 +11,6 @@ mod support;
 
 mod device;
 mod errors;
+mod gsi;
 mod progress;
 mod smoke;
