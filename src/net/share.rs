@@ -49,6 +49,8 @@ const STATE_MAGIC: &str = "softroce-shared-port 1";
 const CENSUS_TRIES: u32 = 4;
 /// How long a census waits for its probes to be counted.
 const CENSUS_WAIT: Duration = Duration::from_millis(200);
+/// How long to wait for another coordinator before giving up.
+const COORDINATOR_WAIT: Duration = Duration::from_secs(10);
 /// Bytes ahead of a forwarded packet: source address and port, and the
 /// local address it came to ([`encode_forward`]).
 const FORWARD_HEADER: usize = 36;
@@ -688,15 +690,26 @@ impl Coordinator {
     #[allow(unsafe_code)]
     fn take(file: &File) -> io::Result<Coordinator> {
         let file = file.try_clone()?;
+        let deadline = Instant::now() + COORDINATOR_WAIT;
         loop {
             // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 return Ok(Coordinator(file));
             }
             let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
+            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
                 return Err(e);
             }
+            if Instant::now() >= deadline {
+                // A coordinator takes milliseconds; one that holds on is
+                // stopped (SIGSTOP, a debugger) or hung.
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "another softroce process of this user has held the shared port's lock for seconds \
+                     (stopped or hung?); `fuser -v /tmp/softroce-$UID/port-*/lock` names it",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
