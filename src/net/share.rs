@@ -89,7 +89,13 @@ impl Member {
     /// and steers the slot's QPs here.
     pub fn join(port: u16, addrs: &[IpAddr]) -> io::Result<Member> {
         let dir = crate::rundir::user_directory(&format!("port-{port}"))?;
-        let lock = OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(dir.join("lock"))?;
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(dir.join("lock"))?;
         let coordinator = Coordinator::take(&lock)?;
         let mut state = State::read(&dir)?;
         let slot = take_slot(&lock, &dir, &state)?;
@@ -933,7 +939,7 @@ mod tests {
         let src: SocketAddr = "127.0.0.9:5000".parse().unwrap();
         assert_eq!(a.owner_elsewhere(LOCAL, &p), Some(b.slot()));
         assert_eq!(b.owner_elsewhere(LOCAL, &p), None);
-        assert_eq!(a.owner_elsewhere(LOCAL, &packet(1 << 16 | 0)[..7]), None, "too short to say");
+        assert_eq!(a.owner_elsewhere(LOCAL, &packet(1 << 16)[..7]), None, "too short to say");
         assert!(a.forward(b.slot(), src, LOCAL, &p));
         let mut buf = [0; 256];
         let got = b.receive_forwarded(&mut buf).unwrap();
