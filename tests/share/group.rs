@@ -27,6 +27,8 @@ pub struct Group {
     children: BTreeMap<usize, Child>,
     /// Members reaped so far, and how they ended.
     ended: BTreeMap<usize, ExitStatus>,
+    /// Users other than this process's that members ran as.
+    users: Vec<u32>,
 }
 
 impl Group {
@@ -44,7 +46,7 @@ impl Group {
             fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
             exe = copy;
         }
-        Group { dir, port, exe, children: BTreeMap::new(), ended: BTreeMap::new() }
+        Group { dir, port, exe, children: BTreeMap::new(), ended: BTreeMap::new(), users: Vec::new() }
     }
 
     /// Member `index` of `count`, with the defaults of `mode`.
@@ -78,6 +80,7 @@ impl Group {
         if let Some(user) = user {
             // std drops the supplementary groups too when root sets a uid.
             command.uid(user.uid).gid(user.gid).env_remove("XDG_RUNTIME_DIR").env("HOME", "/");
+            self.users.push(user.uid);
         }
         let child = command.spawn().unwrap_or_else(|e| panic!("spawning member {}: {e}", role.index));
         self.children.insert(role.index, child);
@@ -183,6 +186,16 @@ impl Drop for Group {
             eprintln!("---- the group's files are kept in {}", self.dir.display());
         } else {
             let _ = fs::remove_dir_all(&self.dir);
+            // The shared port's bookkeeping outlives its members (a killed
+            // member leaves its inbox too); with every member gone, the
+            // port's directory of each user goes. Members of other users
+            // had no XDG_RUNTIME_DIR: theirs is in the temporary directory.
+            let port = format!("port-{}", self.port);
+            let mut dirs: Vec<PathBuf> = softroce::rundir::user_directory(&port).into_iter().collect();
+            dirs.extend(self.users.iter().map(|uid| std::env::temp_dir().join(format!("softroce-{uid}")).join(&port)));
+            for dir in dirs {
+                let _ = fs::remove_dir_all(dir);
+            }
         }
     }
 }
