@@ -18,9 +18,11 @@ use crate::sys::*;
 use crate::{cq, qp, srq};
 
 /// Names the one address of a host this process's devices use (several,
-/// comma-separated, make several devices): how two programs on one host
-/// share it, one on 127.0.0.1 and one on 127.0.0.2, say. Unset, every
-/// interface that is up is a device, as `ibv_devices` lists kernel rxe's.
+/// comma-separated, make several devices). A user's programs share a
+/// device's address and port without it; two users on one host each need
+/// an address of their own, one on 127.0.0.1 and one on 127.0.0.2, say.
+/// Unset, every interface that is up is a device, as `ibv_devices` lists
+/// kernel rxe's.
 pub const ADDR_ENV: &str = "SOFTROCE_ADDR";
 /// The RoCE UDP port, if not 4791 (tests run on free ports).
 pub const PORT_ENV: &str = "SOFTROCE_PORT";
@@ -253,11 +255,16 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             Err(e) => {
                 eprintln!("softroce: cannot open {}: {e}", dev.device.name());
                 if e.errno() == libc::EADDRINUSE {
+                    // A user's programs share the port (as kernel rxe's share
+                    // a device); what holds it is not this user's softroce.
                     eprintln!(
-                        "softroce: another program holds UDP port {} there (`ss -ulpn 'sport = :{}'` names it; \
-                         kernel rxe shows in `rdma link`); give this one another address of the host, \
-                         e.g. {ADDR_ENV}=127.0.0.2 or `softroce run --addr 127.0.0.2 -- ...`",
-                        port, port
+                        "softroce: this user's programs share {name}'s UDP port {port}, as programs share \
+                         a kernel rxe device, but another user's program, kernel rxe, or a program that \
+                         did not ask to share it holds it there (`ss -ulpn 'sport = :{port}'` names \
+                         programs; kernel rxe shows in `rdma link`). Another user's programs need an \
+                         address of their own: {ADDR_ENV}=127.0.0.2, say, or `softroce run --addr \
+                         127.0.0.2 -- ...`",
+                        name = dev.device.name()
                     );
                 }
                 set_errno(e.errno());

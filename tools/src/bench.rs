@@ -9,10 +9,20 @@
 //! `--seconds`, then measures for `--seconds`: bytes and messages that
 //! arrived, and the CPU time of the whole process (user + system, from
 //! `getrusage`) spent meanwhile.
+//!
+//! Some rows are measured against a reference, the two in turns within
+//! each round (the machine's other work moves whole runs by more than the
+//! difference between the two, and falls on both alike): a stream to a
+//! process that shares our device against one to a process on an address
+//! of its own (`procs`), and datagrams to a socket of a shared port against
+//! datagrams to a socket alone (`baselines::udp_steering`).
 
 mod baselines;
 mod plot;
+mod procs;
 mod rdma;
+
+pub use procs::{peer, PeerArgs};
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -43,7 +53,16 @@ macro_rules! say {
     posted 16 at a time, as ibv_post_send with a chain). Ping-pongs count the messages and bytes of \
     both directions. Ratios are softroce's figure over the \
     baseline's: GB/s for streams, messages/s for the write rates, median latency for send-lat (whose \
-    ×gso is to udp-gso-lat).")]
+    ×gso is to udp-gso-lat). Rows measured against a reference, in turns within each of 3 rounds (×ref: \
+    the median round's msg/s over the reference's; below the table each round, and the median \
+    difference in cost a message): shared-write, a WRITE stream from this process to another that \
+    shares its device (both on 127.0.0.1, one UDP port, each packet steered to its QP's process), \
+    against procs-write, the same to a process on an address of its own (127.0.0.2), slice by slice, \
+    the cost being CPU time, all processes'; and udp-steered, 64 B datagrams sent by one thread to a \
+    socket in a group of 8 sharing a port as softroce's processes do (the steering program and the \
+    census filter on every packet), against udp-alone, to a socket bound alone, batch by batch, neither \
+    socket read, so that each datagram goes the kernel's way in as far as the socket: the cost, the \
+    median batch's time a datagram, is what steering costs a packet.")]
 pub struct Args {
     /// How long each row is measured, after a warm-up of a fifth of that (not 0: rates divide by it).
     #[arg(long, value_name = "SECONDS", default_value = "0.5", value_parser = |s: &str| seconds(s, Zero::Refused))]
@@ -109,7 +128,8 @@ fn bench(args: &Args) -> Result<bool, String> {
     let timing = Timing { warmup: args.seconds / 5, seconds: args.seconds };
     let options =
         ContextOptions { busy_poll: args.busy_poll, socket_buffer: args.socket_buffer, ..ContextOptions::default() };
-    let devices = rdma::Devices::open(args.port, options)?;
+    let devices = rdma::Devices::open(args.port, options.clone())?;
+    let rigs = Rigs { devices, options, procs: std::cell::OnceCell::new() };
     let host = Host::now();
     if !args.json {
         say!(
@@ -138,33 +158,51 @@ fn bench(args: &Args) -> Result<bool, String> {
     let mut baselines = Baselines::default();
     let mut rows = Vec::new();
     let mut failed = 0;
+    let named = |test: Test| args.test.contains(&test);
     let wanted = |c: &Case| {
-        (args.test.is_empty() || args.test.contains(&c.test))
+        (args.test.is_empty() || named(c.test) || c.test.reference().is_some_and(named))
             && (args.size.is_empty() || !c.test.is_softroce() || args.size.contains(&c.size))
     };
     for case in plan(args.quick).into_iter().filter(wanted) {
-        let result = measure(&case, &devices, &timing).and_then(|m| Figures::new(&m));
-        let row = match result {
-            Ok(mut figures) => {
-                figures.ratios = case.test.is_softroce().then(|| baselines.ratios(&case, &figures));
-                baselines.learn(&case, &figures);
-                Row { case, result: Ok(figures) }
-            }
-            Err(why) => {
-                failed += usize::from(case.test.is_softroce());
-                Row { case, result: Err(why) }
-            }
+        let results = match reference(&case) {
+            None => vec![(case, measure(&case, &rigs, &timing).and_then(|m| Figures::new(&m)))],
+            Some(other) => match measure_in_turns(&case, &other, &rigs, &timing) {
+                Ok(turns) => {
+                    let reference = Some(turns.reference);
+                    let ours = Figures::new(&turns.ours).map(|f| Figures { reference, ..f });
+                    vec![(other, Figures::new(&turns.theirs)), (case, ours)]
+                }
+                Err(why) => vec![(other, Err(why.clone())), (case, Err(why))],
+            },
         };
-        if args.json {
-            say!("{}", row.json());
-        } else {
-            say!("{}", row.table_line());
+        for (case, result) in results {
+            let row = match result {
+                Ok(mut figures) => {
+                    figures.ratios = case.test.is_softroce().then(|| baselines.ratios(&case, &figures));
+                    baselines.learn(&case, &figures);
+                    Row { case, result: Ok(figures) }
+                }
+                Err(why) => {
+                    failed += usize::from(case.test.must_work());
+                    Row { case, result: Err(why) }
+                }
+            };
+            if args.json {
+                say!("{}", row.json());
+            } else {
+                say!("{}", row.table_line());
+            }
+            rows.push(row);
         }
-        rows.push(row);
     }
     if !args.json {
         say!("load average {} at the end", Host::now().load);
         say!("ratios: softroce / baseline (GB/s for streams, msg/s for the write rates, median latency for send-lat; latency above 1 is slower)");
+        for row in &rows {
+            if let Some(line) = row.reference_line() {
+                say!("{line}");
+            }
+        }
     }
     if let Some(path) = &args.plot {
         let svg = plot::svg(
@@ -193,6 +231,10 @@ pub enum Test {
     SendLat,
     WriteRate,
     WriteRateList,
+    UdpAlone,
+    UdpSteered,
+    ProcsWrite,
+    SharedWrite,
 }
 
 impl Test {
@@ -209,11 +251,33 @@ impl Test {
             Test::SendLat => "send-lat",
             Test::WriteRate => "write-rate",
             Test::WriteRateList => "write-rate-list",
+            Test::UdpAlone => "udp-alone",
+            Test::UdpSteered => "udp-steered",
+            Test::ProcsWrite => "procs-write",
+            Test::SharedWrite => "shared-write",
         }
     }
 
     fn is_softroce(self) -> bool {
-        !matches!(self, Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat | Test::UdpGsoLat)
+        !matches!(
+            self,
+            Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat | Test::UdpGsoLat | Test::UdpAlone | Test::UdpSteered
+        )
+    }
+
+    /// The test a row is measured against in alternation, round by round.
+    fn reference(self) -> Option<Test> {
+        match self {
+            Test::SharedWrite => Some(Test::ProcsWrite),
+            Test::UdpSteered => Some(Test::UdpAlone),
+            _ => None,
+        }
+    }
+
+    /// Whether a failure fails the run (else the row is only unavailable):
+    /// softroce's rows, and the steering rows, which are softroce's code.
+    fn must_work(self) -> bool {
+        self.is_softroce() || matches!(self, Test::UdpAlone | Test::UdpSteered)
     }
 
     /// The figure a softroce row is compared to the baselines by.
@@ -271,6 +335,12 @@ const PING_PAGE: usize = 4096;
 /// Message sizes of the full run: 64 B to 4 MiB in powers of 4.
 const SIZES: [usize; 9] = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
 const RC_STREAMS: [Test; 3] = [Test::RcWrite, Test::RcSend, Test::RcRead];
+/// Rounds of a row measured against its reference (each with both in turns).
+const ROUNDS: usize = 3;
+/// The steering rows' datagrams: the size of the smallest RoCE packets.
+const STEER_DATAGRAM: usize = 64;
+/// Sockets in the steering row's group.
+const STEER_MEMBERS: usize = 8;
 
 /// The rows to run, baselines first (the softroce rows' ratios need them).
 fn plan(quick: bool) -> Vec<Case> {
@@ -280,6 +350,7 @@ fn plan(quick: bool) -> Vec<Case> {
         Case::baseline(Test::Tcp, TCP_WRITE),
         Case::baseline(Test::UdpLat, PING_SMALL),
         Case::baseline(Test::UdpGsoLat, PING_SMALL),
+        Case::baseline(Test::UdpSteered, STEER_DATAGRAM),
     ];
     let mib = 1 << 20;
     if quick {
@@ -314,10 +385,38 @@ fn plan(quick: bool) -> Vec<Case> {
     }
     cases.push(Case::softroce(Test::WriteRate, 64, Mtu::Mtu4096, 1));
     cases.push(Case::softroce(Test::WriteRateList, 64, Mtu::Mtu4096, 1));
+    let shared_sizes: &[usize] = if quick { &[64, 1 << 20] } else { &[64, 64 << 10, 1 << 20] };
+    for &size in shared_sizes {
+        cases.push(Case::softroce(Test::SharedWrite, size, Mtu::Mtu4096, 1));
+    }
     cases
 }
 
-fn measure(case: &Case, devices: &rdma::Devices, timing: &Timing) -> Result<Measured, String> {
+/// The case a row is measured against: the same but for the test.
+fn reference(case: &Case) -> Option<Case> {
+    case.test.reference().map(|test| Case { test, ..*case })
+}
+
+/// What the rows run on: the devices, open from the start, and the
+/// two-process rows' devices, opened for the first of them.
+struct Rigs {
+    devices: rdma::Devices,
+    options: ContextOptions,
+    procs: std::cell::OnceCell<procs::Procs>,
+}
+
+impl Rigs {
+    fn procs(&self) -> Result<&procs::Procs, String> {
+        if let Some(procs) = self.procs.get() {
+            return Ok(procs);
+        }
+        let procs = procs::Procs::open(self.options.clone())?;
+        Ok(self.procs.get_or_init(|| procs))
+    }
+}
+
+fn measure(case: &Case, rigs: &Rigs, timing: &Timing) -> Result<Measured, String> {
+    let devices = &rigs.devices;
     match case.test {
         Test::Udp => baselines::udp_stream(case.size, 1, timing),
         Test::UdpGso => baselines::udp_stream(case.size, GSO_SEGMENTS, timing),
@@ -328,7 +427,48 @@ fn measure(case: &Case, devices: &rdma::Devices, timing: &Timing) -> Result<Meas
             devices.stream(case, timing)
         }
         Test::SendLat => devices.ping_pong(case, timing),
+        Test::UdpAlone | Test::UdpSteered | Test::ProcsWrite | Test::SharedWrite => {
+            Err("measured only in turns with its reference".to_owned())
+        }
     }
+}
+
+/// A row and its reference measured in turns, [`ROUNDS`] rounds, each
+/// with both in turns within it (`procs`, `baselines::udp_steering`).
+fn measure_in_turns(case: &Case, reference: &Case, rigs: &Rigs, timing: &Timing) -> Result<Turns, String> {
+    let (mut ours, mut theirs, mut ratios, mut extra_ns) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let per_second = |m: &Measured| m.window.messages as f64 / m.window.elapsed.as_secs_f64();
+    for _ in 0..ROUNDS {
+        let (r, m) = match case.test {
+            Test::UdpSteered => {
+                // The median batch's time a datagram.
+                let (r, m, extra) = baselines::udp_steering(case.size, STEER_MEMBERS, timing)?;
+                extra_ns.push(extra);
+                (r, m)
+            }
+            Test::SharedWrite => {
+                // The CPU time of a message, all three processes'.
+                let (r, m) = rigs.procs()?.round(case, timing)?;
+                let cpu_ns = |m: &Measured| m.window.cpu.as_secs_f64() * 1e9 / m.window.messages.max(1) as f64;
+                extra_ns.push(cpu_ns(&m) - cpu_ns(&r));
+                (r, m)
+            }
+            other => unreachable!("{} has no reference", other.name()),
+        };
+        ratios.push(per_second(&m) / per_second(&r));
+        ours.push(m);
+        theirs.push(r);
+    }
+    let reference = Reference { test: reference.test, ratios, extra_ns };
+    Ok(Turns { ours: Measured::sum(ours), theirs: Measured::sum(theirs), reference })
+}
+
+/// A row and its reference, measured in turns: each over all its rounds,
+/// and how they compared round by round.
+struct Turns {
+    ours: Measured,
+    theirs: Measured,
+    reference: Reference,
 }
 
 /// How long a row warms up and is measured.
@@ -371,6 +511,11 @@ impl Meter {
     /// slow debug build, a loaded machine) is extended until something does,
     /// for [`MAX_EXTENSION`] at most.
     pub fn time(&self, timing: &Timing) -> Window {
+        self.time_with_cpu(timing, cpu_time)
+    }
+
+    /// [`Meter::time`], with the CPU time of the row taken from `cpu`.
+    pub fn time_with_cpu(&self, timing: &Timing, cpu_time: impl Fn() -> Duration) -> Window {
         std::thread::sleep(timing.warmup);
         let (bytes, messages, cpu, start) = (self.bytes(), self.messages(), cpu_time(), Instant::now());
         self.measuring.store(true, Ordering::Relaxed);
@@ -426,6 +571,29 @@ pub struct Measured {
     pub retries: Option<u64>,
 }
 
+impl Measured {
+    /// Several runs of one row as one: their windows added up.
+    fn sum(runs: Vec<Measured>) -> Measured {
+        let mut all = Measured {
+            window: Window { bytes: 0, messages: 0, elapsed: Duration::ZERO, cpu: Duration::ZERO },
+            rtts: Vec::new(),
+            retries: None,
+        };
+        for run in runs {
+            let (w, r) = (&mut all.window, run.window);
+            (w.bytes, w.messages, w.elapsed, w.cpu) =
+                (w.bytes + r.bytes, w.messages + r.messages, w.elapsed + r.elapsed, w.cpu + r.cpu);
+            all.rtts.extend(run.rtts);
+            all.retries = match (all.retries, run.retries) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            };
+        }
+        all.rtts.sort_unstable();
+        all
+    }
+}
+
 /// A row's figures.
 #[derive(Debug, Clone, PartialEq)]
 struct Figures {
@@ -437,6 +605,42 @@ struct Figures {
     retries: Option<u64>,
     /// Against the baselines (softroce rows).
     ratios: Option<Ratios>,
+    /// Against the reference measured in alternation (rows that have one).
+    reference: Option<Reference>,
+}
+
+/// A row against its reference, from the rounds they were measured in turns.
+#[derive(Debug, Clone, PartialEq)]
+struct Reference {
+    test: Test,
+    /// Each round's messages a second over the reference's.
+    ratios: Vec<f64>,
+    /// Each round's cost of a message less the reference's, in ns: for
+    /// the two-process rows the CPU time of all the processes, a figure
+    /// that the machine's other work moves less than rates; for
+    /// udp-steered the median batch's time a datagram.
+    extra_ns: Vec<f64>,
+}
+
+impl Reference {
+    fn ratio(&self) -> f64 {
+        median(&self.ratios)
+    }
+
+    fn extra_ns(&self) -> f64 {
+        median(&self.extra_ns)
+    }
+}
+
+/// The median of some figures (the mean of the middle two of an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
 }
 
 impl Figures {
@@ -458,6 +662,7 @@ impl Figures {
             latency,
             retries: m.retries,
             ratios: None,
+            reference: None,
         })
     }
 
@@ -539,7 +744,7 @@ struct Row {
 
 fn table_header() -> String {
     format!(
-        "{:<15} {:>7} {:>4} {:>3} {:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
+        "{:<15} {:>7} {:>4} {:>3} {:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7}",
         "test",
         "size",
         "MTU",
@@ -553,6 +758,7 @@ fn table_header() -> String {
         "×udp",
         "×gso",
         "×tcp",
+        "×ref",
         "retries"
     )
 }
@@ -566,13 +772,13 @@ impl Row {
         let head = format!("{:<15} {:>7} {:>4} {:>3} {:>3}", c.test.name(), size_label(c.size), mtu, qps, engines);
         let f = match &self.result {
             Ok(f) => f,
-            Err(why) if c.test.is_softroce() => return format!("{head} FAILED: {why}"),
+            Err(why) if c.test.must_work() => return format!("{head} FAILED: {why}"),
             Err(why) => return format!("{head} unavailable: {why}"),
         };
         let or_dash = |v: Option<f64>, decimals: usize| v.map_or("-".to_owned(), |v| format!("{v:.decimals$}"));
         let ratios = f.ratios.unwrap_or_default();
         format!(
-            "{head} {:>8.3} {:>8} {:>8.2} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}",
+            "{head} {:>8.3} {:>8} {:>8.2} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7}",
             f.gbytes_per_s,
             si(f.msgs_per_s),
             f.cpu_s_per_gb,
@@ -581,8 +787,36 @@ impl Row {
             or_dash(ratios.udp, 3),
             or_dash(ratios.udp_gso, 3),
             or_dash(ratios.tcp, 3),
+            or_dash(f.reference.as_ref().map(Reference::ratio), 3),
             f.retries.map_or("-".to_owned(), |r| r.to_string()),
         )
+    }
+
+    /// For a row measured against a reference: how it compared, each round.
+    fn reference_line(&self) -> Option<String> {
+        let (c, f) = (&self.case, self.result.as_ref().ok()?);
+        let r = f.reference.as_ref()?;
+        let list = |values: &[f64], decimals: usize| {
+            values.iter().map(|v| format!("{v:.decimals$}")).collect::<Vec<_>>().join(" ")
+        };
+        let cost = match c.test {
+            Test::UdpSteered => format!(
+                "steering costs a packet {:+.0} ns on its way in, {STEER_MEMBERS} sockets in the group (the median \
+                 batch's time a datagram, less the socket alone's; rounds {})",
+                r.extra_ns(),
+                list(&r.extra_ns, 0)
+            ),
+            _ => format!("{:+.0} ns of CPU a message, all processes (rounds {})", r.extra_ns(), list(&r.extra_ns, 0)),
+        };
+        Some(format!(
+            "{} {}: {:.3}× {} (the median of {} rounds in turns: {}); {cost}",
+            c.test.name(),
+            size_label(c.size),
+            r.ratio(),
+            r.test.name(),
+            r.ratios.len(),
+            list(&r.ratios, 3),
+        ))
     }
 
     /// A row with figures has every key, `null` where one does not apply; a
@@ -609,6 +843,10 @@ impl Row {
                     "ratio_udp_gso": ratios.udp_gso,
                     "ratio_tcp": ratios.tcp,
                     "retries": f.retries,
+                    "reference": f.reference.as_ref().map(|r| r.test.name()),
+                    "ratio_ref": f.reference.as_ref().map(Reference::ratio),
+                    "ratio_ref_rounds": f.reference.as_ref().map(|r| r.ratios.clone()),
+                    "ref_extra_cpu_ns_per_msg": f.reference.as_ref().map(Reference::extra_ns),
                 });
                 (figures, c.test.is_softroce().then(|| c.test.compared_by()))
             }
@@ -694,7 +932,7 @@ mod tests {
     use super::*;
 
     fn figures(gbytes_per_s: f64, msgs_per_s: f64, latency: Option<(f64, f64)>) -> Figures {
-        Figures { gbytes_per_s, msgs_per_s, cpu_s_per_gb: 1.0, latency, retries: None, ratios: None }
+        Figures { gbytes_per_s, msgs_per_s, cpu_s_per_gb: 1.0, latency, retries: None, ratios: None, reference: None }
     }
 
     #[test]
@@ -783,6 +1021,42 @@ mod tests {
             let first_softroce = cases.iter().position(|c| c.test.is_softroce()).unwrap();
             assert!(cases[first_softroce..].iter().all(|c| c.test.is_softroce()));
         }
+    }
+
+    #[test]
+    fn a_row_against_its_reference_takes_the_median_round() {
+        let r = Reference { test: Test::ProcsWrite, ratios: vec![0.9, 1.25, 1.0], extra_ns: vec![5.0, -1.0, 20.0] };
+        assert_eq!((r.ratio(), r.extra_ns()), (1.0, 5.0));
+        assert_eq!(median(&[3.0, 1.0, 4.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+        // A row's figures are over all its rounds.
+        let window = |messages, secs| Window {
+            bytes: messages * 64,
+            messages,
+            elapsed: Duration::from_secs(secs),
+            cpu: Duration::from_millis(messages),
+        };
+        let runs = [window(900, 1), window(1000, 2), window(1000, 1)];
+        let all = Measured::sum(runs.map(|window| Measured { window, rtts: Vec::new(), retries: Some(1) }).into());
+        assert_eq!((all.window.messages, all.window.elapsed, all.retries), (2900, Duration::from_secs(4), Some(3)));
+        assert_eq!(all.window.cpu, Duration::from_millis(2900));
+    }
+
+    #[test]
+    fn rows_with_a_reference_are_planned_and_named() {
+        for quick in [true, false] {
+            let cases = plan(quick);
+            let shared: Vec<usize> = cases.iter().filter(|c| c.test == Test::SharedWrite).map(|c| c.size).collect();
+            assert!(shared.contains(&64) && shared.contains(&(1 << 20)), "{shared:?}");
+            assert!(cases.contains(&Case::baseline(Test::UdpSteered, STEER_DATAGRAM)));
+            // The references are measured with them, not planned apart.
+            assert!(!cases.iter().any(|c| matches!(c.test, Test::ProcsWrite | Test::UdpAlone)));
+        }
+        let shared = Case::softroce(Test::SharedWrite, 64, Mtu::Mtu4096, 1);
+        assert_eq!(reference(&shared), Some(Case::softroce(Test::ProcsWrite, 64, Mtu::Mtu4096, 1)));
+        assert_eq!(reference(&Case::baseline(Test::UdpSteered, 64)), Some(Case::baseline(Test::UdpAlone, 64)));
+        assert_eq!(reference(&Case::baseline(Test::Udp, 64)), None);
+        assert!(Test::UdpSteered.must_work() && !Test::UdpSteered.is_softroce() && !Test::UdpGso.must_work());
     }
 
     #[test]

@@ -42,6 +42,9 @@ enum Command {
     Run(run::Args),
     /// Show the counters of softroce devices open in running programs, as `rdma statistic` does.
     Stat(stat::Args),
+    /// The second process of `softroce bench`'s two-process rows.
+    #[command(hide = true)]
+    BenchPeer(bench::PeerArgs),
 }
 
 /// The environment variable holding the log filter (`tracing` directives).
@@ -68,5 +71,6 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(args),
         Command::Run(args) => run::run(args),
         Command::Stat(args) => stat::run(args),
+        Command::BenchPeer(args) => bench::peer(args),
     }
 }

@@ -21,8 +21,9 @@ const LIB_ENV: &str = "SOFTROCE_LIBIBVERBS";
 #[command(trailing_var_arg = true)]
 pub struct Args {
     /// Give the program's devices this address of the host alone (several,
-    /// comma-separated): how two programs on one host each hold the RoCE
-    /// port, say one on 127.0.0.1 and one on 127.0.0.2. Sets SOFTROCE_ADDR.
+    /// comma-separated). One user's programs share a device's addresses and
+    /// RoCE port without it; another user's need an address of their own,
+    /// say 127.0.0.2. Sets SOFTROCE_ADDR.
     #[arg(long, value_name = "IP[,IP]")]
     addr: Option<String>,
     /// The RoCE UDP port, if not 4791 (both ends must agree). Sets SOFTROCE_PORT.

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use serde_json::{Map, Value};
 
 /// Keys of every row that has figures.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 15] = [
     "test",
     "size",
     "mtu",
@@ -24,6 +24,8 @@ const KEYS: [&str; 13] = [
     "ratio_udp",
     "ratio_udp_gso",
     "ratio_tcp",
+    "ratio_ref",
+    "ref_extra_cpu_ns_per_msg",
 ];
 const STREAMS: [&str; 3] = ["rc-write", "rc-send", "rc-read"];
 const MIB: u64 = 1 << 20;
@@ -110,6 +112,26 @@ fn every_json_row_is_complete_and_sane() {
     find(rows, "send-lat", 8, Some(4096), Some(1));
     find(rows, "write-rate", 64, Some(4096), Some(1));
     find(rows, "write-rate-list", 64, Some(4096), Some(1));
+    // Rows measured against a reference, in turns: each reference's row
+    // comes just before, and only the row has the ratio to it.
+    for (test, reference, size, conn) in [
+        ("udp-steered", "udp-alone", 64, None),
+        ("shared-write", "procs-write", 64, Some(1)),
+        ("shared-write", "procs-write", MIB, Some(1)),
+    ] {
+        let at = rows
+            .iter()
+            .position(|r| text(r, "test") == test && r["size"].as_u64() == Some(size))
+            .unwrap_or_else(|| panic!("no {test} row of {size} B"));
+        let (row, before) = (&rows[at], &rows[at - 1]);
+        assert_eq!((text(before, "test"), before["size"].as_u64()), (reference, Some(size)), "{before:?}");
+        assert_eq!(row["qps"].as_u64(), conn, "{row:?}");
+        assert_eq!(text(row, "reference"), reference, "{row:?}");
+        number(row, "ratio_ref");
+        assert_eq!(row["ratio_ref_rounds"].as_array().map(Vec::len), Some(3), "{row:?}");
+        assert!(row["ref_extra_cpu_ns_per_msg"].as_f64().is_some_and(f64::is_finite), "{row:?}");
+        assert!(before["ratio_ref"].is_null(), "{before:?}");
+    }
     // The same 4 QPs over one engine per side and over two.
     let engines = |n| rows.iter().any(|r| text(r, "test") == "rc-write" && r["qps"] == 4 && r["engines"] == n);
     assert!(engines(1) && engines(2), "{rows:?}");
@@ -133,7 +155,7 @@ fn every_json_row_is_complete_and_sane() {
         } else {
             assert!(row["lat_p50_us"].is_null() && row["lat_p99_us"].is_null(), "{row:?}");
         }
-        let softroce = !["udp", "udp-gso", "tcp", "udp-lat", "udp-gso-lat"].contains(&test);
+        let softroce = !["udp", "udp-gso", "tcp", "udp-lat", "udp-gso-lat", "udp-alone", "udp-steered"].contains(&test);
         if !softroce {
             for key in ["mtu", "qps", "engines", "ratio_udp", "ratio_udp_gso", "ratio_tcp"] {
                 assert!(row[key].is_null(), "{key} of {row:?}");
@@ -214,16 +236,18 @@ fn the_table_has_ratios_and_a_line_per_row() {
     assert!(lines[0].starts_with("softroce bench: ") && lines[0].contains("load average"), "{stdout}");
     assert!(lines[1].split_whitespace().eq([
         "test", "size", "MTU", "QPs", "eng", "GB/s", "msg/s", "CPU", "s/GB", "p50", "µs", "p99", "µs", "×udp", "×gso",
-        "×tcp", "retries"
+        "×tcp", "×ref", "retries"
     ]));
     let rc_write: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with("rc-write ")).collect();
     assert_eq!(rc_write.len(), 6, "{stdout}");
     assert_eq!(lines.iter().filter(|l| l.starts_with("tcp ")).count(), 1, "{stdout}");
     for line in rc_write {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        // No udp rows ran, so only the TCP ratio is there.
-        assert_eq!(&fields[fields.len() - 4..fields.len() - 2], ["-", "-"], "{line}");
-        let tcp: f64 = fields[fields.len() - 2].parse().unwrap_or_else(|_| panic!("{line}"));
+        // No udp rows ran, so only the TCP ratio is there, and rc-write has
+        // no reference.
+        assert_eq!(&fields[fields.len() - 5..fields.len() - 3], ["-", "-"], "{line}");
+        let tcp: f64 = fields[fields.len() - 3].parse().unwrap_or_else(|_| panic!("{line}"));
         assert!(tcp > 0.0, "{line}");
+        assert_eq!(fields[fields.len() - 2], "-", "{line}");
     }
 }

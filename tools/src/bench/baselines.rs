@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Measured, Meter, Timing};
+use super::{Measured, Meter, Timing, Window};
 
 const ADDRESS_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const ADDRESS_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -103,6 +103,122 @@ pub fn udp_stream(segment: usize, segments: usize, timing: &Timing) -> Result<Me
     joined(sent, "UDP sender")?;
     joined(received, "UDP receiver")?;
     Ok(Measured { window, rtts: Vec::new(), retries: None })
+}
+
+/// What steering costs a packet on its way in. Datagrams of `size` bytes
+/// that carry a BTH's QP number go, batch by batch in turns, to a socket
+/// bound alone and to a member of a group of `members` sockets sharing a
+/// port as softroce's processes do (`net::share`): the group's reuseport
+/// program steers each datagram by its QPN's slot, and each member's socket
+/// filter looks for census probes. The member is the one the program
+/// checks last, the one that joined last. Nobody reads either socket, so
+/// each datagram goes the kernel's way in as far as a full socket, where
+/// it is dropped (nothing that differs between the two comes after), all
+/// within the sending thread's `sendmmsg` on loopback. One thread, batches
+/// in turns, and the median time of a batch: the machine's other work,
+/// which moves whole runs by more than steering costs, falls on both alike
+/// or is left out as outliers.
+///
+/// Returns the socket alone's figures, the member's, and the median
+/// batch's time per datagram to the member less that to the socket alone.
+pub fn udp_steering(size: usize, members: usize, timing: &Timing) -> Result<(Measured, Measured, f64), String> {
+    use softroce::net::share::Member;
+    let bind = |ip| UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"));
+    let tx = bind(ADDRESS_A)?;
+    set_option(&tx, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, SOCKET_BUFFER)
+        .or_else(|_| set_option(&tx, libc::SOL_SOCKET, libc::SO_SNDBUF, SOCKET_BUFFER))
+        .map_err(|e| format!("SO_SNDBUF: {e}"))?;
+    let alone = std::sync::Arc::new(bind(ADDRESS_B)?);
+    let b = std::net::IpAddr::V4(ADDRESS_B);
+    let port = softroce::net::udp::free_port(&[b]).map_err(|e| format!("no free UDP port: {e}"))?;
+    let mut group = Vec::new();
+    for _ in 0..members.max(1) {
+        group.push(Member::join(port, &[b]).map_err(|e| format!("joining the group on port {port}: {e}"))?);
+    }
+    let last = group.last().expect("a member");
+    let member = last.sockets().into_iter().next().expect("a socket per address").1;
+    let mut turns = Vec::new();
+    for (socket, qpn) in [(alone, 0x11), (member, u32::from(last.slot()) << 16 | 0x11)] {
+        // The least the kernel allows: full at once.
+        set_option(&socket, libc::SOL_SOCKET, libc::SO_RCVBUF, 0).map_err(|e| format!("SO_RCVBUF: {e}"))?;
+        let dest = match socket.local_addr().map_err(|e| e.to_string())? {
+            SocketAddr::V4(addr) => addr,
+            SocketAddr::V6(_) => unreachable!("bound to IPv4"),
+        };
+        let mut batch = Batch::new(BATCH, size.max(8));
+        for datagram in batch.data.chunks_mut(batch.len) {
+            datagram[4..8].copy_from_slice(&qpn.to_be_bytes());
+        }
+        turns.push((socket, dest, batch, Turn::default()));
+    }
+    let meter = Meter::default();
+    let (_, sent) = std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            let mut next = 0;
+            while !meter.stopped() {
+                let (_, dest, batch, turn) = &mut turns[next];
+                let (start, cpu) = (Instant::now(), thread_cpu_time());
+                let n = batch.send(tx.as_raw_fd(), dest)?;
+                let (elapsed, cpu) = (start.elapsed(), thread_cpu_time().saturating_sub(cpu));
+                meter.add((n * size) as u64, n as u64);
+                if meter.measuring() && n > 0 {
+                    turn.record(n, size, elapsed, cpu);
+                }
+                next = 1 - next;
+            }
+            Ok(())
+        });
+        let window = meter.time(timing);
+        (window, sender.join())
+    });
+    let turns: Vec<Turn> = turns.into_iter().map(|(_, _, _, turn)| turn).collect();
+    for member in group {
+        member.leave(|_| {});
+    }
+    joined(sent, "UDP sender")?;
+    let extra = turns[1].median_ns() - turns[0].median_ns();
+    let [alone, steered]: [Turn; 2] = turns.try_into().expect("two turns");
+    Ok((alone.measured(), steered.measured(), extra))
+}
+
+/// One destination's batches in [`udp_steering`].
+#[derive(Debug, Default)]
+struct Turn {
+    bytes: u64,
+    datagrams: u64,
+    elapsed: Duration,
+    cpu: Duration,
+    /// Each batch's time per datagram, in ns.
+    per_datagram: Vec<f64>,
+}
+
+impl Turn {
+    fn record(&mut self, datagrams: usize, size: usize, elapsed: Duration, cpu: Duration) {
+        self.bytes += (datagrams * size) as u64;
+        self.datagrams += datagrams as u64;
+        self.elapsed += elapsed;
+        self.cpu += cpu;
+        self.per_datagram.push(elapsed.as_secs_f64() * 1e9 / datagrams as f64);
+    }
+
+    fn median_ns(&self) -> f64 {
+        super::median(&self.per_datagram)
+    }
+
+    /// The batches as one window: their time, and the sending thread's CPU.
+    fn measured(&self) -> Measured {
+        let window = Window { bytes: self.bytes, messages: self.datagrams, elapsed: self.elapsed, cpu: self.cpu };
+        Measured { window, rtts: Vec::new(), retries: None }
+    }
+}
+
+/// The calling thread's CPU time so far.
+fn thread_cpu_time() -> Duration {
+    // SAFETY: zero is a valid timespec, which clock_gettime fills.
+    let mut t: libc::timespec = unsafe { zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// One TCP stream of `write`-byte writes; messages are the writes.
@@ -415,6 +531,20 @@ mod tests {
             assert!(!m.rtts.is_empty(), "acked {acked}: no round trip timed");
             assert!(m.rtts[m.rtts.len() / 2] < ANSWER_TIMEOUT, "acked {acked}: {:?}", m.rtts[m.rtts.len() / 2]);
         }
+    }
+
+    #[test]
+    fn steered_and_lone_batches_take_turns() {
+        let timing = Timing { warmup: Duration::from_millis(10), seconds: Duration::from_millis(50) };
+        let (alone, steered, extra) = udp_steering(64, 2, &timing).unwrap();
+        for m in [&alone, &steered] {
+            assert!(m.window.messages > 0 && m.window.bytes == m.window.messages * 64, "{m:?}");
+            assert!(m.window.elapsed > Duration::ZERO && m.window.elapsed < Duration::from_secs(1), "{m:?}");
+        }
+        // Turns: neither destination had many more batches than the other.
+        let (a, s) = (alone.window.messages, steered.window.messages);
+        assert!(a.abs_diff(s) <= BATCH as u64, "{a} and {s} datagrams");
+        assert!(extra.is_finite());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use softroce::transport::{Access, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+use softroce::transport::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
 use softroce::verbs::{
     AckTimeout, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, ProtectionDomain,
     QueuePair,
@@ -30,16 +30,16 @@ const ADDRESSES: [(Ipv4Addr, Ipv4Addr); MAX_ENGINES] = [
 /// Pairs of devices, so engine threads per side, a row can use.
 pub const MAX_ENGINES: usize = 2;
 /// Loopback's MTU, so that the active RoCE MTU is 4096.
-const LINK_MTU: u32 = 65536;
+pub(super) const LINK_MTU: u32 = 65536;
 /// GID index of the IPv4 address (index 0 is the link-local GID).
-const GID_INDEX: usize = 1;
-const ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+pub(super) const GID_INDEX: usize = 1;
+pub(super) const ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
 
 /// Each side's memory region: what is sent or read from, then where WRITEs,
 /// SENDs and READ responses land (every message of a run at the same place,
 /// as in perftest).
-const SOURCE_AT: usize = 0;
-const SINK_AT: usize = 4 << 20;
+pub(super) const SOURCE_AT: usize = 0;
+pub(super) const SINK_AT: usize = 4 << 20;
 const REGION_LEN: usize = 8 << 20;
 
 /// Requests in flight per QP: perftest's default of 128, fewer for large
@@ -57,7 +57,7 @@ const ACK_TIMEOUT: u8 = 14;
 /// queue, more than the sender ever has in flight, so no SEND meets RNR.
 const RECV_DEPTH: usize = 256;
 /// Completions a CQ holds: every signaled request and receive of 4 QPs.
-const CQ_DEPTH: usize = 4096;
+pub(super) const CQ_DEPTH: usize = 4096;
 
 /// A wait for a completion that must come fails the row after this.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -77,14 +77,14 @@ struct Pair {
 }
 
 /// One device, with a region for every row.
-struct Side {
-    ctx: Context,
-    pd: ProtectionDomain,
-    mr: MemoryRegion,
+pub(super) struct Side {
+    pub(super) ctx: Context,
+    pub(super) pd: ProtectionDomain,
+    pub(super) mr: MemoryRegion,
 }
 
 impl Side {
-    fn open(device: &Device, options: ContextOptions) -> softroce::verbs::Result<Side> {
+    pub(super) fn open(device: &Device, options: ContextOptions) -> softroce::verbs::Result<Side> {
         let ctx = Context::open(device, options)?;
         let pd = ctx.alloc_pd()?;
         let mr = pd.alloc_mr(REGION_LEN, ACCESS)?;
@@ -181,9 +181,16 @@ impl Pair {
                 let op = SendOp::RdmaRead { remote_addr: remote.addr + SOURCE_AT as u64, rkey: remote.rkey };
                 (op, self.a.mr.sge(SINK_AT, size))
             }
-            Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat | Test::UdpGsoLat | Test::SendLat => {
-                unreachable!("not a stream")
-            }
+            Test::Udp
+            | Test::UdpGso
+            | Test::Tcp
+            | Test::UdpLat
+            | Test::UdpGsoLat
+            | Test::SendLat
+            | Test::UdpAlone
+            | Test::UdpSteered
+            | Test::ProcsWrite
+            | Test::SharedWrite => unreachable!("not a stream between this process's devices"),
         };
         let sends = case.test == Test::RcSend;
         if sends {
@@ -273,11 +280,11 @@ fn free_port() -> Result<u16, String> {
 }
 
 /// A scoped thread's result; a panic is an error of the row.
-fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, Result<T, String>>) -> Result<T, String> {
+pub(super) fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, Result<T, String>>) -> Result<T, String> {
     handle.join().unwrap_or_else(|_| Err("a bench thread panicked".to_owned()))
 }
 
-fn expect(wc: WorkCompletion, what: &str) -> Result<(), String> {
+pub(super) fn expect(wc: WorkCompletion, what: &str) -> Result<(), String> {
     if wc.status == WcStatus::Success {
         Ok(())
     } else {
@@ -288,13 +295,13 @@ fn expect(wc: WorkCompletion, what: &str) -> Result<(), String> {
 /// How many requests a QP keeps in flight, and how many of them are
 /// refilled at once (the last of each such group is signaled).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct InFlight {
+pub(super) struct InFlight {
     depth: u64,
     group: u64,
 }
 
 impl InFlight {
-    fn for_size(size: usize) -> InFlight {
+    pub(super) fn for_size(size: usize) -> InFlight {
         let depth = (MAX_BYTES_IN_FLIGHT / size.max(1)).clamp(GROUPS, MAX_IN_FLIGHT);
         InFlight { depth: depth as u64, group: (depth / GROUPS) as u64 }
     }
@@ -308,6 +315,18 @@ struct Link {
     qps: Vec<(QueuePair, QueuePair)>,
 }
 
+/// How every row's QPs connect: perftest's attributes.
+pub(super) fn connect_options(mtu: Mtu) -> ConnectOptions {
+    ConnectOptions {
+        access: ACCESS,
+        mtu: Some(mtu),
+        timeout: AckTimeout::from_exponent(ACK_TIMEOUT).expect("an exponent"),
+        max_rd_atomic: RD_ATOMIC,
+        max_dest_rd_atomic: RD_ATOMIC,
+        ..ConnectOptions::default()
+    }
+}
+
 /// Work request ids carry the QP's index above this many bits of sequence.
 const SEQ_BITS: u32 = 40;
 
@@ -319,14 +338,7 @@ impl Link {
             devices.a.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?,
             devices.b.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?,
         );
-        let options = ConnectOptions {
-            access: ACCESS,
-            mtu: Some(conn.mtu),
-            timeout: AckTimeout::from_exponent(ACK_TIMEOUT).expect("an exponent"),
-            max_rd_atomic: RD_ATOMIC,
-            max_dest_rd_atomic: RD_ATOMIC,
-            ..ConnectOptions::default()
-        };
+        let options = connect_options(conn.mtu);
         let mut qps = Vec::with_capacity(conn.qps);
         for _ in 0..conn.qps {
             let qp = |side: &Side, cq: &CompletionQueue| side.pd.create_qp(QpType::Rc, cq).build();
@@ -342,48 +354,11 @@ impl Link {
         self.a_cq.wait_one(timeout).ok_or_else(|| format!("no completion within {} s", timeout.as_secs()))
     }
 
-    /// Keeps `window` requests in flight on every QP until the meter stops,
-    /// then waits for the last of them; with `lists`, each group of them
-    /// goes in one post.
+    /// Keeps `window` requests in flight on every QP until the meter stops
+    /// ([`post_stream`]).
     fn post_stream(&self, op: SendOp, local: Sge, window: InFlight, lists: bool, meter: &Meter) -> Result<(), String> {
-        let size = u64::from(local.length);
-        let mut posted = vec![0u64; self.qps.len()];
-        let mut done = vec![0u64; self.qps.len()];
-        // A group ends with its one signaled request; `lists` posts it whole.
-        let post_group = |qp: usize, posted: &mut u64| -> Result<(), String> {
-            let first = *posted;
-            let wrs = (first..first + window.group).map(|n| {
-                let mut wr = SendWr::new((qp as u64) << SEQ_BITS | n, op).with_sge(local);
-                wr.flags.signaled = (n + 1) % window.group == 0;
-                wr
-            });
-            *posted += window.group;
-            let qp = &self.qps[qp].0;
-            if lists {
-                qp.post_send_list(wrs).map_err(|(_, e)| e.to_string())
-            } else {
-                wrs.into_iter().try_for_each(|wr| qp.post_send(wr)).map_err(|e| e.to_string())
-            }
-        };
-        for (qp, posted) in posted.iter_mut().enumerate() {
-            for _ in 0..window.depth / window.group {
-                post_group(qp, posted)?;
-            }
-        }
-        while posted != done {
-            let wc = self.wait_a(STEP_TIMEOUT)?;
-            expect(wc, "stream request")?;
-            let qp = (wc.wr_id >> SEQ_BITS) as usize;
-            // RC completes in order: a signaled request vouches for those before it.
-            let through = (wc.wr_id & ((1 << SEQ_BITS) - 1)) + 1;
-            let newly = through - done[qp];
-            done[qp] = through;
-            meter.add(newly * size, newly);
-            if !meter.stopped() {
-                post_group(qp, &mut posted[qp])?;
-            }
-        }
-        Ok(())
+        let qps: Vec<&QueuePair> = self.qps.iter().map(|(a, _)| a).collect();
+        post_stream(&qps, &self.a_cq, op, local, window, lists, meter)
     }
 
     /// Gives each SEND's receive (into `sink`) back to its QP until the
@@ -397,4 +372,57 @@ impl Link {
         }
         Ok(())
     }
+}
+
+/// Keeps `window` requests in flight on every one of `qps` (whose sends
+/// complete on `cq`) until the meter stops, then waits for the last of
+/// them; with `lists`, each group of them goes in one post.
+pub(super) fn post_stream(
+    qps: &[&QueuePair],
+    cq: &CompletionQueue,
+    op: SendOp,
+    local: Sge,
+    window: InFlight,
+    lists: bool,
+    meter: &Meter,
+) -> Result<(), String> {
+    let size = u64::from(local.length);
+    let mut posted = vec![0u64; qps.len()];
+    let mut done = vec![0u64; qps.len()];
+    // A group ends with its one signaled request; `lists` posts it whole.
+    let post_group = |qp: usize, posted: &mut u64| -> Result<(), String> {
+        let first = *posted;
+        let wrs = (first..first + window.group).map(|n| {
+            let mut wr = SendWr::new((qp as u64) << SEQ_BITS | n, op).with_sge(local);
+            wr.flags.signaled = (n + 1) % window.group == 0;
+            wr
+        });
+        *posted += window.group;
+        let qp = qps[qp];
+        if lists {
+            qp.post_send_list(wrs).map_err(|(_, e)| e.to_string())
+        } else {
+            wrs.into_iter().try_for_each(|wr| qp.post_send(wr)).map_err(|e| e.to_string())
+        }
+    };
+    for (qp, posted) in posted.iter_mut().enumerate() {
+        for _ in 0..window.depth / window.group {
+            post_group(qp, posted)?;
+        }
+    }
+    while posted != done {
+        let wc =
+            cq.wait_one(STEP_TIMEOUT).ok_or_else(|| format!("no completion within {} s", STEP_TIMEOUT.as_secs()))?;
+        expect(wc, "stream request")?;
+        let qp = (wc.wr_id >> SEQ_BITS) as usize;
+        // RC completes in order: a signaled request vouches for those before it.
+        let through = (wc.wr_id & ((1 << SEQ_BITS) - 1)) + 1;
+        let newly = through - done[qp];
+        done[qp] = through;
+        meter.add(newly * size, newly);
+        if !meter.stopped() {
+            post_group(qp, &mut posted[qp])?;
+        }
+    }
+    Ok(())
 }
