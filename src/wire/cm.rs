@@ -541,7 +541,7 @@ impl CmPathRepr {
 
 cm_view! {
     /// REQ, the connection request (IBTA table 99): who asks, for which
-    /// service, with which QP and starting PSN, over which path.
+    /// service, with which QP, expecting which PSN, over which path.
     Req, DATA_LEN;
     fields {
         /// Local communication ID: the requester's handle for the connection.
@@ -573,7 +573,9 @@ cm_view! {
         transport_service / set_transport_service: TransportService = (43, 5, 2);
         /// End-to-end flow control: the requester's QP sends credits.
         end_to_end_flow_control / set_end_to_end_flow_control: bool = (43, 7, 1);
-        /// Starting PSN (24 bits): the requester's first send PSN.
+        /// Starting PSN (24 bits): the first PSN the requester's QP expects
+        /// to receive, so the responder's first send PSN (the kernel sets the
+        /// passive side's `sq_psn` from it).
         starting_psn / set_starting_psn: Psn = (44, 0, 24);
         /// Local CM response timeout (5 bits): how long the requester takes to
         /// answer the responder.
@@ -648,7 +650,7 @@ pub struct ReqRepr {
     pub transport_service: TransportService,
     /// End-to-end flow control.
     pub end_to_end_flow_control: bool,
-    /// Starting PSN.
+    /// Starting PSN: the responder sends from it.
     pub starting_psn: Psn,
     /// Local CM response timeout (5 bits).
     pub local_cm_response_timeout: u8,
@@ -909,7 +911,7 @@ impl RejRepr {
 
 cm_view! {
     /// REP, connection reply (IBTA table 103): accepts a REQ with the
-    /// responder's QP and starting PSN. The ECE vendor ID is spread over the
+    /// responder's QP and the PSN it expects. The ECE vendor ID is spread over the
     /// low bytes of three words (15, 19, 23).
     Rep, DATA_LEN;
     fields {
@@ -927,7 +929,8 @@ cm_view! {
         local_eecn / set_local_eecn: u32 = (16, 0, 24);
         /// Vendor ID bits 15-8.
         vendor_id_mid / set_vendor_id_mid: u8 = (19, 0, 8);
-        /// Starting PSN (24 bits): the responder's first send PSN.
+        /// Starting PSN (24 bits): the first PSN the responder's QP expects
+        /// to receive, so the requester's first send PSN.
         starting_psn / set_starting_psn: Psn = (20, 0, 24);
         /// Vendor ID bits 7-0.
         vendor_id_low / set_vendor_id_low: u8 = (23, 0, 8);
@@ -969,7 +972,7 @@ pub struct RepRepr {
     pub vendor_id: u32,
     /// Local EECN (24 bits).
     pub local_eecn: u32,
-    /// Starting PSN.
+    /// Starting PSN: the requester sends from it.
     pub starting_psn: Psn,
     /// Responder resources.
     pub responder_resources: u8,
