@@ -259,7 +259,7 @@ impl MessageRef {
     }
 }
 
-/// A REJ's reason (IBTA table 112; the kernel's `enum ib_cm_rej_reason`).
+/// A REJ's reason (the kernel's `enum ib_cm_rej_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RejReason(pub u16);
 
@@ -375,7 +375,7 @@ impl RejReason {
     }
 }
 
-/// A SIDR_REP's status (IBTA table 119; the kernel's `enum ib_cm_sidr_status`).
+/// A SIDR_REP's status (the kernel's `enum ib_cm_sidr_status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SidrStatus(pub u8);
 
@@ -540,7 +540,7 @@ impl CmPathRepr {
 // ------------------------------------------------------------------ REQ
 
 cm_view! {
-    /// REQ, the connection request (IBTA table 99): who asks, for which
+    /// REQ, the connection request (IBTA table 106 as the kernel numbers it): who asks, for which
     /// service, with which QP, expecting which PSN, over which path.
     Req, DATA_LEN;
     fields {
@@ -763,7 +763,7 @@ fn read_back<R: PartialEq>(value: &R, parsed: Result<R>) -> Result<()> {
 // ------------------------------------------------------------------ MRA
 
 cm_view! {
-    /// MRA, message receipt acknowledgement (IBTA table 100): "your message
+    /// MRA, message receipt acknowledgement (table 107): "your message
     /// arrived; I need this long to answer", which holds off the sender's
     /// retries.
     Mra, DATA_LEN;
@@ -827,7 +827,7 @@ impl MraRepr {
 // ------------------------------------------------------------------ REJ
 
 cm_view! {
-    /// REJ, connection reject (IBTA table 101): refuses a REQ or a REP, with
+    /// REJ, connection reject (table 108): refuses a REQ or a REP, with
     /// a reason and up to 72 bytes of additional rejection information (ARI).
     Rej, DATA_LEN;
     fields {
@@ -910,7 +910,7 @@ impl RejRepr {
 // ------------------------------------------------------------------ REP
 
 cm_view! {
-    /// REP, connection reply (IBTA table 103): accepts a REQ with the
+    /// REP, connection reply (table 110): accepts a REQ with the
     /// responder's QP and the PSN it expects. The ECE vendor ID is spread over the
     /// low bytes of three words (15, 19, 23).
     Rep, DATA_LEN;
@@ -1051,7 +1051,7 @@ impl RepRepr {
 // ------------------------------------------------------------------ RTU, DREQ, DREP
 
 cm_view! {
-    /// RTU, ready to use (IBTA table 104): the requester got the REP and its
+    /// RTU, ready to use (table 111): the requester got the REP and its
     /// QP is ready; the responder may now send.
     Rtu, DATA_LEN;
     fields {
@@ -1067,7 +1067,7 @@ cm_view! {
 }
 
 cm_view! {
-    /// DREQ, disconnection request (IBTA table 105), from either end.
+    /// DREQ, disconnection request (table 112), from either end.
     Dreq, DATA_LEN;
     fields {
         /// Local communication ID: the sender's.
@@ -1084,7 +1084,7 @@ cm_view! {
 }
 
 cm_view! {
-    /// DREP, disconnection reply (IBTA table 106).
+    /// DREP, disconnection reply (table 113).
     Drep, DATA_LEN;
     fields {
         /// Local communication ID: the sender's.
@@ -1205,7 +1205,7 @@ impl DrepRepr {
 // ------------------------------------------------------------------ SIDR
 
 cm_view! {
-    /// SIDR_REQ, service ID resolution request (IBTA table 116): which UD QP
+    /// SIDR_REQ, service ID resolution request (table 119): which UD QP
     /// and Q_Key serve this service ID?
     SidrReq, DATA_LEN;
     fields {
@@ -1223,7 +1223,7 @@ cm_view! {
 }
 
 cm_view! {
-    /// SIDR_REP, service ID resolution reply (IBTA table 117). The ECE vendor
+    /// SIDR_REP, service ID resolution reply (table 120). The ECE vendor
     /// ID is split: bits 23-8 at bytes 6-7, bits 7-0 at byte 11.
     SidrRep, DATA_LEN;
     fields {

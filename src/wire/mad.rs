@@ -33,7 +33,7 @@ pub const DATA_LEN: usize = MAD_LEN - HEADER_LEN;
 /// The QP number of the General Services Interface: every CM MAD is sent to
 /// and from QP 1.
 pub const GSI_QPN: u32 = 1;
-/// The Q_Key of QP 1 (IBTA 13.5.2: the "well-known Q_Key").
+/// The Q_Key of QP 1, the well-known GSI Q_Key.
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
 /// The only MAD base version of InfiniBand (OPA's 0x80 is not spoken).

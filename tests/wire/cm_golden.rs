@@ -3,7 +3,9 @@
 //! parsed and re-emitted byte for byte, and what they say checked against the
 //! traffic around them.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
 
 use crate::support::captures;
 use softroce::wire::cm::{self, attr, MessageRef, RejReason, SidrStatus, TransportService};
@@ -133,6 +135,10 @@ fn rping_connects_and_disconnects() {
     assert_eq!(rep.1.header.transaction_id, req.1.header.transaction_id);
     assert_eq!(rtu.1.header.transaction_id, req.1.header.transaction_id);
     assert_eq!(drep.1.header.transaction_id, dreq.1.header.transaction_id);
+    if dreq_by_client {
+        // The kernel's TID comes from the sender's comm ID: one per side and connection.
+        assert_eq!(dreq.1.header.transaction_id, req.1.header.transaction_id);
+    }
 
     // rdma_cm's service ID: TCP port space, rping's port.
     assert_eq!(PortSpace::from_service_id(q.service_id), Some((PortSpace::Tcp, PORT)));
@@ -249,5 +255,45 @@ fn gid(ip: IpAddr) -> [u8; 16] {
     match ip {
         IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
         IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The committed seeds of the `cm_parse` fuzz target: every CM MAD of the
+/// captures, one file each.
+fn fuzz_seeds() -> BTreeMap<String, Vec<u8>> {
+    let mut seeds = BTreeMap::new();
+    for (name, _, _) in CAPTURES {
+        for (i, captured) in gsi_mads(name).into_iter().enumerate() {
+            seeds.insert(format!("{}-{i}.mad", name.trim_start_matches("cm/")), captured.mad);
+        }
+    }
+    seeds
+}
+
+fn fuzz_seed_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/cm_parse")
+}
+
+#[test]
+fn cm_fuzz_seeds_are_the_captured_mads() {
+    let dir = fuzz_seed_dir();
+    let mut committed = BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        committed.insert(path.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&path).unwrap());
+    }
+    assert!(
+        committed == fuzz_seeds(),
+        "fuzz/seeds/cm_parse is stale: run `cargo test --test wire -- --ignored write_cm_fuzz_seeds`"
+    );
+}
+
+#[test]
+#[ignore = "writes fuzz/seeds/cm_parse"]
+fn write_cm_fuzz_seeds() {
+    let dir = fuzz_seed_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes) in fuzz_seeds() {
+        std::fs::write(dir.join(name), bytes).unwrap();
     }
 }
