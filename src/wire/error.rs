@@ -50,6 +50,27 @@ pub enum Error {
     BadIp,
     /// Not UDP, or not destined to the RoCEv2 port.
     NotRoce,
+    /// A MAD of another class or version than the one being parsed: the CM
+    /// speaks base version 1, management class 0x07, class version 2.
+    NotCm {
+        /// The MAD's BaseVersion.
+        base_version: u8,
+        /// The MAD's MgmtClass.
+        mgmt_class: u8,
+        /// The MAD's ClassVersion.
+        class_version: u8,
+    },
+    /// A CM attribute this stack does not parse (LAP, APR, ClassPortInfo or an
+    /// undefined ID), or a message whose attribute does not match its header.
+    UnknownCmAttribute(u16),
+    /// A field holds a value its encoding reserves, or one out of its range
+    /// (e.g. a REJ whose ARI length is above 72).
+    ReservedValue {
+        /// The field, as the IBTA names it.
+        field: &'static str,
+        /// The value found (or given, when emitting).
+        value: u32,
+    },
 }
 
 /// Result of wire operations.
@@ -82,6 +103,13 @@ impl fmt::Display for Error {
             Error::FieldOverflow => write!(f, "value too large for its field"),
             Error::BadIp => write!(f, "malformed IP or UDP header"),
             Error::NotRoce => write!(f, "not a RoCEv2 packet (UDP port 4791)"),
+            Error::NotCm { base_version, mgmt_class, class_version } => write!(
+                f,
+                "MAD base version {base_version}, class {mgmt_class:#04x} version {class_version}: not a CM MAD \
+                 (1, 0x07, 2)"
+            ),
+            Error::UnknownCmAttribute(id) => write!(f, "CM attribute {id:#06x} is not a message this stack parses"),
+            Error::ReservedValue { field, value } => write!(f, "{field} {value:#x} is reserved or out of range"),
         }
     }
 }

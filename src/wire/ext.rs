@@ -10,44 +10,6 @@ use core::fmt;
 use super::bytes::{get_u24, get_u32, get_u64, need, set_u24, set_u32, set_u64};
 use super::{Error, Result};
 
-/// The length-checking half of a header view, shared by every fixed-size header.
-macro_rules! fixed_view {
-    ($(#[$doc:meta])* $name:ident, $len:expr) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone)]
-        pub struct $name<T: AsRef<[u8]>> {
-            buffer: T,
-        }
-
-        impl<T: AsRef<[u8]>> $name<T> {
-            /// Length of the header in bytes.
-            pub const LEN: usize = $len;
-
-            /// Wraps a buffer without checking its length; getters panic if it is short.
-            pub const fn new_unchecked(buffer: T) -> Self {
-                $name { buffer }
-            }
-
-            /// Wraps a buffer after checking it holds the whole header.
-            pub fn new_checked(buffer: T) -> Result<Self> {
-                let view = Self::new_unchecked(buffer);
-                view.check_len()?;
-                Ok(view)
-            }
-
-            /// Fails with [`Error::Truncated`] unless the buffer holds the whole header.
-            pub fn check_len(&self) -> Result<()> {
-                need(self.buffer.as_ref(), Self::LEN)
-            }
-
-            /// The wrapped buffer.
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-        }
-    };
-}
-
 fixed_view!(
     /// RDMA Extended Transport Header: virtual address, R_Key, DMA length.
     Reth,

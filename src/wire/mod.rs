@@ -13,13 +13,23 @@
 //! - [`roce`]: the UDP payload of a RoCEv2 packet (BTH … ICRC) as one value.
 //! - [`icrc`]: the invariant CRC, strict and "up to the unknown IPv4 ID".
 //! - [`packet`]: whole IP packets (IPv4/IPv6 + UDP + RoCE), via `etherparse`.
+//!
+//! Connection management rides on top, as the payload of UD SENDs to QP 1:
+//! - [`mad`]: the 256-byte management datagram and its common header.
+//! - [`cm`]: the communication manager's messages (REQ, REP, RTU, DREQ, …).
+//! - [`cma`]: what rdma_cm adds: service IDs from port spaces, and the CMA
+//!   header in the private data.
 
+#[macro_use]
 mod bytes;
 mod error;
 
 pub mod bth;
+pub mod cm;
+pub mod cma;
 pub mod ext;
 pub mod icrc;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
@@ -27,11 +37,14 @@ pub mod roce;
 pub mod train;
 
 pub use bth::{Bth, BthRepr};
+pub use cm::{CmMad, CmMessage};
+pub use cma::{CmaHeader, CmaHeaderRepr, PortSpace};
 pub use error::{Error, Result};
 pub use ext::{
     Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Deth, DethRepr, Feth, FethRepr, Ieth,
     ImmDt, NakCode, Reth, RethRepr, Syndrome,
 };
+pub use mad::{Mad, MadRepr};
 pub use opcode::{Headers, Opcode, Operation, Transport};
 pub use packet::{IpHeader, Packet, ROCE_UDP_PORT};
 pub use psn::Psn;

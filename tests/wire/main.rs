@@ -4,6 +4,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cm_golden;
+mod cm_props;
 mod fuzz_seeds;
 mod golden;
 mod props;

@@ -1,6 +1,7 @@
 //! `softroce dump`: decode the RoCEv2 packets of captures, one line (or JSON
 //! object) each, optionally explained field by field and drawn as a ladder.
 
+mod cm;
 mod decode;
 mod explain;
 mod flow;

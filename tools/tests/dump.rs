@@ -598,3 +598,146 @@ fn a_reader_that_goes_away_ends_the_dump_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{:?}", output.status);
 }
+
+/// The CM MADs of kernel rdma_cm's connections (tests/data/cm): one line each
+/// with the message and its key fields, and a ladder arrow named after it.
+#[test]
+fn cm_messages_are_decoded_on_their_lines() {
+    let run = dump(&[&data("cm/rping.pcap")]);
+    assert!(run.success, "{}", run.stderr);
+    assert_eq!(run.last_line(), "packets: 41, icrc ok: 41, icrc bad: 0, malformed: 0");
+    let line = |frame| run.frame(frame).0.to_string();
+    assert!(line(1).contains(
+        "UD_SEND_ONLY qp=0x1 psn=0 ack_req=1 DETH(qkey=0x80010000 src_qp=0x1) CM REQ(local_id=0x8be7ac52 \
+         sid=TCP:7174 qpn=0x11 psn=7616978 mtu=1024) len=256 icrc=ok"
+    ));
+    assert!(line(2).contains("CM REP(local_id=0x0a718b4e remote_id=0x8be7ac52 qpn=0x11 psn=1457642)"));
+    assert!(line(3).contains("CM RTU(local_id=0x8be7ac52 remote_id=0x0a718b4e)"));
+    assert!(line(4).contains("RC_SEND_ONLY qp=0x11 psn=1457642"), "the client sends from the REP's PSN");
+    assert!(!line(4).contains("CM "));
+    assert!(line(40).contains("CM DREQ(local_id=0x8be7ac52 remote_id=0x0a718b4e remote_qpn=0x11)"));
+    assert!(line(41).contains("CM DREP(local_id=0x0a718b4e remote_id=0x8be7ac52)"));
+
+    let run = dump(&[&data("cm/rping_rejected.pcap")]);
+    assert!(run
+        .frame(2)
+        .0
+        .contains("CM REJ(local_id=0x00000000 remote_id=0x70a3b9d7 reason=8 (invalid service ID) rejected=REQ)"));
+    let run = dump(&[&data("cm/udaddy.pcap")]);
+    assert!(run.frame(1).0.contains("CM SIDR_REQ(request_id=0x0b74236a sid=UDP:7174)"));
+    assert!(run
+        .frame(2)
+        .0
+        .contains("CM SIDR_REP(request_id=0x0b74236a sid=UDP:7174 status=0 (success) qpn=0x11 qkey=0x01234567)"));
+
+    let dir = scratch("cm-ladder");
+    let svg_path = dir.join("cm.svg");
+    let run = dump(&[&"--ladder", &svg_path, &data("cm/rping.pcap"), &data("cm/rping_rejected.pcap")]);
+    assert!(run.success);
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert_xmlish(&svg);
+    for label in [">CM REQ</text>", ">CM REP</text>", ">CM RTU</text>", ">CM DREQ</text>", ">CM DREP</text>"] {
+        assert!(svg.contains(label), "{label}");
+    }
+    assert!(svg.contains(">CM REJ 8</text>"));
+    assert!(svg.contains(">QP 0x1, 0x11</text>"), "QP 1 and the connected QP on each host");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn explain_walks_through_a_cm_connection() {
+    let run = dump(&[&"--explain", &data("cm/rping.pcap")]);
+    assert!(run.success);
+    let req = explanation_of(&run, 1);
+    for expected in [
+        "MAD: class 0x07 (communication management) version 2, method Send (0x03), attribute 0x0010 (REQ)",
+        "QP 1 is the General Services Interface",
+        "REQ: 10.77.0.3 asks to connect its RC QP 0x11 to service ID 0x0000000001061c06, which rdma_cm \
+         reads as port space 0x0106 (RDMA_PS_TCP), port 7174",
+        "starting PSN 7616978: the PSN the requester's QP expects first, so 10.77.0.2's QP will send from it",
+        "remote CM response timeout 20 = 4.29 s",
+        "primary path: GID ::ffff:10.77.0.3 > ::ffff:10.77.0.2",
+        "rdma_cm's header first (36 bytes): IPv4 10.77.0.3:35316 > 10.77.0.2",
+    ] {
+        assert!(req.contains(expected), "{expected}\nnot in\n{req}");
+    }
+    let rep = explanation_of(&run, 2);
+    assert!(rep.contains("so the requester's first request carries PSN 1457642"), "{rep}");
+    assert!(!rep.contains("General Services Interface"), "the background is told once");
+    assert!(explanation_of(&run, 3).contains("RTU (ready to use)"));
+    assert!(explanation_of(&run, 40).contains("DREQ: 10.77.0.3 disconnects connection 0x8be7ac52"));
+    assert!(explanation_of(&run, 41).contains("DREP: 10.77.0.2 confirms the disconnection"));
+
+    let run = dump(&[&"--explain", &data("cm/rping_rejected.pcap")]);
+    let rej = explanation_of(&run, 2);
+    assert!(rej.contains("reason 8 (invalid service ID): nobody listens on that service ID"), "{rej}");
+    assert!(rej.contains("RDMA_CM_EVENT_REJECTED with status 8"), "{rej}");
+
+    let run = dump(&[&"--explain", &data("cm/udaddy.pcap")]);
+    assert!(explanation_of(&run, 1).contains("asks 10.77.0.2 which UD QP serves service ID 0x0000000001111c06"));
+    assert!(explanation_of(&run, 2).contains("go to QP 0x11 with Q_Key 0x01234567 (rdma_cm's Q_Key"));
+}
+
+#[test]
+fn json_carries_cm_messages() {
+    let run = dump(&[&"--json", &data("cm/rping.pcap")]);
+    let packets = run.json();
+    let req = &packets[0]["mad"];
+    assert_eq!(req["header"]["mgmt_class"], 7);
+    assert_eq!(req["header"]["attribute_id"], 0x10);
+    assert_eq!(req["cm"]["type"], "REQ");
+    assert_eq!(req["cm"]["service"], "TCP:7174");
+    assert_eq!(req["cm"]["local_qpn"], 0x11);
+    assert_eq!(req["cm"]["starting_psn"], 7616978);
+    assert_eq!(req["cm"]["primary_path"]["local_gid"], "::ffff:10.77.0.3");
+    assert_eq!(req["cm"]["cma"], serde_json::json!({"src": "10.77.0.3", "src_port": 35316, "dst": "10.77.0.2"}));
+    assert_eq!(packets[1]["mad"]["cm"]["type"], "REP");
+    assert_eq!(packets[1]["mad"]["cm"]["remote_comm_id"], req["cm"]["local_comm_id"]);
+    assert!(packets[3].get("mad").is_none(), "RC traffic has no MAD");
+
+    let run = dump(&[&"--json", &data("cm/rping_rejected.pcap")]);
+    let rej = &run.json()[1]["mad"]["cm"];
+    assert_eq!((rej["type"].as_str(), rej["reason"].as_u64()), (Some("REJ"), Some(8)));
+    assert_eq!(rej["reason_name"], "invalid service ID");
+}
+
+/// A MAD to QP 1 that is damaged but whose ICRC is right: the packet is fine,
+/// its MAD is flagged, and nothing panics.
+#[test]
+fn a_broken_cm_mad_is_flagged() {
+    let (frames, _) = softroce::capture::read(&std::fs::read(data("cm/rping.pcap")).unwrap());
+    let ip = softroce::capture::ip_bytes(frames[0].link, &frames[0].data).unwrap().to_vec();
+    let req = softroce::wire::Packet::parse(&ip).unwrap();
+    let rebuilt = |change: &dyn Fn(&mut Vec<u8>)| {
+        let mut mad = req.roce.payload.to_vec();
+        change(&mut mad);
+        softroce::wire::packet::build(&req.ip, &req.udp, &req.roce.header, &mad).unwrap()
+    };
+    let mut capture = synthetic::Capture::new();
+    // An MRA whose "message MRAed" is the reserved 3.
+    capture.push_bytes(&rebuilt(&|mad| {
+        mad[17] = 0x11;
+        mad[24 + 8] = 0xc0;
+    }));
+    // A LAP, which is not parsed.
+    capture.push_bytes(&rebuilt(&|mad| mad[17] = 0x19));
+    // Subnet administration, not the CM.
+    capture.push_bytes(&rebuilt(&|mad| mad[1] = 0x03));
+    // Too short for a MAD.
+    capture.push_bytes(&rebuilt(&|mad| mad.truncate(20)));
+    let dir = scratch("cm-broken");
+    let path = write_file(&dir, "broken.pcap", &capture.finish());
+    let run = dump(&[&path]);
+    assert!(run.success, "{}", run.stderr);
+    assert_eq!(run.last_line(), "packets: 4, icrc ok: 4, icrc bad: 0, malformed: 0");
+    assert!(run.frame(1).0.contains("CM MRA(malformed: MRA message MRAed 0x3 is reserved or out of range)"));
+    assert!(run.frame(2).0.contains("CM LAP(malformed: CM attribute 0x0019 is not a message this stack parses)"));
+    assert!(run.frame(3).0.contains("MAD(class=0x03 version=2 method=0x03 attr=0x0010)"));
+    assert!(run.frame(4).0.contains("MAD(too short)"));
+    let run = dump(&[&"--explain", &path]);
+    assert!(explanation_of(&run, 1).contains("the CM message does not decode"));
+    assert!(explanation_of(&run, 3).contains("not a CM MAD"));
+    let run = dump(&[&"--json", &path]);
+    assert!(run.json()[0]["mad"]["malformed"].is_string());
+    std::fs::remove_dir_all(dir).ok();
+}

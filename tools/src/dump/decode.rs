@@ -5,11 +5,15 @@
 //! cannot tell a broken RoCE packet from unrelated traffic. A frame counts as
 //! RoCE when the UDP destination port 4791 can be read from it; only then is
 //! a parse failure reported as malformed.
+//!
+//! A UD SEND to QP 1 carries a management datagram; [`gsi`] reads it as a
+//! CM message where it is one.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use softroce::capture::{self, Frame};
-use softroce::wire::{Error, Packet, ROCE_UDP_PORT};
+use softroce::wire::mad::{Mad, MadRepr, GSI_QPN, MAD_LEN};
+use softroce::wire::{CmMad, Error, Packet, Transport, ROCE_UDP_PORT};
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -115,4 +119,36 @@ impl IpFields {
             None
         }
     }
+}
+
+/// What the payload of a packet to QP 1 (the General Services Interface) is.
+#[derive(Debug)]
+pub enum Gsi {
+    /// A CM message.
+    Cm(Box<CmMad>),
+    /// A MAD of another class or version, or one that is not 256 bytes.
+    OtherMad(MadRepr),
+    /// A CM MAD that does not parse, with the header it has and why.
+    BadCm(MadRepr, Error),
+    /// Too short to be a MAD.
+    NotMad,
+}
+
+/// The management datagram of a UD packet to QP 1; `None` for any other packet.
+pub fn gsi(pkt: &Packet<'_>) -> Option<Gsi> {
+    let bth = &pkt.roce.header.bth;
+    if bth.opcode.transport() != Transport::Ud || bth.dest_qpn != GSI_QPN {
+        return None;
+    }
+    let payload = pkt.roce.payload;
+    let Ok(header) = Mad::new_checked(payload).and_then(|mad| MadRepr::parse(&mad)) else {
+        return Some(Gsi::NotMad);
+    };
+    if !header.is_cm() || payload.len() != MAD_LEN {
+        return Some(Gsi::OtherMad(header));
+    }
+    Some(match CmMad::parse(payload) {
+        Ok(mad) => Gsi::Cm(Box::new(mad)),
+        Err(e) => Gsi::BadCm(header, e),
+    })
 }

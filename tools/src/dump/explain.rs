@@ -12,6 +12,8 @@ use softroce::wire::{
     AethRepr, AtomicEthRepr, BthRepr, NakCode, Operation, Packet, Psn, RethRepr, Syndrome, Transport,
 };
 
+use super::cm;
+use super::decode;
 use super::flow::{
     read_span, Analysis, Answered, Awaiting, AwaitingRequest, Message, MessageKind, Role, Sequence, PATH_MTUS,
 };
@@ -28,6 +30,7 @@ enum Topic {
     RKey,
     Msn,
     Icrc,
+    Cm,
 }
 
 impl Topic {
@@ -70,6 +73,14 @@ impl Topic {
                  access rights earns a NAK remote access error"
             }
             Topic::Msn => "The MSN counts the request messages the responder has finished, modulo 2^24",
+            Topic::Cm => {
+                "QP 1 is the General Services Interface: connections are set up by the communication \
+                 manager (CM) in 256-byte MADs sent between the two QP 1s. REQ, REP and RTU connect \
+                 (a three-way handshake that trades QP numbers and starting PSNs), DREQ and DREP \
+                 disconnect, REJ refuses, MRA asks for more time, SIDR_REQ and SIDR_REP find a UD \
+                 service. UD loses packets, so a CM resends a message until its answer comes; \
+                 rdma_cm (librdmacm) drives the CM from IP addresses and ports"
+            }
             Topic::Icrc => {
                 "The ICRC is a CRC-32 over the IP, UDP and transport headers (with the fields \
                  routers may change, such as TTL, TOS and checksums, counted as all ones), \
@@ -123,6 +134,10 @@ impl Explainer {
         }
         if let Some(deth) = header.deth {
             lines.push(deth_line(deth.qkey, deth.src_qpn));
+        }
+        if let Some(gsi) = decode::gsi(pkt) {
+            lines.push(self.with_background(Topic::Cm, cm::header_line(&gsi)));
+            lines.extend(cm::message_lines(&gsi, pkt.ip.source(), pkt.ip.destination()));
         }
         if let Some(imm) = header.imm {
             lines.push(imm_line(op, imm));

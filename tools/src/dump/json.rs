@@ -3,7 +3,8 @@
 use serde_json::{json, Value};
 use softroce::wire::{Packet, Syndrome};
 
-use super::decode::Malformed;
+use super::cm;
+use super::decode::{self, Malformed};
 use super::flow::Analysis;
 use super::text::aeth_byte;
 
@@ -17,7 +18,8 @@ pub struct Origin<'a> {
     pub segment: Option<(usize, usize)>,
 }
 
-/// The BTH fields, payload and ICRC, and one nested object per extended header.
+/// The BTH fields, payload and ICRC, one nested object per extended header,
+/// and `"mad"` for a packet to QP 1 (with `"cm"` for a CM message).
 pub fn packet(origin: &Origin<'_>, pkt: &Packet<'_>, analysis: &Analysis, icrc_ok: bool) -> Value {
     let h = &pkt.roce.header;
     let bth = &h.bth;
@@ -71,6 +73,9 @@ pub fn packet(origin: &Origin<'_>, pkt: &Packet<'_>, analysis: &Analysis, icrc_o
     }
     if let Some(d) = h.deth {
         object["deth"] = json!({"qkey": d.qkey, "src_qpn": d.src_qpn});
+    }
+    if let Some(gsi) = decode::gsi(pkt) {
+        object["mad"] = cm::json(&gsi);
     }
     if let Some(a) = h.atomic_eth {
         object["atomic_eth"] = json!({"va": a.va, "rkey": a.rkey, "swap_add": a.swap_add, "compare": a.compare});

@@ -11,7 +11,8 @@ use std::net::IpAddr;
 
 use softroce::wire::{Operation, Packet, Syndrome, Transport};
 
-use super::decode::Malformed;
+use super::cm;
+use super::decode::{self, Malformed};
 use super::flow::Analysis;
 use super::text;
 
@@ -134,11 +135,14 @@ impl Ladder {
             self.hosts[from].qpns.insert(deth.src_qpn);
         }
         self.push(|| {
-            let mut label = format!(
-                "{} {}",
-                short_name(header.bth.opcode.transport(), header.bth.opcode.operation()),
-                header.bth.psn
-            );
+            let mut label = match decode::gsi(pkt) {
+                Some(gsi) => cm::label(&gsi),
+                None => format!(
+                    "{} {}",
+                    short_name(header.bth.opcode.transport(), header.bth.opcode.operation()),
+                    header.bth.psn
+                ),
+            };
             if let (Operation::Acknowledge, Some(aeth)) = (header.bth.opcode.operation(), header.aeth) {
                 let _ = write!(label, " [{}]", syndrome_label(aeth.syndrome));
             }

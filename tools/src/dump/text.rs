@@ -4,11 +4,13 @@ use std::fmt::Write;
 
 use softroce::wire::{BthRepr, Packet, Syndrome};
 
-use super::decode::Malformed;
+use super::cm;
+use super::decode::{self, Malformed};
 use super::flow::Analysis;
 
 /// `frame time src > dst OPCODE qp= psn= ack_req= [headers] len= icrc=`, with
-/// rarely set BTH fields (SE, M, FECN, BECN, a non-default P_Key) only when set.
+/// rarely set BTH fields (SE, M, FECN, BECN, a non-default P_Key) only when set,
+/// and the MAD of a packet to QP 1 after its DETH (`CM REQ(...)`).
 pub fn packet_line(frame: usize, seconds: f64, pkt: &Packet<'_>, analysis: &Analysis, icrc_ok: bool) -> String {
     let h = &pkt.roce.header;
     let bth = &h.bth;
@@ -31,6 +33,9 @@ pub fn packet_line(frame: usize, seconds: f64, pkt: &Packet<'_>, analysis: &Anal
     }
     if let Some(d) = h.deth {
         let _ = write!(line, " DETH(qkey={:#010x} src_qp={:#x})", d.qkey, d.src_qpn);
+    }
+    if let Some(gsi) = decode::gsi(pkt) {
+        let _ = write!(line, " {}", cm::summary(&gsi));
     }
     if let Some(f) = h.feth {
         let _ = write!(line, " FETH(selectivity={} placement={})", f.selectivity, f.placement_type);
