@@ -111,6 +111,9 @@ pub struct LinkStats {
     /// Packets for a QP of another process sharing the UDP port that
     /// arrived here anyway and were passed on to it (`share`).
     pub forwarded: u64,
+    /// Packets for another process sharing the port that were dropped
+    /// because it left them unread (its queue stayed full).
+    pub forward_dropped: u64,
     /// Packets for a process sharing the port that is gone, dropped as
     /// packets for a QP that does not exist are.
     pub ownerless: u64,

@@ -51,9 +51,28 @@ const CENSUS_TRIES: u32 = 4;
 const CENSUS_WAIT: Duration = Duration::from_millis(200);
 /// How long to wait for another coordinator before giving up.
 const COORDINATOR_WAIT: Duration = Duration::from_secs(10);
+/// How long forwarding waits for room in a slow member's inbox: the kernel
+/// queues only `net.unix.max_dgram_qlen` (10 by default) datagrams per
+/// receiver, so a burst must wait for the owner to read rather than be lost.
+const FORWARD_WAIT: Duration = Duration::from_millis(5);
+/// How long packets for a member that let [`FORWARD_WAIT`] run out are
+/// dropped at once instead of waited for.
+const STALL_BACKOFF: Duration = Duration::from_millis(100);
 /// Bytes ahead of a forwarded packet: source address and port, and the
 /// local address it came to ([`encode_forward`]).
 const FORWARD_HEADER: usize = 36;
+
+/// What became of a packet [`Member::forward`] passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarded {
+    /// It is in its owner's inbox.
+    Passed,
+    /// Its owner did not read its inbox for [`FORWARD_WAIT`]: dropped, as
+    /// a full socket buffer drops.
+    InboxFull,
+    /// Nobody holds the slot: dropped, as packets for a missing QP are.
+    Ownerless,
+}
 
 /// One member's place in the group sharing a port: its slot, its sockets
 /// (one per local address) and the steward thread that keeps the group's
@@ -61,9 +80,17 @@ const FORWARD_HEADER: usize = 36;
 pub struct Member {
     shared: Arc<Shared>,
     steward: Option<JoinHandle<()>>,
-    /// Where packets for other members are forwarded from, and forwarded
-    /// packets for this one arrive.
+    /// Where packets forwarded to this member arrive.
     inbox: UnixDatagram,
+    /// Where packets for other members are forwarded from: blocking, for at
+    /// most [`FORWARD_WAIT`], unlike the inbox.
+    outbox: UnixDatagram,
+    /// The same without waiting, for a member that let a wait run out: the
+    /// engine must not spend 5 ms a packet on one that stopped reading.
+    outbox_now: UnixDatagram,
+    /// The member whose inbox was last found full, and until when packets
+    /// for it are not waited for.
+    stalled: Option<(u8, Instant)>,
     /// Reused for forwarded packets, header and all.
     scratch: Vec<u8>,
     /// Whether the member has left (or, in tests, crashed).
@@ -118,6 +145,10 @@ impl Member {
         let _ = fs::remove_file(&inbox_path);
         let inbox = UnixDatagram::bind(&inbox_path)?;
         inbox.set_nonblocking(true)?;
+        let outbox = UnixDatagram::unbound()?;
+        outbox.set_write_timeout(Some(FORWARD_WAIT))?;
+        let outbox_now = UnixDatagram::unbound()?;
+        outbox_now.set_nonblocking(true)?;
         let mut inodes = Vec::new();
         for (addr, socket) in &sockets {
             inodes.push((*addr, inode(socket.as_raw_fd())?));
@@ -143,7 +174,16 @@ impl Member {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new().name(format!("softroce-share-{slot}")).spawn(move || shared.steward())?
         };
-        Ok(Member { shared, steward: Some(steward), inbox, scratch: Vec::new(), left: false })
+        Ok(Member {
+            shared,
+            steward: Some(steward),
+            inbox,
+            outbox,
+            outbox_now,
+            stalled: None,
+            scratch: Vec::new(),
+            left: false,
+        })
     }
 
     /// This member's slot: its QPNs are `slot << 16 | n`.
@@ -180,15 +220,27 @@ impl Member {
     }
 
     /// Passes `roce`, which arrived at `local` from `src`, to member `slot`,
-    /// and asks the steward for a census; false if it has no live owner.
-    pub fn forward(&mut self, slot: u8, src: SocketAddr, local: IpAddr, roce: &[u8]) -> bool {
+    /// and asks the steward for a census.
+    pub fn forward(&mut self, slot: u8, src: SocketAddr, local: IpAddr, roce: &[u8]) -> Forwarded {
         if !self.shared.misdelivered.swap(true, Ordering::Relaxed) {
             self.shared.wake.notify_one();
         }
         self.scratch.clear();
         self.scratch.extend_from_slice(&encode_forward(src, local));
         self.scratch.extend_from_slice(roce);
-        self.inbox.send_to(&self.scratch, slot_path(&self.shared.dir, slot)).is_ok()
+        let now = Instant::now();
+        let stalled = self.stalled.is_some_and(|(stalled, until)| stalled == slot && now < until);
+        let outbox = if stalled { &self.outbox_now } else { &self.outbox };
+        match outbox.send_to(&self.scratch, slot_path(&self.shared.dir, slot)) {
+            Ok(_) => Forwarded::Passed,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                if !stalled {
+                    self.stalled = Some((slot, now + STALL_BACKOFF));
+                }
+                Forwarded::InboxFull
+            }
+            Err(_) => Forwarded::Ownerless,
+        }
     }
 
     /// The next packet another member forwarded here: its source, the local
@@ -1029,13 +1081,50 @@ mod tests {
         assert_eq!(a.owner_elsewhere(LOCAL, &p), Some(b.slot()));
         assert_eq!(b.owner_elsewhere(LOCAL, &p), None);
         assert_eq!(a.owner_elsewhere(LOCAL, &packet(1 << 16)[..7]), None, "too short to say");
-        assert!(a.forward(b.slot(), src, LOCAL, &p));
+        assert_eq!(a.forward(b.slot(), src, LOCAL, &p), Forwarded::Passed);
         let mut buf = [0; 256];
         let got = b.receive_forwarded(&mut buf).unwrap();
         assert_eq!(got, (src, LOCAL, p.len()));
         assert_eq!(&buf[..p.len()], &p[..]);
         // Nobody holds slot 250's inbox.
-        assert!(!a.forward(250, src, LOCAL, &p));
+        assert_eq!(a.forward(250, src, LOCAL, &p), Forwarded::Ownerless);
+    }
+
+    /// The kernel queues ten datagrams per Unix socket by default: a burst
+    /// waits for an owner that reads, and is dropped and counted as such
+    /// only when the owner stops reading.
+    #[test]
+    fn a_forwarded_burst_waits_for_its_owner_and_only_a_stalled_owner_loses_packets() {
+        let port = free_port();
+        let mut a = Member::join(port, &[LOCAL]).unwrap();
+        let mut b = Member::join(port, &[LOCAL]).unwrap();
+        let p = packet(u32::from(b.slot()) << 16 | 7);
+        let src: SocketAddr = "127.0.0.9:5000".parse().unwrap();
+        const BURST: usize = 2000;
+        let slot = b.slot();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0; 256];
+            let (mut got, deadline) = (0, Instant::now() + Duration::from_secs(10));
+            while got < BURST && Instant::now() < deadline {
+                match b.receive_forwarded(&mut buf) {
+                    Some(_) => got += 1,
+                    None => std::thread::sleep(Duration::from_micros(200)),
+                }
+            }
+            (b, got)
+        });
+        let passed = (0..BURST).filter(|_| a.forward(slot, src, LOCAL, &p) == Forwarded::Passed).count();
+        let (b, got) = reader.join().unwrap();
+        assert_eq!((passed, got), (BURST, BURST));
+        // Nobody reads now: the queue fills, a packet waits 5 ms and is lost,
+        // and the next ones are lost without waiting.
+        let started = Instant::now();
+        let outcomes: Vec<Forwarded> = (0..BURST / 10).map(|_| a.forward(slot, src, LOCAL, &p)).collect();
+        assert_eq!(outcomes[0], Forwarded::Passed);
+        let full = outcomes.iter().filter(|&&o| o == Forwarded::InboxFull).count();
+        assert!(full >= BURST / 10 - 20, "{full} of {} dropped", BURST / 10);
+        assert!(started.elapsed() < FORWARD_WAIT * 20, "waited {:?}", started.elapsed());
+        drop(b);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::time::Duration;
 use etherparse::{IpNumber, Ipv6Header, UdpHeader};
 
 use super::mmsg::{RecvBatch, SendBatch, MAX_DATAGRAM};
-use super::share::Member;
+use super::share::{Forwarded, Member};
 use super::{Link, LinkStats, Outgoing, Received};
 use crate::capture::LiveCapture;
 use crate::wire::icrc;
@@ -182,10 +182,10 @@ impl UdpLink {
                     if let Some(member) = &mut self.share {
                         let roce = self.rx.bytes(at.clone());
                         if let Some(owner) = member.owner_elsewhere(local, roce) {
-                            if member.forward(owner, src, local, roce) {
-                                self.stats.forwarded += 1;
-                            } else {
-                                self.stats.ownerless += 1;
+                            match member.forward(owner, src, local, roce) {
+                                Forwarded::Passed => self.stats.forwarded += 1,
+                                Forwarded::InboxFull => self.stats.forward_dropped += 1,
+                                Forwarded::Ownerless => self.stats.ownerless += 1,
                             }
                             continue;
                         }

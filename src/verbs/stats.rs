@@ -56,6 +56,7 @@ pub fn device_counters(d: &DeviceCounters) -> impl Iterator<Item = (&'static str
         // softroce's own: packets for another process sharing the port,
         // passed on to it (kernel rxe demultiplexes in one place).
         ("forwarded_pkts", d.link.forwarded),
+        ("forward_drop_pkts", d.link.forward_dropped),
     ];
     link.into_iter()
         .chain(qp_counters(&d.qp).into_iter().filter(|(name, _)| !matches!(*name, "sent_pkts" | "rcvd_pkts")))
