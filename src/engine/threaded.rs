@@ -19,7 +19,8 @@
 //! Completions reach applications through `crossbeam-channel` queues, one
 //! per CQ.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -105,13 +106,63 @@ impl CqShared {
 /// A QP as the engine and the application share it.
 #[derive(Debug)]
 pub(crate) struct QpCell {
+    pub qpn: u32,
     pub qp: Mutex<Qp>,
     pub send_cq: Arc<CqShared>,
     pub recv_cq: Arc<CqShared>,
     pub srq: Option<Arc<Mutex<Srq>>>,
+    /// On [`EngineShared::ready`]: the application changed the QP and the
+    /// engine has not looked at it since.
+    queued: AtomicBool,
+    /// What the engine knows of the QP, so that a round touches only the
+    /// QPs with something to do (written only by whoever drives progress).
+    marks: Marks,
+}
+
+/// A QP's place in the engine's bookkeeping ([`Progress`]).
+#[derive(Debug, Default)]
+struct Marks {
+    /// On the list of QPs the next round visits.
+    active: AtomicBool,
+    /// It had a timer at its last visit: it waits on its peer.
+    waiting: AtomicBool,
+    /// The earliest of its entries in the timer heap, in nanoseconds on
+    /// the transport's clock (`u64::MAX`: none).
+    timer_entry: AtomicU64,
+}
+
+impl Marks {
+    fn timer_entry(&self) -> Option<Duration> {
+        let nanos = self.timer_entry.load(Ordering::Relaxed);
+        (nanos != u64::MAX).then(|| Duration::from_nanos(nanos))
+    }
+
+    fn set_timer_entry(&self, at: Option<Duration>) {
+        let nanos = at.map_or(u64::MAX, |at| u64::try_from(at.as_nanos()).unwrap_or(u64::MAX - 1));
+        self.timer_entry.store(nanos, Ordering::Relaxed);
+    }
+}
+
+/// A change to the QP table, for the engine to take in ([`EngineShared::qp_changes`]).
+#[derive(Debug)]
+pub(crate) enum QpChange {
+    Created(Arc<QpCell>),
+    Destroyed(u32),
 }
 
 impl QpCell {
+    pub(crate) fn new(qp: Qp, send_cq: Arc<CqShared>, recv_cq: Arc<CqShared>, srq: Option<Arc<Mutex<Srq>>>) -> QpCell {
+        QpCell {
+            qpn: qp.qpn(),
+            qp: Mutex::new(qp),
+            send_cq,
+            recv_cq,
+            srq,
+            queued: AtomicBool::new(false),
+            marks: Marks { timer_entry: AtomicU64::new(u64::MAX), ..Marks::default() },
+        }
+    }
+
     /// Moves the QP's completions to its CQs and its events to `events`.
     pub(crate) fn drain(&self, qp: &mut Qp, events: &AsyncEvents) {
         while let Some((cq, wc)) = qp.poll_completion() {
@@ -167,8 +218,15 @@ impl AsyncEvents {
 pub(crate) struct EngineShared {
     pub registry: RwLock<Registry>,
     pub qps: Mutex<BTreeMap<u32, Arc<QpCell>>>,
-    /// Bumped whenever `qps` changes, so the engine re-reads it only then.
+    /// What changed in `qps` since the engine last looked, in order: the
+    /// engine keeps its own table up to date from these, at a cost that
+    /// does not grow with the number of QPs.
+    pub qp_changes: Mutex<Vec<QpChange>>,
+    /// Bumped whenever `qps` changes, so the engine looks at `qp_changes` only then.
     pub qps_version: AtomicU64,
+    /// QPs the application changed (posted to, modified) while another
+    /// thread drove progress: the next round looks at them.
+    ready: Mutex<Vec<Arc<QpCell>>>,
     pub events: AsyncEvents,
     pub stop: AtomicBool,
     /// Who drives progress, and the doorbell that calls them in.
@@ -200,6 +258,30 @@ pub(crate) struct Engine {
     thread: Option<JoinHandle<()>>,
 }
 
+impl EngineShared {
+    /// Adds a QP the application just created to the table.
+    pub(crate) fn add_qp(&self, qps: &mut BTreeMap<u32, Arc<QpCell>>, cell: Arc<QpCell>) {
+        qps.insert(cell.qpn, Arc::clone(&cell));
+        lock(&self.qp_changes).push(QpChange::Created(cell));
+        self.qps_version.fetch_add(1, Ordering::Release);
+    }
+
+    /// Takes a QP the application destroyed out of the table.
+    pub(crate) fn remove_qp(&self, qps: &mut BTreeMap<u32, Arc<QpCell>>, qpn: u32) {
+        qps.remove(&qpn);
+        lock(&self.qp_changes).push(QpChange::Destroyed(qpn));
+    }
+
+    /// Has the engine look at `cell` in its next round, and rings it: the
+    /// application changed what the QP has to do.
+    pub(crate) fn mark_ready(&self, cell: &Arc<QpCell>) {
+        if !cell.queued.swap(true, Ordering::AcqRel) {
+            lock(&self.ready).push(Arc::clone(cell));
+        }
+        self.handover.ring();
+    }
+}
+
 impl Engine {
     /// Starts the engine thread over `link`. With `busy_poll`, application
     /// threads that wait for a completion or an event poll instead of
@@ -227,10 +309,10 @@ impl Engine {
     /// After a post to `cell`'s QP: sends its new packets from this thread
     /// when nobody else is driving progress (no doorbell, no engine wake-up),
     /// else rings the doorbell for whoever is.
-    pub fn kick(&self, cell: &QpCell) {
+    pub fn kick(&self, cell: &Arc<QpCell>) {
         let handover = &self.shared.handover;
         let Some(mut p) = try_lock(&self.progress) else {
-            handover.ring();
+            self.shared.mark_ready(cell);
             return;
         };
         let now = p.now();
@@ -249,16 +331,21 @@ impl Engine {
         let sent = transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, order);
         cell.drain(&mut qp, &self.shared.events);
         let (timer, ack_coming) = (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some());
+        p.note(cell, &qp, sent == tuning.kick_limit);
         drop(qp);
         if std::mem::take(&mut p.owed) {
             // What the last waiter left unsent goes out in the same batch
-            // (this QP's answers went above, and its requests as decided).
-            let Progress { out, qps, .. } = &mut *p;
-            for other in qps.iter().filter(|other| !std::ptr::eq(&***other, cell)) {
+            // (this QP's answers went above, and its requests as decided):
+            // the QPs its round handed packets to are the active ones.
+            let mut others = std::mem::take(&mut p.spare);
+            others.extend(p.active.iter().filter(|other| !Arc::ptr_eq(other, cell)).cloned());
+            for other in others.drain(..) {
                 let mut qp = lock(&other.qp);
-                transmit(&mut qp, out, &self.shared, now, tuning.kick_limit, TransmitOrder::ResponsesFirst);
+                transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, TransmitOrder::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
+                p.note(&other, &qp, false);
             }
+            p.spare = others;
         }
         p.out.link.flush();
         *lock(&self.shared.link_stats) = p.out.link.stats();
@@ -419,17 +506,26 @@ pub(crate) struct Progress {
     /// The transport's clock when the last round began.
     round_at: Duration,
     rx: Vec<u8>,
-    qps: Vec<Arc<QpCell>>,
-    by_qpn: BTreeMap<u32, Arc<QpCell>>,
+    by_qpn: HashMap<u32, Arc<QpCell>>,
     version: u64,
+    /// The QPs the next round visits: those that received packets, were
+    /// posted to or modified, have a timer due, or have more to send. The
+    /// others cost a round nothing, however many there are.
+    active: Vec<Arc<QpCell>>,
+    /// An empty list with capacity, swapped with `active` and the ready
+    /// list in turn, so that rounds allocate nothing.
+    spare: Vec<Arc<QpCell>>,
+    /// When QPs' timers are due, earliest first, by QPN; an entry may be
+    /// earlier than its QP's timer is now (a visit finds out and re-files it).
+    timers: BinaryHeap<Reverse<(Duration, u32)>>,
+    /// QPs whose last visit left them waiting on their peers (packets
+    /// unacknowledged): they share the peer's receive buffer.
+    waiting_on_peer: usize,
     /// The link's descriptors and the doorbell: readable when there is work.
     fds: Vec<RawFd>,
     /// A round ended early: QPs may have packets to send.
     owed: bool,
     lingering: Lingering,
-    /// QPs that waited on their peers (packets unacknowledged) last round:
-    /// they share the peer's receive buffer.
-    waiting_on_peer: usize,
     /// Until then a round that receives nothing only looks at the sockets:
     /// the last full round found nothing to do, and nothing has changed
     /// since (see [`Tuning::quiet_span`]).
@@ -456,7 +552,7 @@ impl Outbox {
 
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Progress").field("locals", &self.out.locals).field("qps", &self.qps.len()).finish()
+        f.debug_struct("Progress").field("locals", &self.out.locals).field("qps", &self.by_qpn.len()).finish()
     }
 }
 
@@ -488,13 +584,15 @@ impl Progress {
             start: Instant::now(),
             round_at: Duration::ZERO,
             rx: vec![0u8; 64 * 1024],
-            qps: Vec::new(),
-            by_qpn: BTreeMap::new(),
+            by_qpn: HashMap::new(),
             version: u64::MAX,
+            active: Vec::new(),
+            spare: Vec::new(),
+            timers: BinaryHeap::new(),
+            waiting_on_peer: 0,
             fds,
             owed: false,
             lingering: Lingering::new(&tuning),
-            waiting_on_peer: 0,
             quiet_until: Duration::ZERO,
             seen_timer: None,
             tuning,
@@ -505,9 +603,41 @@ impl Progress {
         self.start.elapsed()
     }
 
-    /// The earliest timer of any QP.
+    /// The earliest timer of any QP (or a little earlier).
     fn next_timer(&self) -> Option<Duration> {
-        self.qps.iter().filter_map(|cell| lock(&cell.qp).poll_timeout()).min()
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Puts `cell` on the list of QPs the next round visits.
+    fn activate(&mut self, cell: &Arc<QpCell>) {
+        if !cell.marks.active.swap(true, Ordering::Relaxed) {
+            self.active.push(Arc::clone(cell));
+        }
+    }
+
+    /// Files what a visit left of `cell`'s QP: whether it waits on its
+    /// peer, when its timer is due, and whether it has `more` to send.
+    fn note(&mut self, cell: &Arc<QpCell>, qp: &Qp, more: bool) {
+        let timer = qp.poll_timeout();
+        let waiting = timer.is_some();
+        if cell.marks.waiting.swap(waiting, Ordering::Relaxed) != waiting {
+            if waiting {
+                self.waiting_on_peer += 1;
+            } else {
+                self.waiting_on_peer -= 1;
+            }
+        }
+        if let Some(at) = timer {
+            // One entry per QP at a time, unless its timer moved earlier:
+            // a timer pushed later is found when the older entry comes due.
+            if cell.marks.timer_entry().is_none_or(|entry| at < entry) {
+                self.timers.push(Reverse((at, cell.qpn)));
+                cell.marks.set_timer_entry(Some(at));
+            }
+        }
+        if more {
+            self.activate(cell);
+        }
     }
 
     /// One round: receive, run due timers, transmit. With `until`, the
@@ -552,15 +682,26 @@ impl Progress {
         Step { busy, next_timer }
     }
 
-    /// Re-reads the QP table if it changed since the last round; says
-    /// whether it did.
+    /// Takes in the QP table's changes since the last round; says whether
+    /// there were any.
     fn refresh_qps(&mut self, shared: &EngineShared) -> bool {
         let seen = shared.qps_version.load(Ordering::Acquire);
         let changed = seen != self.version;
         if changed {
-            self.by_qpn = lock(&shared.qps).clone();
-            self.qps = self.by_qpn.values().cloned().collect();
             self.version = seen;
+            for change in std::mem::take(&mut *lock(&shared.qp_changes)) {
+                match change {
+                    QpChange::Created(cell) => {
+                        self.by_qpn.insert(cell.qpn, cell);
+                    }
+                    QpChange::Destroyed(qpn) => {
+                        let Some(cell) = self.by_qpn.remove(&qpn) else { continue };
+                        if cell.marks.waiting.swap(false, Ordering::Relaxed) {
+                            self.waiting_on_peer -= 1;
+                        }
+                    }
+                }
+            }
         }
         changed
     }
@@ -626,6 +767,9 @@ impl Progress {
             }
             drop(srq);
             cell.drain(qp, &shared.events);
+            if !lingering && !cell.marks.active.swap(true, Ordering::Relaxed) {
+                self.active.push(Arc::clone(cell));
+            }
             // The rest of a GRO train first: an ACK behind the answer
             // it came with would wait in the link, signalled to nobody,
             // while the waiter's next post waits for it (a thread that
@@ -638,24 +782,48 @@ impl Progress {
         Batch::Done { received, drained: false }
     }
 
-    /// Every QP in turn: its share of the peer's buffer, its due timers
-    /// (only once the link is `drained`: an ACK waiting in the socket must
-    /// not lose the race to the timeout it would cancel), its packets and
-    /// its completions. Says whether any QP did something, and the earliest
-    /// timer left.
+    /// Every QP with something to do in turn (packets received, posted
+    /// to or modified, a timer due, more to send): its share of the peer's
+    /// buffer, its due timers (only once the link is `drained`: an ACK
+    /// waiting in the socket must not lose the race to the timeout it would
+    /// cancel), its packets and its completions. Says whether any QP did
+    /// something, and the earliest timer left.
     fn run_timers_and_transmit(
         &mut self,
         shared: &EngineShared,
         now: Duration,
         drained: bool,
     ) -> (bool, Option<Duration>) {
+        let mut ready = std::mem::take(&mut self.spare);
+        std::mem::swap(&mut *lock(&shared.ready), &mut ready);
+        for cell in ready.drain(..) {
+            cell.queued.store(false, Ordering::Release);
+            self.activate(&cell);
+        }
+        if drained {
+            while let Some(&Reverse((at, qpn))) = self.timers.peek() {
+                if at > now {
+                    break;
+                }
+                self.timers.pop();
+                let Some(cell) = self.by_qpn.get(&qpn).cloned() else { continue };
+                if cell.marks.timer_entry() == Some(at) {
+                    cell.marks.set_timer_entry(None);
+                }
+                self.activate(&cell);
+            }
+        }
         let mut busy = false;
-        let mut next_timer: Option<Duration> = None;
         // The device's QPs send into one socket buffer at a peer on this
         // host, so each window gets a share of it (rxe-spec T-7).
         let share = shared.receive_buffer.map(|bytes| bytes / self.waiting_on_peer.max(1));
-        self.waiting_on_peer = 0;
-        for cell in &self.qps {
+        let mut visiting = std::mem::replace(&mut self.active, ready);
+        for cell in visiting.drain(..) {
+            cell.marks.active.store(false, Ordering::Relaxed);
+            if !self.by_qpn.contains_key(&cell.qpn) {
+                // Destroyed since: its answers are the lingering list's.
+                continue;
+            }
             let mut qp = lock(&cell.qp);
             qp.set_peer_buffer(share);
             if drained {
@@ -665,13 +833,10 @@ impl Progress {
             let sent = transmit(&mut qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
             busy |= sent > 0;
             cell.drain(&mut qp, &shared.events);
-            self.waiting_on_peer += usize::from(qp.poll_timeout().is_some());
-            next_timer = match (next_timer, qp.poll_timeout()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            self.note(&cell, &qp, sent == limit);
         }
-        (busy, next_timer)
+        self.spare = visiting;
+        (busy, self.next_timer())
     }
 }
 

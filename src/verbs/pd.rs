@@ -1,7 +1,6 @@
 //! Protection domains (`ibv_pd`): what memory regions, queue pairs, SRQs
 //! and address handles are created in.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use memmap2::MmapMut;
@@ -142,15 +141,14 @@ impl ProtectionDomain {
             // UD has no path MTU attribute: it uses the port's, as rxe does.
             qp.set_ud_mtu(self.ctx.device.active_mtu());
         }
-        let cell = Arc::new(QpCell {
-            qp: Mutex::new(qp),
-            send_cq: Arc::clone(&init.send_cq.shared),
-            recv_cq: Arc::clone(&init.recv_cq.shared),
-            srq: init.srq.map(|s| Arc::clone(&s.srq)),
-        });
-        qps.insert(qpn, Arc::clone(&cell));
+        let cell = Arc::new(QpCell::new(
+            qp,
+            Arc::clone(&init.send_cq.shared),
+            Arc::clone(&init.recv_cq.shared),
+            init.srq.map(|s| Arc::clone(&s.srq)),
+        ));
+        shared.add_qp(&mut qps, Arc::clone(&cell));
         drop(qps);
-        shared.qps_version.fetch_add(1, Ordering::Release);
         let psn = Psn::new(random_u32());
         Ok(QueuePair { ctx: Arc::clone(&self.ctx), cell, qpn, psn, sig_all })
     }

@@ -36,7 +36,7 @@ impl QueuePair {
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         lock(&self.cell.qp).modify(attr, mask)?;
-        self.ctx.engine.shared.handover.ring();
+        self.ctx.engine.shared.mark_ready(&self.cell);
         Ok(())
     }
 
@@ -166,7 +166,7 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         let shared = &self.ctx.engine.shared;
         let mut qps = lock(&shared.qps);
-        qps.remove(&self.qpn);
+        shared.remove_qp(&mut qps, self.qpn);
         let mut qp = lock(&self.cell.qp);
         add_counters(&mut lock(&shared.retired), qp.counters());
         // What the QP produced so far goes out. Then, in ERR, it executes and

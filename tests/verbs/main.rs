@@ -12,5 +12,6 @@ mod support;
 mod device;
 mod errors;
 mod gsi;
+mod many_qps;
 mod progress;
 mod smoke;

@@ -62,7 +62,9 @@ macro_rules! say {
     socket in a group of 8 sharing a port as softroce's processes do (the steering program and the \
     census filter on every packet), against udp-alone, to a socket bound alone, batch by batch, neither \
     socket read, so that each datagram goes the kernel's way in as far as the socket: the cost, the \
-    median batch's time a datagram, is what steering costs a packet.")]
+    median batch's time a datagram, is what steering costs a packet; and write-rate-idle, 64 B WRITEs on \
+    one QP with the row's other QPs connected and idle on the same devices, against write-rate, the QP \
+    alone, with what an idle pair costs to set up and tear down and in resident memory.")]
 pub struct Args {
     /// How long each row is measured, after a warm-up of a fifth of that (not 0: rates divide by it).
     #[arg(long, value_name = "SECONDS", default_value = "0.5", value_parser = |s: &str| seconds(s, Zero::Refused))]
@@ -235,6 +237,7 @@ pub enum Test {
     UdpSteered,
     ProcsWrite,
     SharedWrite,
+    WriteRateIdle,
 }
 
 impl Test {
@@ -255,6 +258,7 @@ impl Test {
             Test::UdpSteered => "udp-steered",
             Test::ProcsWrite => "procs-write",
             Test::SharedWrite => "shared-write",
+            Test::WriteRateIdle => "write-rate-idle",
         }
     }
 
@@ -269,6 +273,7 @@ impl Test {
     fn reference(self) -> Option<Test> {
         match self {
             Test::SharedWrite => Some(Test::ProcsWrite),
+            Test::WriteRateIdle => Some(Test::WriteRate),
             Test::UdpSteered => Some(Test::UdpAlone),
             _ => None,
         }
@@ -283,7 +288,7 @@ impl Test {
     /// The figure a softroce row is compared to the baselines by.
     fn compared_by(self) -> &'static str {
         match self {
-            Test::WriteRate | Test::WriteRateList => "msgs_per_s",
+            Test::WriteRate | Test::WriteRateList | Test::WriteRateIdle => "msgs_per_s",
             Test::SendLat => "lat_p50_us",
             _ => "gbytes_per_s",
         }
@@ -389,12 +394,21 @@ fn plan(quick: bool) -> Vec<Case> {
     for &size in shared_sizes {
         cases.push(Case::softroce(Test::SharedWrite, size, Mtu::Mtu4096, 1));
     }
+    let idle_counts: &[usize] = if quick { &[1024] } else { &[16, 256, 1024, 4096] };
+    for &qps in idle_counts {
+        cases.push(Case::softroce(Test::WriteRateIdle, 64, Mtu::Mtu4096, qps));
+    }
     cases
 }
 
 /// The case a row is measured against: the same but for the test.
 fn reference(case: &Case) -> Option<Case> {
-    case.test.reference().map(|test| Case { test, ..*case })
+    let conn = match case.test {
+        // Its reference is the busy QP alone.
+        Test::WriteRateIdle => case.conn.map(|c| Conn { qps: 1, ..c }),
+        _ => case.conn,
+    };
+    case.test.reference().map(|test| Case { test, conn, ..*case })
 }
 
 /// What the rows run on: the devices, open from the start, and the
@@ -427,7 +441,7 @@ fn measure(case: &Case, rigs: &Rigs, timing: &Timing) -> Result<Measured, String
             devices.stream(case, timing)
         }
         Test::SendLat => devices.ping_pong(case, timing),
-        Test::UdpAlone | Test::UdpSteered | Test::ProcsWrite | Test::SharedWrite => {
+        Test::UdpAlone | Test::UdpSteered | Test::ProcsWrite | Test::SharedWrite | Test::WriteRateIdle => {
             Err("measured only in turns with its reference".to_owned())
         }
     }
@@ -437,6 +451,7 @@ fn measure(case: &Case, rigs: &Rigs, timing: &Timing) -> Result<Measured, String
 /// with both in turns within it (`procs`, `baselines::udp_steering`).
 fn measure_in_turns(case: &Case, reference: &Case, rigs: &Rigs, timing: &Timing) -> Result<Turns, String> {
     let (mut ours, mut theirs, mut ratios, mut extra_ns) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut qp_costs = Vec::new();
     let per_second = |m: &Measured| m.window.messages as f64 / m.window.elapsed.as_secs_f64();
     for _ in 0..ROUNDS {
         let (r, m) = match case.test {
@@ -453,13 +468,24 @@ fn measure_in_turns(case: &Case, reference: &Case, rigs: &Rigs, timing: &Timing)
                 extra_ns.push(cpu_ns(&m) - cpu_ns(&r));
                 (r, m)
             }
+            Test::WriteRateIdle => {
+                let round = rigs.devices.write_rate_among_idle(case, timing)?;
+                let ns = |m: &Measured| m.window.elapsed.as_secs_f64() * 1e9 / m.window.messages.max(1) as f64;
+                extra_ns.push(ns(&round.among_idle) - ns(&round.alone));
+                qp_costs.push(QpCost {
+                    setup_us: round.setup_us,
+                    teardown_us: round.teardown_us,
+                    rss_kib: round.rss_kib,
+                });
+                (round.alone, round.among_idle)
+            }
             other => unreachable!("{} has no reference", other.name()),
         };
         ratios.push(per_second(&m) / per_second(&r));
         ours.push(m);
         theirs.push(r);
     }
-    let reference = Reference { test: reference.test, ratios, extra_ns };
+    let reference = Reference { test: reference.test, ratios, extra_ns, qp_costs };
     Ok(Turns { ours: Measured::sum(ours), theirs: Measured::sum(theirs), reference })
 }
 
@@ -618,8 +644,21 @@ struct Reference {
     /// Each round's cost of a message less the reference's, in ns: for
     /// the two-process rows the CPU time of all the processes, a figure
     /// that the machine's other work moves less than rates; for
-    /// udp-steered the median batch's time a datagram.
+    /// udp-steered the median batch's time a datagram; for write-rate-idle
+    /// the time between messages.
     extra_ns: Vec<f64>,
+    /// write-rate-idle: what each round's idle QPs cost.
+    qp_costs: Vec<QpCost>,
+}
+
+/// What an idle pair of QPs cost in a write-rate-idle round.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct QpCost {
+    setup_us: f64,
+    teardown_us: f64,
+    /// Resident memory the pair added (malloc may reuse what earlier rows
+    /// freed: it can be 0 or below).
+    rss_kib: f64,
 }
 
 impl Reference {
@@ -806,6 +845,20 @@ impl Row {
                 r.extra_ns(),
                 list(&r.extra_ns, 0)
             ),
+            Test::WriteRateIdle => {
+                let costs = |f: fn(&QpCost) -> f64| median(&r.qp_costs.iter().map(f).collect::<Vec<_>>());
+                format!(
+                    "{:+.0} ns between messages with {} idle QP pairs (rounds {}); a pair costs {:.1} µs to set up \
+                     and {:.1} µs to tear down (medians of rounds) and at most {:.2} KiB resident (the first round's: \
+                     later ones reuse its memory)",
+                    r.extra_ns(),
+                    c.conn.map_or(0, |c| c.qps.saturating_sub(1)),
+                    list(&r.extra_ns, 0),
+                    costs(|c| c.setup_us),
+                    costs(|c| c.teardown_us),
+                    r.qp_costs.iter().map(|c| c.rss_kib).fold(0.0, f64::max),
+                )
+            }
             _ => format!("{:+.0} ns of CPU a message, all processes (rounds {})", r.extra_ns(), list(&r.extra_ns, 0)),
         };
         Some(format!(
@@ -847,6 +900,12 @@ impl Row {
                     "ratio_ref": f.reference.as_ref().map(Reference::ratio),
                     "ratio_ref_rounds": f.reference.as_ref().map(|r| r.ratios.clone()),
                     "ref_extra_cpu_ns_per_msg": f.reference.as_ref().map(Reference::extra_ns),
+                    "idle_qp_costs": f.reference.as_ref().filter(|r| !r.qp_costs.is_empty()).map(|r| {
+                        r.qp_costs
+                            .iter()
+                            .map(|c| json!({ "setup_us": c.setup_us, "teardown_us": c.teardown_us, "rss_kib": c.rss_kib }))
+                            .collect::<Vec<_>>()
+                    }),
                 });
                 (figures, c.test.is_softroce().then(|| c.test.compared_by()))
             }
@@ -1025,7 +1084,12 @@ mod tests {
 
     #[test]
     fn a_row_against_its_reference_takes_the_median_round() {
-        let r = Reference { test: Test::ProcsWrite, ratios: vec![0.9, 1.25, 1.0], extra_ns: vec![5.0, -1.0, 20.0] };
+        let r = Reference {
+            test: Test::ProcsWrite,
+            ratios: vec![0.9, 1.25, 1.0],
+            extra_ns: vec![5.0, -1.0, 20.0],
+            qp_costs: Vec::new(),
+        };
         assert_eq!((r.ratio(), r.extra_ns()), (1.0, 5.0));
         assert_eq!(median(&[3.0, 1.0, 4.0, 2.0]), 2.5);
         assert!(median(&[]).is_nan());

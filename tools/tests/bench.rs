@@ -132,6 +132,18 @@ fn every_json_row_is_complete_and_sane() {
         assert!(row["ref_extra_cpu_ns_per_msg"].as_f64().is_some_and(f64::is_finite), "{row:?}");
         assert!(before["ratio_ref"].is_null(), "{before:?}");
     }
+    // One busy QP among 1023 idle ones, against the busy one alone, with
+    // what each idle pair cost every round.
+    let idle = find(rows, "write-rate-idle", 64, Some(4096), Some(1024));
+    assert_eq!(text(idle, "reference"), "write-rate", "{idle:?}");
+    number(idle, "ratio_ref");
+    let costs = idle["idle_qp_costs"].as_array().unwrap_or_else(|| panic!("{idle:?}"));
+    assert_eq!(costs.len(), 3, "{idle:?}");
+    for cost in costs {
+        for key in ["setup_us", "teardown_us"] {
+            assert!(cost[key].as_f64().is_some_and(|us| us > 0.0 && us.is_finite()), "{idle:?}");
+        }
+    }
     // The same 4 QPs over one engine per side and over two.
     let engines = |n| rows.iter().any(|r| text(r, "test") == "rc-write" && r["qps"] == 4 && r["engines"] == n);
     assert!(engines(1) && engines(2), "{rows:?}");

@@ -166,13 +166,56 @@ impl Devices {
     }
 }
 
+/// One round of `write-rate-idle`: the 64 B WRITE rate of one QP alone,
+/// then the same with `case`'s other QPs connected and idle on the same
+/// devices, and what those cost to set up and tear down.
+pub struct IdleRound {
+    pub alone: Measured,
+    pub among_idle: Measured,
+    /// Creating and connecting one idle pair of QPs (both sides), in µs.
+    pub setup_us: f64,
+    /// Destroying one, in µs.
+    pub teardown_us: f64,
+    /// The process's resident memory an idle pair adds, in KiB.
+    pub rss_kib: f64,
+}
+
+impl Devices {
+    /// [`IdleRound`]: the busy QP is a fresh one each time, the idle ones
+    /// live only through the second measurement.
+    pub fn write_rate_among_idle(&self, case: &Case, timing: &Timing) -> Result<IdleRound, String> {
+        let conn = case.conn.expect("a softroce row");
+        let busy = Case { test: Test::WriteRate, conn: Some(Conn { qps: 1, engines: 1, ..conn }), ..*case };
+        let alone = self.stream(&busy, timing)?;
+        let idle_pairs = conn.qps.saturating_sub(1).max(1);
+        let rss_before = resident_kib();
+        let started = Instant::now();
+        let idle = Link::connect(&self.pairs[0], Conn { qps: idle_pairs, engines: 1, ..conn })?;
+        let setup = started.elapsed();
+        let rss_kib = (resident_kib() as f64 - rss_before as f64) / idle_pairs as f64;
+        let among_idle = self.stream(&busy, timing)?;
+        let started = Instant::now();
+        drop(idle);
+        let teardown = started.elapsed();
+        let per_pair = |d: Duration| d.as_secs_f64() * 1e6 / idle_pairs as f64;
+        Ok(IdleRound { alone, among_idle, setup_us: per_pair(setup), teardown_us: per_pair(teardown), rss_kib })
+    }
+}
+
+/// The process's resident set, in KiB (0 where /proc cannot say).
+fn resident_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4
+}
+
 impl Pair {
     /// One pair's part of a stream: its sender (and for SENDs, its
     /// receiver) until the meter stops.
     fn stream(&self, case: &Case, link: &Link, in_flight: InFlight, meter: &Meter) -> Result<(), String> {
         let (size, remote) = (case.size, self.b.mr.remote());
         let (op, local) = match case.test {
-            Test::RcWrite | Test::WriteRate | Test::WriteRateList => {
+            Test::RcWrite | Test::WriteRate | Test::WriteRateList | Test::WriteRateIdle => {
                 let op = SendOp::RdmaWrite { remote_addr: remote.addr + SINK_AT as u64, rkey: remote.rkey };
                 (op, self.a.mr.sge(SOURCE_AT, size))
             }
