@@ -347,6 +347,9 @@ const STEER_DATAGRAM: usize = 64;
 /// Sockets in the steering row's group.
 const STEER_MEMBERS: usize = 8;
 
+/// QPs of the many-QP WRITE streams, all busy.
+const MANY_QPS: [usize; 4] = [16, 256, 1024, 4096];
+
 /// The rows to run, baselines first (the softroce rows' ratios need them).
 fn plan(quick: bool) -> Vec<Case> {
     let mut cases = vec![
@@ -386,6 +389,9 @@ fn plan(quick: bool) -> Vec<Case> {
         }
         for size in [PING_SMALL, PING_PAGE] {
             cases.push(Case::softroce(Test::SendLat, size, Mtu::Mtu4096, 1));
+        }
+        for qps in MANY_QPS {
+            cases.push(Case::softroce(Test::RcWrite, 64 << 10, Mtu::Mtu4096, qps));
         }
     }
     cases.push(Case::softroce(Test::WriteRate, 64, Mtu::Mtu4096, 1));

@@ -377,9 +377,12 @@ impl Link {
     fn connect(devices: &Pair, conn: Conn) -> Result<Link, String> {
         let failed =
             |e: softroce::verbs::Error| format!("connecting {} QPs at MTU {}: {e}", conn.qps, conn.mtu.bytes());
+        // Every QP's signaled requests in flight, within the device's limit.
+        let max_cqe = devices.a.ctx.device().query_device().max_cqe as usize;
+        let depth = CQ_DEPTH.max(conn.qps * GROUPS).min(max_cqe);
         let (a_cq, b_cq) = (
-            devices.a.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?,
-            devices.b.ctx.create_cq(CQ_DEPTH, None).map_err(failed)?,
+            devices.a.ctx.create_cq(depth, None).map_err(failed)?,
+            devices.b.ctx.create_cq(depth, None).map_err(failed)?,
         );
         let options = connect_options(conn.mtu);
         let mut qps = Vec::with_capacity(conn.qps);
