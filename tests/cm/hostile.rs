@@ -1,0 +1,1 @@
+//! Floods and garbage.
