@@ -4,6 +4,7 @@
 //! and events per ID.
 
 use super::*;
+use crate::fuzz_cm_protocol as fuzz;
 use crate::support::{captures, Rng};
 use softroce::wire::cm::{CmPathRepr, ReqRepr, TransportService};
 use softroce::wire::mad::{HEADER_LEN, MAD_LEN};
@@ -193,4 +194,60 @@ fn req_flood_stays_within_the_backlog_and_the_table() {
     assert_eq!(cm.stats().live_ids, 0);
     // A peer who claims the longest response time (2.4 h a retry) is given it.
     assert!(now - Instant::now() > Duration::from_secs(3600));
+}
+
+/// A random run of the fuzz driver: mostly deliveries and calls, some
+/// corruption, losses, garbage and clock jumps.
+fn random_run(rng: &mut Rng) -> fuzz::Input {
+    use fuzz::{Call, Step};
+    const CALLS: [Call; 10] = [
+        Call::Listen,
+        Call::Unlisten,
+        Call::Connect,
+        Call::Accept,
+        Call::ReadyToUse,
+        Call::Reject,
+        Call::Disconnect,
+        Call::Destroy,
+        Call::SidrRequest,
+        Call::SidrReply,
+    ];
+    let steps = (0..rng.next_u32() % 256)
+        .map(|_| {
+            let side = rng.next_u32() as u8;
+            let pick = rng.next_u32() as u8;
+            match rng.next_u32() % 16 {
+                0..=5 => {
+                    let changes = if rng.next_u32().is_multiple_of(8) {
+                        vec![(rng.next_u32() as u8, rng.next_u32() as u8)]
+                    } else {
+                        Vec::new()
+                    };
+                    Step::Deliver { side, pick, repeat: rng.next_u32().is_multiple_of(8), changes }
+                }
+                6 => Step::Lose { side, pick },
+                7 => Step::Raw {
+                    side,
+                    stranger: rng.next_u32().is_multiple_of(2),
+                    bytes: (0..rng.next_u32() % 260).map(|_| rng.next_u32() as u8).collect(),
+                },
+                8..=9 => Step::Advance { log2_micros: (rng.next_u32() % 45) as u8 },
+                _ => Step::Call {
+                    side,
+                    call: CALLS[rng.next_u32() as usize % CALLS.len()],
+                    pick,
+                    service: rng.next_u32().is_multiple_of(4),
+                },
+            }
+        })
+        .collect();
+    fuzz::Input { max_connections: rng.next_u32() as u8, backlog: rng.next_u32() as u8, steps }
+}
+
+#[test]
+fn fuzz_driver_checks_hold_on_random_runs() {
+    let mut rng = Rng::new(0xc0ffee);
+    for _ in 0..400 {
+        fuzz::run(&random_run(&mut rng));
+    }
 }

@@ -7,10 +7,16 @@
 //! - [`protocol`]: handshakes, rejections, losses, retries, teardown, SIDR;
 //! - [`golden`]: the kernel's REQ from rping, answered; our REQ and REP
 //!   against the kernel's;
-//! - [`hostile`]: floods and garbage, and the bounds that hold under them.
+//! - [`hostile`]: floods and garbage, and the bounds that hold under them,
+//!   and the `cm_protocol` fuzz target's checks on random runs.
 
 #[path = "../support/mod.rs"]
 mod support;
+
+// The `cm_protocol` fuzz target's driver (`fuzz/drivers`), run here on
+// inputs drawn by the tests.
+#[path = "../../fuzz/drivers/cm_protocol.rs"]
+mod fuzz_cm_protocol;
 
 mod golden;
 mod hostile;
