@@ -318,7 +318,8 @@ pub struct ProtocolStats {
     pub unmatched: u64,
     /// REQs and SIDR_REQs dropped for a full backlog or ID table.
     pub refused: u64,
-    /// REJs we sent for requests nobody listens for.
+    /// REJs and SIDR_REPs ("unsupported") we sent for requests nobody
+    /// listens for.
     pub rejected: u64,
     /// REQs, REPs, DREQs and SIDR_REQs given up on after every retry.
     pub timed_out: u64,
