@@ -450,6 +450,9 @@ pub struct Protocol {
     /// The peer's request ID and GID → ours, for SIDR_REQs being answered:
     /// finds repeated SIDR_REQs.
     sidr_by_remote: HashMap<(u32, Gid), CommId>,
+    /// The peer's QPN and CA GUID → ours, for connections short of
+    /// TimeWait: a REQ or REP from a QP still connected here is stale.
+    by_remote_qpn: HashMap<(u32, u64), CommId>,
     listeners: HashMap<u64, Listener>,
     /// Every armed deadline, earliest first.
     timers: BTreeSet<(Instant, CommId)>,
@@ -468,6 +471,7 @@ impl Protocol {
             ids: HashMap::new(),
             by_remote: HashMap::new(),
             sidr_by_remote: HashMap::new(),
+            by_remote_qpn: HashMap::new(),
             listeners: HashMap::new(),
             timers: BTreeSet::new(),
             transmits: VecDeque::new(),
@@ -784,10 +788,10 @@ impl Protocol {
         }
         let tid = parsed.header.transaction_id;
         match parsed.message {
-            CmMessage::Req(req) => self.on_req(from, tid, req),
+            CmMessage::Req(req) => self.on_req(now, from, tid, req),
             CmMessage::Mra(mra) => self.on_mra(now, from, mra),
             CmMessage::Rej(rej) => self.on_rej(now, from, rej),
-            CmMessage::Rep(rep) => self.on_rep(from, rep),
+            CmMessage::Rep(rep) => self.on_rep(now, from, tid, rep),
             CmMessage::Rtu(rtu) => self.on_rtu(from, rtu),
             CmMessage::Dreq(dreq) => self.on_dreq(from, tid, dreq),
             CmMessage::Drep(drep) => self.on_drep(now, from, drep),
@@ -832,10 +836,15 @@ impl Protocol {
 
     // ------------------------------------------------------------ receiving
 
-    /// A REQ: a repeat of one we hold, or a new request for a listener.
-    fn on_req(&mut self, from: MadPeer, tid: u64, req: ReqRepr) {
+    /// A REQ: a repeat of one we hold, one from a QP still connected here,
+    /// or a new request for a listener (cm_match_req).
+    fn on_req(&mut self, now: Instant, from: MadPeer, tid: u64, req: ReqRepr) {
         if let Some(&id) = self.by_remote.get(&(req.local_comm_id, req.local_ca_guid)) {
             self.on_duplicate_req(id, from);
+            return;
+        }
+        if let Some(&old) = self.by_remote_qpn.get(&(req.local_qpn, req.local_ca_guid)) {
+            self.on_stale(now, old, from, tid, (0, req.local_comm_id), MessageRef::Req);
             return;
         }
         let Some(listener) = self.listeners.get(&req.service_id).copied() else {
@@ -886,10 +895,41 @@ impl Protocol {
         };
         self.ids.insert(id, connection);
         self.by_remote.insert((req.local_comm_id, req.local_ca_guid), id);
+        self.by_remote_qpn.insert((req.local_qpn, req.local_ca_guid), id);
         if let Some(listener) = self.listeners.get_mut(&req.service_id) {
             listener.pending += 1;
         }
         self.event(Event::Request { id, peer: from, req });
+    }
+
+    /// A REQ or REP from a QP that `old` is still connected to: the peer
+    /// lost that connection (say, it restarted). As the kernel does, the new
+    /// message is refused with REJ(stale connection), under `ids` (ours,
+    /// theirs) and in its transaction, and `old` is disconnected if it was
+    /// established; the peer can try again once `old` is gone.
+    fn on_stale(
+        &mut self,
+        now: Instant,
+        old: CommId,
+        from: MadPeer,
+        tid: u64,
+        ids: (CommId, u32),
+        message_rejected: MessageRef,
+    ) {
+        self.stats.rejected += 1;
+        let rej = RejRepr {
+            local_comm_id: ids.0,
+            remote_comm_id: ids.1,
+            message_rejected,
+            ari_length: 0,
+            reason: RejReason::STALE_CONN,
+            ari: [0; ARI_LEN],
+            private_data: [0; REJ_PRIVATE_DATA_LEN],
+        };
+        self.send_message(from, tid, CmMessage::Rej(rej));
+        if self.ids.get(&old).is_some_and(|c| c.state == State::Established) {
+            self.send_dreq(now, old, [0; DREQ_PRIVATE_DATA_LEN]);
+        }
     }
 
     /// A REQ we already hold came again (cm_dup_req_handler).
@@ -984,7 +1024,7 @@ impl Protocol {
 
     /// A REP: the answer to our REQ, or a repeat of it (cm_rep_handler,
     /// cm_dup_rep_handler).
-    fn on_rep(&mut self, from: MadPeer, rep: RepRepr) {
+    fn on_rep(&mut self, now: Instant, from: MadPeer, tid: u64, rep: RepRepr) {
         let Some(connection) = self.ids.get_mut(&rep.remote_comm_id) else {
             self.stats.unmatched += 1;
             return;
@@ -1001,6 +1041,11 @@ impl Protocol {
                     self.stats.unmatched += 1;
                     return;
                 }
+                if let Some(&old) = self.by_remote_qpn.get(&(rep.local_qpn, rep.local_ca_guid)) {
+                    // The REP is dropped; our REQ goes on being resent.
+                    self.on_stale(now, old, from, tid, (id, rep.local_comm_id), MessageRef::Rep);
+                    return;
+                }
                 connection.state = State::RepRcvd;
                 connection.remote_comm_id = rep.local_comm_id;
                 connection.remote_ca_guid = rep.local_ca_guid;
@@ -1008,6 +1053,7 @@ impl Protocol {
                 connection.resend = None;
                 let orphaned = connection.orphaned;
                 self.by_remote.insert((rep.local_comm_id, rep.local_ca_guid), id);
+                self.by_remote_qpn.insert((rep.local_qpn, rep.local_ca_guid), id);
                 self.set_deadline(id, None);
                 if !orphaned {
                     self.event(Event::Reply { id, rep });
@@ -1446,6 +1492,7 @@ impl Protocol {
     /// timeout, counted as `cm_convert_to_ms` counts it.
     fn enter_timewait(&mut self, now: Instant, id: CommId) {
         self.release_backlog(id);
+        self.forget_remote_qpn(id);
         let Some(connection) = self.ids.get_mut(&id) else { return };
         connection.state = State::TimeWait;
         connection.resend = None;
@@ -1456,6 +1503,7 @@ impl Protocol {
     /// Frees `id` and everything that names it.
     fn remove(&mut self, id: CommId) {
         self.release_backlog(id);
+        self.forget_remote_qpn(id);
         self.set_deadline(id, None);
         let Some(connection) = self.ids.remove(&id) else { return };
         let remote = (connection.remote_comm_id, connection.remote_ca_guid);
@@ -1465,6 +1513,16 @@ impl Protocol {
         let sidr = (connection.remote_comm_id, connection.peer.gid);
         if self.sidr_by_remote.get(&sidr) == Some(&id) {
             self.sidr_by_remote.remove(&sidr);
+        }
+    }
+
+    /// `id`'s peer QP may connect anew: the kernel forgets it on entering
+    /// TimeWait (`cm_cleanup_timewait`).
+    fn forget_remote_qpn(&mut self, id: CommId) {
+        let Some(connection) = self.ids.get(&id) else { return };
+        let remote = (connection.remote_qpn, connection.remote_ca_guid);
+        if self.by_remote_qpn.get(&remote) == Some(&id) {
+            self.by_remote_qpn.remove(&remote);
         }
     }
 
