@@ -15,8 +15,6 @@
 //! - [`verbs`]: the libibverbs-style API over real UDP sockets: devices,
 //!   contexts, protection domains, memory regions, CQs and QPs. Start here
 //!   to move data.
-//! - [`cm`]: connection management: the IB Communication Manager's protocol,
-//!   as the kernel's `ib_cm` speaks it, to connect QPs by the CM's messages.
 //!
 //! # Example
 //!
