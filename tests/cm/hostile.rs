@@ -245,3 +245,38 @@ fn fuzz_driver_checks_hold_on_random_runs() {
     // The runs get through whole handshakes and teardowns, not just garbage.
     assert!(total.established > 20 && total.timewait_exits > 20 && total.sidr_replies > 20, "{total:?}");
 }
+
+#[test]
+fn each_kind_of_malformed_mad_is_dropped_and_counted() {
+    let mut cm = Protocol::new(config(1, 1), 0);
+    cm.listen(SERVICE, 4).unwrap();
+    let now = Instant::now();
+    let from = peer([10, 0, 0, 9]);
+    let req = random_req(&mut Rng::new(1), SERVICE);
+    let changed = |at: usize, value: u8| {
+        let mut mad = req;
+        mad[at] = value;
+        mad
+    };
+    let cases: [(&str, Vec<u8>); 8] = [
+        ("truncated", req[..255].to_vec()),
+        ("empty", Vec::new()),
+        ("base version 2", changed(0, 2).to_vec()),
+        ("class 3 (SA)", changed(1, 3).to_vec()),
+        ("class version 1", changed(2, 1).to_vec()),
+        ("method Get", changed(3, 1).to_vec()),
+        ("attribute LAP", changed(17, 0x19).to_vec()),
+        ("attribute 0x99", changed(17, 0x99).to_vec()),
+    ];
+    for (i, (what, mad)) in cases.iter().enumerate() {
+        cm.handle_mad(now, from, mad);
+        assert_eq!(cm.stats().malformed, i as u64 + 1, "{what}");
+    }
+    // A REJ for no ID of ours is never answered.
+    let mut rej = changed(17, 0x12);
+    rej[HEADER_LEN + 4..HEADER_LEN + 8].copy_from_slice(&0x0100_0042u32.to_be_bytes());
+    cm.handle_mad(now, from, &rej);
+    let stats = cm.stats();
+    assert_eq!((stats.malformed, stats.unmatched, stats.received.rej, stats.live_ids), (8, 1, 1, 0));
+    assert!(cm.poll_transmit().is_none() && cm.poll_event().is_none());
+}
