@@ -400,9 +400,12 @@ struct Connection {
     remote_qpn: u32,
     /// The service it was requested for (a SIDR_REP repeats it).
     service_id: u64,
-    /// How long the peer may take to answer what the timer resends (the
-    /// kernel's `timeout_ms`); an MRA lengthens it.
+    /// How long the peer may take to answer a REQ, REP or DREQ of ours (the
+    /// kernel's `timeout_ms`).
     response_time: Duration,
+    /// How long the timer waits before resending: `response_time`, or
+    /// longer once the peer sent an MRA for the message.
+    retry_wait: Duration,
     /// The path's local ACK timeout code: TimeWait and an MRA's extra wait
     /// are counted from it, as the kernel counts them from the path's.
     ack_timeout: u8,
@@ -567,6 +570,7 @@ impl Protocol {
             remote_qpn: 0,
             service_id: req.service_id,
             response_time,
+            retry_wait: response_time,
             ack_timeout: req.local_ack_timeout,
             retries_left: self.config.max_cm_retries,
             deadline: None,
@@ -693,6 +697,7 @@ impl Protocol {
             remote_qpn: 0,
             service_id: req.service_id,
             response_time,
+            retry_wait: response_time,
             ack_timeout: 0,
             retries_left: self.config.max_cm_retries,
             deadline: None,
@@ -885,6 +890,7 @@ impl Protocol {
             service_id: req.service_id,
             // The requester said how long it takes to answer our REP.
             response_time: cm_time(req.local_cm_response_timeout),
+            retry_wait: cm_time(req.local_cm_response_timeout),
             ack_timeout: req.primary_path.local_ack_timeout,
             retries_left: req.max_cm_retries,
             deadline: None,
@@ -977,7 +983,7 @@ impl Protocol {
         // The kernel's wait: the service timeout plus a packet lifetime.
         let wait = cm_time(mra.service_timeout) + cm_time(connection.ack_timeout);
         connection.state = next;
-        connection.response_time = wait;
+        connection.retry_wait = wait;
         let id = mra.remote_comm_id;
         self.set_deadline(id, Some(now + wait));
     }
@@ -1215,6 +1221,7 @@ impl Protocol {
             remote_qpn: 0,
             service_id: req.service_id,
             response_time: Duration::ZERO,
+            retry_wait: Duration::ZERO,
             ack_timeout: 0,
             retries_left: 0,
             deadline: None,
@@ -1278,7 +1285,7 @@ impl Protocol {
         if connection.retries_left > 0 {
             if let Some(mad) = connection.resend {
                 connection.retries_left -= 1;
-                let (peer, next) = (connection.peer, now + connection.response_time);
+                let (peer, next) = (connection.peer, now + connection.retry_wait);
                 self.retransmit(peer, mad);
                 self.set_deadline(id, Some(next));
             }
@@ -1342,6 +1349,7 @@ impl Protocol {
         connection.state = State::DreqSent;
         connection.resend = Some(mad);
         connection.retries_left = self.config.max_cm_retries;
+        connection.retry_wait = connection.response_time;
         let (peer, deadline) = (connection.peer, now + connection.response_time);
         self.transmit(peer, mad);
         self.set_deadline(id, Some(deadline));
