@@ -162,6 +162,11 @@ fn duplicate_req_while_deciding_gets_an_mra_and_the_requester_waits() {
     pipe.a.auto_answer = true;
     pipe.run_for(Duration::from_secs(10));
     assert!(matches!(pipe.b.events[..], [Event::Established { .. }]));
+    // The MRA's wait was the REQ's only: a lost DREQ is resent at the usual pace.
+    pipe.lose = Box::new(|_, _| true);
+    pipe.a.cm.disconnect(pipe.now, id_a, b"").unwrap();
+    pipe.run_for(Duration::from_secs(10));
+    assert_eq!(pipe.a.sent_of(attr::DREQ), 2);
 }
 
 #[test]
