@@ -120,9 +120,13 @@ impl Connection {
         Ok(message)
     }
 
+    /// Posts `op` with `data`. Unsignaled: the answer to a message is what
+    /// says it arrived, and a completion could come after that answer's.
     fn post(&self, op: SendOp, data: &[u8]) -> Result<()> {
         self.mr.write(OUT, data)?;
-        self.qp.post_send(SendWr::new(1, op).with_sge(self.mr.sge(OUT, data.len())))?;
+        let mut wr = SendWr::new(1, op).with_sge(self.mr.sge(OUT, data.len()));
+        wr.flags.signaled = false;
+        self.qp.post_send(wr)?;
         Ok(())
     }
 }
@@ -156,10 +160,9 @@ fn server(addr: SocketAddr) -> Result<()> {
         if ping == BYE {
             break;
         }
+        // The SEND goes after the WRITE: when it arrives, the echo is there.
         connection.post(SendOp::RdmaWrite { remote_addr, rkey }, &ping)?;
-        connection.complete(WcOpcode::RdmaWrite)?;
         connection.post(SendOp::Send, &answer(&ping))?;
-        connection.complete(WcOpcode::Send)?;
         rounds += 1;
     }
     expect(&channel, CmEventKind::Disconnected)?;
@@ -187,7 +190,6 @@ fn client(addr: SocketAddr, rounds: u32) -> Result<()> {
     for round in 0..rounds {
         let ping = format!("ping {round}");
         connection.post(SendOp::Send, ping.as_bytes())?;
-        connection.complete(WcOpcode::Send)?;
         let pong = connection.receive()?;
         let mut echo = vec![0; ping.len()];
         connection.mr.read(ECHO, &mut echo)?;
@@ -197,7 +199,9 @@ fn client(addr: SocketAddr, rounds: u32) -> Result<()> {
     }
     let elapsed = start.elapsed();
     println!("{rounds} rounds in {elapsed:.1?}: {:.1?} a round trip", elapsed / rounds.max(1));
-    connection.post(SendOp::Send, BYE)?;
+    // Signaled: disconnecting flushes what the QP has not sent yet.
+    connection.mr.write(OUT, BYE)?;
+    connection.qp.post_send(SendWr::new(1, SendOp::Send).with_sge(connection.mr.sge(OUT, BYE.len())))?;
     connection.complete(WcOpcode::Send)?;
     connection.id.disconnect()?;
     expect(&channel, CmEventKind::Disconnected)?;
