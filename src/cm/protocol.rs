@@ -856,7 +856,7 @@ impl Protocol {
         // A full backlog or table drops the REQ without a REJ: the kernel's
         // ucma refuses it with -ENOMEM, and its cm then neither rejects nor
         // remembers, so that the requester's retry may find room.
-        if listener.pending >= listener.backlog {
+        if listener.pending >= listener.backlog || !self.can_report() {
             self.stats.refused += 1;
             return;
         }
@@ -1083,11 +1083,21 @@ impl Protocol {
             }
             State::TimeWait => {
                 self.stats.duplicates.dreq += 1;
-                // Our DREP was lost: the same DREP again, in the new DREQ's transaction.
-                if let Some(mut drep) = connection.answer {
-                    drep[8..16].copy_from_slice(&tid.to_be_bytes());
-                    let peer = connection.peer;
-                    self.retransmit(peer, drep);
+                // Our DREP was lost, or the DREQs crossed: a DREP (again, if
+                // we sent one) in the new DREQ's transaction.
+                let sent = connection.answer.filter(|mad| attribute_of(mad) == attr::DREP);
+                let private_data = match sent.map(|mad| CmMad::parse(&mad).map(|m| m.message)) {
+                    Some(Ok(CmMessage::Drep(drep))) => drep.private_data,
+                    _ => [0; DREP_PRIVATE_DATA_LEN],
+                };
+                let drep = DrepRepr { local_comm_id: id, remote_comm_id: connection.remote_comm_id, private_data };
+                let peer = connection.peer;
+                if let Ok(mad) = build(tid, CmMessage::Drep(drep)) {
+                    if sent.is_some() {
+                        self.retransmit(peer, mad);
+                    } else {
+                        self.transmit(peer, mad);
+                    }
                 }
             }
             State::DreqRcvd => self.stats.duplicates.dreq += 1,
@@ -1121,7 +1131,7 @@ impl Protocol {
             None => Some(SidrStatus::UNSUPPORTED),
             // The kernel's ucma refuses past its backlog, and its cm then
             // answers for the ID it destroys: rejected.
-            Some(listener) if listener.pending >= listener.backlog => Some(SidrStatus::REJECT),
+            Some(listener) if listener.pending >= listener.backlog || !self.can_report() => Some(SidrStatus::REJECT),
             Some(_) => None,
         };
         if let Some(status) = status {
@@ -1401,6 +1411,12 @@ impl Protocol {
             return;
         }
         self.events.push_back(event);
+    }
+
+    /// Whether an event would be queued: a request the consumer cannot be
+    /// told of is refused rather than taken on.
+    fn can_report(&self) -> bool {
+        self.events.len() < self.queue_limit()
     }
 
     fn queue_limit(&self) -> usize {

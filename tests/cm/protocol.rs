@@ -418,3 +418,93 @@ fn three_percent_loss_still_connects_every_pair() {
     assert_eq!((exits(&pipe.a), exits(&pipe.b)), (300, 300));
     assert_eq!((pipe.a.cm.stats().live_ids, pipe.b.cm.stats().live_ids), (0, 0));
 }
+
+#[test]
+fn crossed_dreqs_both_end_in_timewait() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    let id_a = pipe.connect(0x23);
+    pipe.run_for(Duration::from_secs(1));
+    let Event::Request { id: id_b, .. } = pipe.b.events[0] else { panic!("a request") };
+    pipe.a.take_events();
+    pipe.b.take_events();
+    // Both disconnect before either DREQ arrives: each takes the other's
+    // DREQ as a request, answers it, and the DREPs end both.
+    pipe.a.cm.disconnect(pipe.now, id_a, b"").unwrap();
+    pipe.b.cm.disconnect(pipe.now, id_b, b"").unwrap();
+    pipe.run();
+    for end in [&pipe.a, &pipe.b] {
+        assert!(matches!(end.events[..], [Event::DisconnectRequest { .. }, Event::TimewaitExit { .. }]));
+        assert_eq!((end.sent_of(attr::DREQ), end.sent_of(attr::DREP)), (1, 1));
+        assert_eq!(end.cm.stats().live_ids, 0);
+    }
+}
+
+#[test]
+fn a_dreq_in_timewait_gets_a_drep_never_the_rtu() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    let id_a = pipe.connect(0x24);
+    pipe.run_for(Duration::from_secs(1));
+    let Event::Request { id: id_b, .. } = pipe.b.events[0] else { panic!("a request") };
+    pipe.a.cm.disconnect(pipe.now, id_a, b"").unwrap();
+    pipe.deliver();
+    // A is in TimeWait after B's DREP; a DREQ from B (a late one) comes.
+    let dreq = softroce::wire::cm::DreqRepr {
+        local_comm_id: id_b,
+        remote_comm_id: id_a,
+        remote_qpn: 0x24,
+        private_data: [0; 220],
+    };
+    let mut mad = [0u8; 256];
+    CmMad::new(0x77, CmMessage::Dreq(dreq)).emit(&mut mad).unwrap();
+    pipe.a.cm.handle_mad(pipe.now, pipe.b.at, &mad);
+    let answer = parsed(&pipe.a.cm.poll_transmit().expect("an answer"));
+    let CmMessage::Drep(drep) = answer.message else { panic!("a DREP, not {answer:?}") };
+    assert_eq!((drep.local_comm_id, drep.remote_comm_id, answer.header.transaction_id), (id_a, id_b, 0x77));
+}
+
+#[test]
+fn duplicate_rep_before_ready_to_use_gets_an_mra() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    pipe.a.auto_answer = false;
+    let id_a = pipe.connect(0x25);
+    // A readies its QP for a minute: B's REP retries meet A's MRA, and B
+    // then waits the MRA's 69 s.
+    pipe.run_for(Duration::from_secs(60));
+    assert_eq!((pipe.b.sent_of(attr::REP), pipe.a.sent_of(attr::MRA)), (2, 1));
+    let CmMessage::Mra(mra) = parsed(&pipe.a.sent[1]).message else { panic!("an MRA after the REQ") };
+    assert_eq!((mra.local_comm_id, mra.message_mraed, mra.service_timeout), (id_a, MessageRef::Rep, 24));
+    pipe.a.cm.ready_to_use(pipe.now, id_a, b"").unwrap();
+    pipe.run_for(Duration::from_secs(1));
+    assert!(matches!(pipe.b.events[..], [Event::Request { .. }, Event::Established { .. }]));
+}
+
+#[test]
+fn destroy_sends_what_the_state_requires() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    pipe.b.auto_answer = false;
+    // A request being decided: REJ(consumer defined).
+    let first = pipe.connect(0x26);
+    pipe.deliver();
+    let [Event::Request { id, .. }] = pipe.b.take_events()[..] else { panic!("a request") };
+    pipe.b.cm.destroy(pipe.now, id);
+    pipe.deliver();
+    assert!(matches!(
+        pipe.a.take_events()[..],
+        [Event::Rejected { id, reason: RejReason::CONSUMER_DEFINED, .. }] if id == first
+    ));
+    // An established connection: one DREQ, not resent, and silence.
+    pipe.b.auto_answer = true;
+    let second = pipe.connect(0x27);
+    pipe.run_for(Duration::from_secs(1));
+    pipe.a.take_events();
+    pipe.lose = Box::new(|_, _| true);
+    pipe.a.cm.destroy(pipe.now, second);
+    pipe.run();
+    assert_eq!(pipe.a.sent_of(attr::DREQ), 1);
+    assert!(pipe.a.events.is_empty());
+    assert_eq!(pipe.a.cm.stats().live_ids, 0);
+}
