@@ -1,4 +1,4 @@
-//! Connection setup time by rdma_cm (rxe-spec M-68): from a new id to
+//! Connection setup time by rdma_cm (rxe-spec M-70): from a new id to
 //! ESTABLISHED, resolve_addr, resolve_route, the QP's creation and the
 //! REQ/REP/RTU handshake included, between a client on 127.0.0.1 and a
 //! server on 127.0.0.2 that accepts on its own thread. The target is a

@@ -147,10 +147,9 @@ impl CmId {
     /// `rdma_resolve_addr`: finds the source address for `dst` (`src`, the
     /// bound one, or the one the kernel's routing picks) and its device,
     /// binding a free port if the id has none. Resolved at once: the
-    /// ADDR_RESOLVED or ADDR_ERROR event is queued before this returns, and
-    /// `timeout` is never reached.
-    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
-        let _ = timeout;
+    /// ADDR_RESOLVED or ADDR_ERROR event is queued before this returns, so
+    /// librdmacm's timeout is never reached.
+    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, _timeout: Duration) -> Result<()> {
         if dst.ip().is_unspecified() {
             return Err(Error::InvalidArgument("resolve_addr to the wildcard address".into()));
         }
@@ -188,9 +187,9 @@ impl CmId {
 
     /// `rdma_resolve_route`: the path to the resolved peer. RoCE has no
     /// subnet manager to ask; the route is the addresses' GIDs and the
-    /// device's MTU, and ROUTE_RESOLVED is queued before this returns.
-    pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
-        let _ = timeout;
+    /// device's MTU, and ROUTE_RESOLVED is queued before this returns (so
+    /// librdmacm's timeout is never reached).
+    pub fn resolve_route(&self, _timeout: Duration) -> Result<()> {
         let mut state = self.state();
         expect_phase(&state, &[Phase::AddrResolved], "resolve_route")?;
         let (Some(local), Some(peer), Some(service)) = (state.local, state.peer, state.services.first()) else {
@@ -566,8 +565,9 @@ fn clamp(asked: u8, device_max: u8) -> u8 {
     }
 }
 
+/// The device's bound on READs and atomics outstanding per QP.
 fn max_rd_atomic(context: &Context) -> u8 {
-    context.device().query_device().max_qp_rd_atom.min(u32::from(u8::MAX - 1)) as u8
+    u8::try_from(context.device().query_device().max_qp_rd_atom).unwrap_or(u8::MAX)
 }
 
 impl IdInner {

@@ -111,3 +111,15 @@ fn a_qp_is_init_with_no_remote_access_before_a_connection() {
     assert_eq!(qp.state(), QpState::Init);
     assert!(id.create_qp(pd.create_qp(QpType::Rc, &cq)).is_err(), "one QP per id");
 }
+
+#[test]
+fn a_migrated_id_reports_to_its_new_channel() {
+    let port = free_port(&[IP_A]);
+    let (context, first) = local_side("cm_migrate", IP_A, port);
+    let second = EventChannel::with_options(CmOptions::with_context(&context)).unwrap();
+    let id = CmId::new(&first, PortSpace::Tcp).unwrap();
+    id.migrate(&second).unwrap();
+    id.resolve_addr(None, SocketAddr::new(IP_A, 1), WAIT).unwrap();
+    assert!(expect(&second, CmEventKind::AddrResolved).id.same_as(&id));
+    assert!(first.try_get_event().is_none());
+}
