@@ -5,18 +5,16 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use super::id::{self, IdInner};
 use super::protocol::{CommId, MadPeer, Protocol, ProtocolConfig};
-use crate::engine::EventFd;
-use crate::transport::{QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus, GRH_LEN};
+use crate::transport::{
+    QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+};
 use crate::verbs::{
-    Access, CompletionChannel, CompletionQueue, Context, Gid, MemoryRegion, ProtectionDomain, QueuePair, Result,
-    GSI_QKEY,
+    Access, CompletionQueue, Context, Gid, MemoryRegion, ProtectionDomain, QueuePair, Result, GSI_QKEY,
 };
 use crate::wire::mad::MAD_LEN;
 
@@ -25,8 +23,10 @@ use crate::wire::mad::MAD_LEN;
 const RECEIVES: usize = 256;
 /// Bytes of each receive: the GRH area, then the MAD.
 const RECEIVE_LEN: usize = GRH_LEN + MAD_LEN;
-/// Longest the service thread sleeps without looking at its deadline.
-const IDLE: Duration = Duration::from_secs(1);
+/// Longest the service thread waits for a MAD without looking at its
+/// deadline: how late a deadline an id's call set can be handled, and how
+/// long a context outlives the last id that used it.
+const IDLE: Duration = Duration::from_millis(50);
 /// Live connections a context's protocol keeps at most.
 const MAX_CONNECTIONS: usize = 4096;
 /// The CM response timeout and retries the kernel's rdma_cm uses
@@ -41,12 +41,8 @@ pub(super) struct Service {
     pub(super) context: Context,
     gsi: QueuePair,
     cq: CompletionQueue,
-    completions: CompletionChannel,
     receives: MemoryRegion,
     _pd: ProtectionDomain,
-    /// Rung when the service goes away, so its thread notices.
-    wake: Arc<EventFd>,
-    stopped: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -80,8 +76,7 @@ impl Service {
 
     fn start(context: &Context) -> Result<Arc<Service>> {
         let pd = context.alloc_pd()?;
-        let completions = context.create_comp_channel()?;
-        let cq = context.create_cq(2 * RECEIVES, Some(&completions))?;
+        let cq = context.create_cq(2 * RECEIVES, None)?;
         let cap = QpCap {
             max_send_wr: RECEIVES as u32,
             max_recv_wr: RECEIVES as u32,
@@ -107,23 +102,10 @@ impl Service {
             ids: HashMap::new(),
             listeners: HashMap::new(),
         };
-        let service = Arc::new(Service {
-            context: context.clone(),
-            gsi,
-            cq,
-            completions,
-            receives,
-            _pd: pd,
-            wake: Arc::new(EventFd::new()?),
-            stopped: AtomicBool::new(false),
-            state: Mutex::new(state),
-        });
+        let service =
+            Arc::new(Service { context: context.clone(), gsi, cq, receives, _pd: pd, state: Mutex::new(state) });
         let weak = Arc::downgrade(&service);
-        let wake = Arc::clone(&service.wake);
-        let completions_fd = service.completions.as_raw_fd();
-        std::thread::Builder::new()
-            .name(format!("cm-{}", context.device().name()))
-            .spawn(move || run(&weak, &wake, completions_fd))?;
+        std::thread::Builder::new().name(format!("cm-{}", context.device().name())).spawn(move || run(&weak))?;
         Ok(service)
     }
 
@@ -181,28 +163,12 @@ impl Service {
         }
     }
 
-    /// Feeds the protocol what arrived and what fell due.
-    fn turn(self: &Arc<Service>) {
-        self.cq.req_notify(false);
+    /// Feeds the protocol what arrived (`first`, then whatever else the CQ
+    /// holds) and what fell due.
+    fn turn(self: &Arc<Service>, first: Option<WorkCompletion>) {
         self.with_state(|state, now| {
-            while let Some(wc) = self.cq.poll_one() {
-                if wc.opcode != WcOpcode::Recv {
-                    continue;
-                }
-                let slot = wc.wr_id as usize;
-                if wc.status == WcStatus::Success {
-                    let mut received = [0u8; RECEIVE_LEN];
-                    let len = (wc.byte_len as usize).min(RECEIVE_LEN);
-                    if len > GRH_LEN && self.receives.read(slot * RECEIVE_LEN, &mut received[..len]).is_ok() {
-                        let from = MadPeer { gid: source_gid(&received[..GRH_LEN]), qpn: wc.src_qp };
-                        state.protocol.handle_mad(now, from, &received[GRH_LEN..len]);
-                    }
-                }
-                let again =
-                    RecvWr { wr_id: slot as u64, sg_list: vec![self.receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] };
-                if let Err(e) = self.gsi.post_recv(again) {
-                    tracing::warn!("GSI receive {slot} not reposted: {e}");
-                }
+            for wc in first.into_iter().chain(std::iter::from_fn(|| self.cq.poll_one())) {
+                self.received(state, now, &wc);
             }
             if state.protocol.poll_timeout().is_some_and(|t| t <= now) {
                 state.protocol.handle_timeout(now);
@@ -210,36 +176,44 @@ impl Service {
         });
     }
 
-    /// How long the thread may sleep.
+    /// Hands a received MAD to the protocol and posts its receive again.
+    fn received(&self, state: &mut State, now: Instant, wc: &WorkCompletion) {
+        if wc.opcode != WcOpcode::Recv {
+            return;
+        }
+        let slot = wc.wr_id as usize;
+        let len = (wc.byte_len as usize).min(RECEIVE_LEN);
+        let mut received = [0u8; RECEIVE_LEN];
+        if wc.status == WcStatus::Success
+            && len > GRH_LEN
+            && self.receives.read(slot * RECEIVE_LEN, &mut received[..len]).is_ok()
+        {
+            let from = MadPeer { gid: source_gid(&received[..GRH_LEN]), qpn: wc.src_qp };
+            state.protocol.handle_mad(now, from, &received[GRH_LEN..len]);
+        }
+        let again = RecvWr { wr_id: wc.wr_id, sg_list: vec![self.receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] };
+        if let Err(e) = self.gsi.post_recv(again) {
+            tracing::warn!("GSI receive {slot} not reposted: {e}");
+        }
+    }
+
+    /// How long the thread may wait for a MAD.
     fn sleep(&self) -> Duration {
         let deadline = self.lock().protocol.poll_timeout();
         deadline.map_or(IDLE, |t| t.saturating_duration_since(Instant::now()).min(IDLE))
     }
 }
 
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.stopped.store(true, Ordering::Release);
-        self.wake.signal();
-    }
-}
-
-/// The service thread: holds its service only while it works on it, so the
-/// last id to go stops it.
-fn run(service: &Weak<Service>, wake: &EventFd, completions_fd: i32) {
-    loop {
-        let Some(live) = service.upgrade() else { return };
-        if live.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        live.turn();
-        let sleep = live.sleep();
-        drop(live);
-        crate::net::wait_readable(&[completions_fd, wake.as_raw_fd()], sleep);
-        wake.drain();
-        if let Some(live) = service.upgrade() {
-            while live.completions.get_event(Duration::ZERO).is_some() {}
-        }
+/// The service thread. It waits in the GSI CQ, which drives the engine
+/// itself (a thread that waits on a descriptor instead would leave the
+/// engine thread off the sockets for a hand-over period after each of its
+/// polls, a millisecond a MAD). It holds its service only while it works
+/// on it or waits, so the last id to go stops it within [`IDLE`].
+fn run(service: &Weak<Service>) {
+    let mut arrived = None;
+    while let Some(live) = service.upgrade() {
+        live.turn(arrived.take());
+        arrived = live.cq.wait_one(live.sleep());
     }
 }
 
