@@ -575,12 +575,13 @@ impl IdInner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `event` on the id's channel, if it still has one.
-    fn deliver(&self, event: CmEvent) {
-        let channel = self.channel.lock().unwrap_or_else(PoisonError::into_inner).upgrade();
-        if let Some(channel) = channel {
-            channel.push(event);
-        }
+    /// Queues `event` on the id's channel, if it still has one, and returns
+    /// that channel: under the service's lock it must not be dropped there,
+    /// as its last handle would drop the events it holds.
+    fn deliver(&self, event: CmEvent) -> Option<Arc<ChannelShared>> {
+        let channel = self.channel.lock().unwrap_or_else(PoisonError::into_inner).upgrade()?;
+        channel.push(event);
+        Some(channel)
     }
 
     /// `rdma_init_qp_attr` for a QP of `qp_type`. INIT before a connection
@@ -702,16 +703,19 @@ fn unlisten(service: &Arc<Service>, service_id: u64) {
     }
 }
 
+/// What dispatching under the service's lock let go of, dropped after the
+/// lock is released: dropping an id's last handle destroys it, which takes
+/// the lock again.
+#[derive(Default)]
+pub(super) struct Released {
+    ids: Vec<CmId>,
+    channels: Vec<Arc<ChannelShared>>,
+}
+
 /// Turns a protocol event into the id's state change, QP moves and rdma_cm
 /// event. Runs under the service's lock; every id it touches goes into
 /// `released`, to be dropped after the lock is let go.
-pub(super) fn dispatch(
-    service: &Arc<Service>,
-    state: &mut State,
-    now: Instant,
-    event: Event,
-    released: &mut Vec<CmId>,
-) {
+pub(super) fn dispatch(service: &Arc<Service>, state: &mut State, now: Instant, event: Event, released: &mut Released) {
     let comm_id = match &event {
         Event::Request { id, .. }
         | Event::Reply { id, .. }
@@ -737,8 +741,8 @@ pub(super) fn dispatch(
                 return;
             };
             let id = CmId { inner };
-            released.push(id.clone());
-            if answer(state, now, &id, event) == Some(true) {
+            released.ids.push(id.clone());
+            if answer(state, now, &id, event, released) == Some(true) {
                 state.ids.remove(&comm_id);
             }
         }
@@ -758,7 +762,7 @@ fn request(
     comm_id: CommId,
     peer: MadPeer,
     req: Request,
-    released: &mut Vec<CmId>,
+    released: &mut Released,
 ) {
     let (service_id, private_data) = match &req {
         Request::Connect(req) => (req.service_id, &req.private_data[..]),
@@ -781,7 +785,7 @@ fn request(
         return;
     };
     let listener = CmId { inner: listener };
-    released.push(listener.clone());
+    released.ids.push(listener.clone());
     let user_data = private_data[CMA_HEADER_LEN..].to_vec();
     let (link, route, conn, ud) = match &req {
         Request::Connect(req) => {
@@ -856,15 +860,15 @@ fn request(
     };
     let id = CmId { inner: Arc::new(inner) };
     state.ids.insert(comm_id, Arc::downgrade(&id.inner));
-    released.push(id.clone());
+    released.ids.push(id.clone());
     let event =
         CmEvent { id, listen_id: Some(listener.clone()), kind: CmEventKind::ConnectRequest, status: 0, conn, ud };
-    listener.inner.deliver(event);
+    released.channels.extend(listener.inner.deliver(event));
 }
 
 /// The id's part of an event about an existing connection. Returns
 /// `Some(true)` when the protocol has forgotten the Comm ID.
-fn answer(state: &mut State, now: Instant, id: &CmId, event: Event) -> Option<bool> {
+fn answer(state: &mut State, now: Instant, id: &CmId, event: Event, released: &mut Released) -> Option<bool> {
     let mut id_state = id.inner.lock();
     let mut ended = false;
     let mut out = id.event(CmEventKind::Established, 0);
@@ -957,6 +961,6 @@ fn answer(state: &mut State, now: Instant, id: &CmId, event: Event) -> Option<bo
         Event::Request { .. } | Event::SidrRequest { .. } => return None,
     }
     drop(id_state);
-    id.inner.deliver(out);
+    released.channels.extend(id.inner.deliver(out));
     Some(ended)
 }

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use super::id::{self, IdInner};
+use super::id::{self, IdInner, Released};
 use super::protocol::{CommId, MadPeer, Protocol, ProtocolConfig};
 use crate::transport::{
     QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
@@ -113,7 +113,7 @@ impl Service {
     /// events to the ids. Ids it let go of are dropped only after the lock
     /// is released, as dropping one calls back in.
     pub(super) fn with_state<R>(self: &Arc<Service>, f: impl FnOnce(&mut State, Instant) -> R) -> R {
-        let mut released = Vec::new();
+        let mut released = Released::default();
         let result = {
             let mut state = self.lock();
             let now = Instant::now();
@@ -131,7 +131,7 @@ impl Service {
 
     /// Sends every queued MAD and dispatches every event, until neither
     /// produces more.
-    fn flush(self: &Arc<Service>, state: &mut State, now: Instant, released: &mut Vec<super::CmId>) {
+    fn flush(self: &Arc<Service>, state: &mut State, now: Instant, released: &mut Released) {
         loop {
             let mut busy = false;
             while let Some(transmit) = state.protocol.poll_transmit() {
