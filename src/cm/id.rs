@@ -153,17 +153,16 @@ impl CmId {
         if dst.ip().is_unspecified() {
             return Err(Error::InvalidArgument("resolve_addr to the wildcard address".into()));
         }
-        let (phase, bound) = {
-            let state = self.state();
-            (state.phase, state.local)
-        };
-        if phase == Phase::Idle {
-            let any = SocketAddr::new(if dst.is_ipv4() { [0u8; 4].into() } else { [0u16; 8].into() }, 0);
-            self.bind_addr(src.unwrap_or(any))?;
-        } else if phase != Phase::AddrBound {
-            return Err(Error::InvalidArgument(format!("resolve_addr on an id that is {phase:?}")));
+        let phase = self.state().phase;
+        match phase {
+            Phase::Idle => {
+                let any = SocketAddr::new(if dst.is_ipv4() { [0u8; 4].into() } else { [0u16; 8].into() }, 0);
+                self.bind_addr(src.unwrap_or(any))?;
+            }
+            Phase::AddrBound => {}
+            _ => return Err(Error::InvalidArgument(format!("resolve_addr on an id that is {phase:?}"))),
         }
-        let bound = self.state().local.or(bound).unwrap_or(SocketAddr::new(dst.ip(), 0));
+        let bound = self.state().local.ok_or_else(|| Error::InvalidArgument("resolve_addr on an unbound id".into()))?;
         let source = match bound.ip().is_unspecified() {
             false => Ok(bound.ip()),
             true => addr::route_source(dst.ip()).map_err(Error::Io),
@@ -302,19 +301,12 @@ impl CmId {
         self.state().qp = None;
     }
 
-    /// `rdma_connect`: sends a REQ (RC) or, in the UDP and IPoIB port
-    /// spaces, a SIDR_REQ to the resolved peer. `param.qp_num` stands for
-    /// the QP if the id has none.
+    /// `rdma_connect`: sends a REQ to the resolved peer, or for a UD id (UDP
+    /// and IPoIB port spaces, or a UD QP in the IB one) a SIDR_REQ; the
+    /// program's private data follows the CMA header, 56 bytes at most (180
+    /// for SIDR). `param.qp_num` stands for the QP if the id has none.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let service = self.service()?;
-        let ud = matches!(self.inner.ps, PortSpace::Udp | PortSpace::IpoIb);
-        let max = if ud { MAX_SIDR_REQ_USER_DATA } else { MAX_REQ_USER_DATA };
-        if param.private_data.len() > max {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes of private data (at most {max})",
-                param.private_data.len()
-            )));
-        }
         service.with_state(|protocol_state, now| {
             let mut state = self.state();
             expect_phase(&state, &[Phase::RouteResolved], "connect")?;
@@ -323,6 +315,17 @@ impl CmId {
             else {
                 return Err(Error::InvalidArgument("connect before resolve_route".into()));
             };
+            // The kernel's cma_connect: UD ids resolve their peer by SIDR.
+            let ud = match self.inner.ps {
+                PortSpace::Udp | PortSpace::IpoIb => true,
+                PortSpace::Tcp => false,
+                PortSpace::Ib => state.qp.as_ref().is_some_and(|(_, t)| *t == QpType::Ud),
+            };
+            let max = if ud { MAX_SIDR_REQ_USER_DATA } else { MAX_REQ_USER_DATA };
+            if param.private_data.len() > max {
+                let len = param.private_data.len();
+                return Err(Error::InvalidArgument(format!("{len} bytes of private data (at most {max})")));
+            }
             let header = CmaHeaderRepr { src_port: local.port(), src: local.ip(), dst: peer.ip() };
             let mut private_data = vec![0u8; CMA_HEADER_LEN];
             header

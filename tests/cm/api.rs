@@ -123,3 +123,17 @@ fn a_migrated_id_reports_to_its_new_channel() {
     assert!(expect(&second, CmEventKind::AddrResolved).id.same_as(&id));
     assert!(first.try_get_event().is_none());
 }
+
+#[test]
+fn connect_refuses_private_data_that_does_not_fit() {
+    let port = free_port(&[IP_A]);
+    let (_context, channel) = local_side("cm_too_long", IP_A, port);
+    for (ps, max) in [(PortSpace::Tcp, 56), (PortSpace::Udp, 180)] {
+        let id = CmId::new(&channel, ps).unwrap();
+        assert!(id.connect(&cm::ConnParam::default()).is_err(), "not resolved");
+        id.resolve_addr(None, SocketAddr::new(IP_A, 1), WAIT).unwrap();
+        id.resolve_route(WAIT).unwrap();
+        let too_long = cm::ConnParam { private_data: vec![0; max + 1], ..cm::ConnParam::default() };
+        assert_eq!(id.connect(&too_long).unwrap_err().errno(), libc::EINVAL, "{ps:?}");
+    }
+}
