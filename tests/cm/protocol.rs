@@ -162,6 +162,11 @@ fn duplicate_req_while_deciding_gets_an_mra_and_the_requester_waits() {
     pipe.a.auto_answer = true;
     pipe.run_for(Duration::from_secs(10));
     assert!(matches!(pipe.b.events[..], [Event::Established { .. }]));
+    // The MRA's wait was the REQ's only: a lost DREQ is resent at the usual pace.
+    pipe.lose = Box::new(|_, _| true);
+    pipe.a.cm.disconnect(pipe.now, id_a, b"").unwrap();
+    pipe.run_for(Duration::from_secs(10));
+    assert_eq!(pipe.a.sent_of(attr::DREQ), 2);
 }
 
 #[test]
@@ -507,4 +512,38 @@ fn destroy_sends_what_the_state_requires() {
     assert_eq!(pipe.a.sent_of(attr::DREQ), 1);
     assert!(pipe.a.events.is_empty());
     assert_eq!(pipe.a.cm.stats().live_ids, 0);
+}
+
+#[test]
+fn a_req_from_a_qp_still_connected_is_stale() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    let old = pipe.connect(0x50);
+    pipe.run_for(Duration::from_secs(1));
+    let Event::Request { id: old_b, .. } = pipe.b.events[0] else { panic!("a request") };
+    pipe.a.take_events();
+    pipe.b.take_events();
+    // A asks again from the same QP (as a restarted peer would): B refuses
+    // the REQ as stale and disconnects the connection it still has.
+    let new = pipe.connect(0x50);
+    pipe.run();
+    let events = pipe.a.take_events();
+    assert!(events.contains(&Event::Rejected {
+        id: new,
+        reason: RejReason::STALE_CONN,
+        timed_out: false,
+        private_data: vec![0; 148]
+    }));
+    assert!(events.iter().any(|e| matches!(e, Event::DisconnectRequest { id, .. } if *id == old)));
+    assert!(pipe.b.events.iter().any(|e| matches!(e, Event::Disconnected { id } if *id == old_b)));
+    let CmMessage::Rej(rej) = parsed(pipe.b.sent.iter().find(|t| is(attr::REJ)(t)).unwrap()).message else {
+        panic!("a REJ")
+    };
+    assert_eq!((rej.local_comm_id, rej.remote_comm_id, rej.message_rejected), (0, new, MessageRef::Req));
+    // Once the old connection is gone, the QP connects again.
+    pipe.a.take_events();
+    pipe.b.take_events();
+    pipe.connect(0x50);
+    pipe.run_for(Duration::from_secs(1));
+    assert!(matches!(pipe.b.events[..], [Event::Request { .. }, Event::Established { .. }]));
 }
