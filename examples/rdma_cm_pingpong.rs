@@ -26,11 +26,14 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 /// How long any step may take.
 const STEP: Duration = Duration::from_secs(10);
-/// The buffer: received messages at 0, the echo written at ECHO, what is
-/// sent taken from OUT.
+/// The buffer: received messages at 0, the echo written at ECHO, SENDs
+/// taken from OUT and RDMA WRITEs from WRITTEN. Two sources, as the QP
+/// reads a request's bytes when it sends it, after later posts may have
+/// rewritten a shared one.
 const BUFFER: usize = 4096;
 const ECHO: usize = 1024;
 const OUT: usize = 2048;
+const WRITTEN: usize = 3072;
 
 /// The client's last message, before it disconnects.
 const BYE: &[u8] = b"bye";
@@ -123,8 +126,9 @@ impl Connection {
     /// Posts `op` with `data`. Unsignaled: the answer to a message is what
     /// says it arrived, and a completion could come after that answer's.
     fn post(&self, op: SendOp, data: &[u8]) -> Result<()> {
-        self.mr.write(OUT, data)?;
-        let mut wr = SendWr::new(1, op).with_sge(self.mr.sge(OUT, data.len()));
+        let source = if matches!(op, SendOp::RdmaWrite { .. }) { WRITTEN } else { OUT };
+        self.mr.write(source, data)?;
+        let mut wr = SendWr::new(1, op).with_sge(self.mr.sge(source, data.len()));
         wr.flags.signaled = false;
         self.qp.post_send(wr)?;
         Ok(())

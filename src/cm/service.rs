@@ -5,16 +5,19 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use super::id::{self, IdInner, Released};
 use super::protocol::{CommId, MadPeer, Protocol, ProtocolConfig};
+use crate::engine::EventFd;
 use crate::transport::{
     QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
 };
 use crate::verbs::{
-    Access, CompletionQueue, Context, Gid, MemoryRegion, ProtectionDomain, QueuePair, Result, GSI_QKEY,
+    Access, CompletionChannel, CompletionQueue, Context, Gid, MemoryRegion, ProtectionDomain, QueuePair, Result,
+    GSI_QKEY,
 };
 use crate::wire::mad::MAD_LEN;
 
@@ -23,10 +26,8 @@ use crate::wire::mad::MAD_LEN;
 const RECEIVES: usize = 256;
 /// Bytes of each receive: the GRH area, then the MAD.
 const RECEIVE_LEN: usize = GRH_LEN + MAD_LEN;
-/// Longest the service thread waits for a MAD without looking at its
-/// deadline: how late a deadline an id's call set can be handled, and how
-/// long a context outlives the last id that used it.
-const IDLE: Duration = Duration::from_millis(50);
+/// Longest the service thread sleeps without looking at its deadline.
+const IDLE: Duration = Duration::from_secs(1);
 /// Live connections a context's protocol keeps at most.
 const MAX_CONNECTIONS: usize = 4096;
 /// The CM response timeout and retries the kernel's rdma_cm uses
@@ -41,8 +42,11 @@ pub(super) struct Service {
     pub(super) context: Context,
     gsi: QueuePair,
     cq: CompletionQueue,
+    completions: CompletionChannel,
     receives: MemoryRegion,
     _pd: ProtectionDomain,
+    /// Wakes the thread: a deadline came earlier, or the service goes away.
+    wake: Arc<EventFd>,
     state: Mutex<State>,
 }
 
@@ -76,7 +80,8 @@ impl Service {
 
     fn start(context: &Context) -> Result<Arc<Service>> {
         let pd = context.alloc_pd()?;
-        let cq = context.create_cq(2 * RECEIVES, None)?;
+        let completions = context.create_comp_channel()?;
+        let cq = context.create_cq(2 * RECEIVES, Some(&completions))?;
         let cap = QpCap {
             max_send_wr: RECEIVES as u32,
             max_recv_wr: RECEIVES as u32,
@@ -102,10 +107,21 @@ impl Service {
             ids: HashMap::new(),
             listeners: HashMap::new(),
         };
-        let service =
-            Arc::new(Service { context: context.clone(), gsi, cq, receives, _pd: pd, state: Mutex::new(state) });
+        let service = Arc::new(Service {
+            context: context.clone(),
+            gsi,
+            cq,
+            completions,
+            receives,
+            _pd: pd,
+            wake: Arc::new(EventFd::new()?),
+            state: Mutex::new(state),
+        });
         let weak = Arc::downgrade(&service);
-        std::thread::Builder::new().name(format!("cm-{}", context.device().name())).spawn(move || run(&weak))?;
+        let wake = Arc::clone(&service.wake);
+        let completions = service.completions.as_raw_fd();
+        let name = format!("cm-{}", context.device().name());
+        std::thread::Builder::new().name(name).spawn(move || run(&weak, &wake, completions))?;
         Ok(service)
     }
 
@@ -117,8 +133,12 @@ impl Service {
         let result = {
             let mut state = self.lock();
             let now = Instant::now();
+            let deadline = state.protocol.poll_timeout();
             let result = f(&mut state, now);
             self.flush(&mut state, now, &mut released);
+            if state.protocol.poll_timeout().is_some_and(|t| deadline.is_none_or(|d| t < d)) {
+                self.wake.signal();
+            }
             result
         };
         drop(released);
@@ -163,11 +183,12 @@ impl Service {
         }
     }
 
-    /// Feeds the protocol what arrived (`first`, then whatever else the CQ
-    /// holds) and what fell due.
-    fn turn(self: &Arc<Service>, first: Option<WorkCompletion>) {
+    /// Feeds the protocol what arrived and what fell due. The CQ is armed
+    /// first, so that what comes after the last poll raises an event.
+    fn turn(self: &Arc<Service>) {
+        self.cq.req_notify(false);
         self.with_state(|state, now| {
-            for wc in first.into_iter().chain(std::iter::from_fn(|| self.cq.poll_one())) {
+            while let Some(wc) = self.cq.poll_queued() {
                 self.received(state, now, &wc);
             }
             if state.protocol.poll_timeout().is_some_and(|t| t <= now) {
@@ -204,16 +225,27 @@ impl Service {
     }
 }
 
-/// The service thread. It waits in the GSI CQ, which drives the engine
-/// itself (a thread that waits on a descriptor instead would leave the
-/// engine thread off the sockets for a hand-over period after each of its
-/// polls, a millisecond a MAD). It holds its service only while it works
-/// on it or waits, so the last id to go stops it within [`IDLE`].
-fn run(service: &Weak<Service>) {
-    let mut arrived = None;
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.wake.signal();
+    }
+}
+
+/// The service thread. It sleeps on the CQ's channel and leaves receiving
+/// to the engine thread and to the application's threads that wait in
+/// their CQs: a thread that polls a CQ drives the engine, which then keeps
+/// off the sockets for a while, and would slow their traffic. It holds its
+/// service only while it works on it, so the last id to go stops it.
+fn run(service: &Weak<Service>, wake: &EventFd, completions: RawFd) {
     while let Some(live) = service.upgrade() {
-        live.turn(arrived.take());
-        arrived = live.cq.wait_one(live.sleep());
+        live.turn();
+        let sleep = live.sleep();
+        drop(live);
+        crate::net::wait_readable(&[completions, wake.as_raw_fd()], sleep);
+        wake.drain();
+        if let Some(live) = service.upgrade() {
+            live.completions.take_queued_events();
+        }
     }
 }
 
