@@ -293,3 +293,54 @@ fn a_wildcard_listener_takes_requests_to_its_device() {
     request.id.accept(&params(&[])).unwrap();
     assert!(expect(&client.channel, CmEventKind::Established).id.same_as(&id));
 }
+
+#[test]
+fn many_connections_at_once_all_establish() {
+    const N: usize = 24;
+    let port = free_port(&[IP_A, IP_B]);
+    let (client, server) = (Side::open("cm_many_client", IP_A, port), Side::open("cm_many_server", IP_B, port));
+    // Room for every request at once: past the backlog a REQ is dropped
+    // unanswered, as the kernel's ucma does, for its retry (seconds) later.
+    let listener = CmId::new(&server.channel, PortSpace::Tcp).unwrap();
+    listener.bind_addr(SocketAddr::new(IP_B, 0)).unwrap();
+    listener.listen(N as u32).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut ids = Vec::new();
+    for n in 0..N {
+        let id = CmId::new(&client.channel, PortSpace::Tcp).unwrap();
+        id.resolve_addr(None, addr, WAIT).unwrap();
+        id.resolve_route(WAIT).unwrap();
+        let qp = client.qp(&id, QpType::Rc);
+        id.connect(&params(&[n as u8])).unwrap();
+        ids.push((id, qp));
+    }
+    // The server accepts as requests come, each known by its first byte,
+    // while the RTUs of those it accepted already come in between.
+    let (mut accepted, mut server_established) = (Vec::new(), 0);
+    let mut seen = [false; N];
+    while server_established < N {
+        let event = server.channel.get_event(Some(WAIT)).expect("an event");
+        if event.kind == CmEventKind::Established {
+            server_established += 1;
+            continue;
+        }
+        assert_eq!(event.kind, CmEventKind::ConnectRequest);
+        let n = event.conn.as_ref().unwrap().private_data[0] as usize;
+        assert!(!std::mem::replace(&mut seen[n], true), "request {n} came twice");
+        let qp = server.qp(&event.id, QpType::Rc);
+        event.id.accept(&params(&[n as u8])).unwrap();
+        accepted.push((event.id, qp));
+    }
+    assert_eq!(accepted.len(), N);
+    let mut established = 0;
+    while established < N {
+        let event = client.channel.get_event(Some(WAIT)).expect("an event");
+        match event.kind {
+            CmEventKind::AddrResolved | CmEventKind::RouteResolved => continue,
+            kind => assert_eq!((kind, event.status), (CmEventKind::Established, 0)),
+        }
+        let n = event.conn.unwrap().private_data[0] as usize;
+        assert!(event.id.same_as(&ids[n].0), "the answer reaches the id that asked");
+        established += 1;
+    }
+}
