@@ -132,7 +132,10 @@ impl CmId {
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
         let services = match addr.ip().is_unspecified() {
             true => Vec::new(),
-            false => vec![Service::of(&addr::context_holding(addr.ip(), &self.inner.options)?)?],
+            false => {
+                let options = &self.inner.options;
+                vec![Service::of(&addr::context_holding(addr.ip(), options)?, options)?]
+            }
         };
         let mut state = self.state();
         expect_phase(&state, &[Phase::Idle], "bind")?;
@@ -167,7 +170,8 @@ impl CmId {
             false => Ok(bound.ip()),
             true => addr::route_source(dst.ip()).map_err(Error::Io),
         };
-        let resolved = source.and_then(|ip| Ok((ip, Service::of(&addr::context_holding(ip, &self.inner.options)?)?)));
+        let options = &self.inner.options;
+        let resolved = source.and_then(|ip| Ok((ip, Service::of(&addr::context_holding(ip, options)?, options)?)));
         let mut state = self.state();
         state.peer = Some(dst);
         let (kind, status) = match resolved {
@@ -227,7 +231,7 @@ impl CmId {
         };
         if services.is_empty() {
             let contexts = addr::contexts_of_family(local.is_ipv4(), &self.inner.options)?;
-            services = contexts.iter().map(Service::of).collect::<Result<_>>()?;
+            services = contexts.iter().map(|c| Service::of(c, &self.inner.options)).collect::<Result<_>>()?;
         }
         let service_id = self.inner.ps.service_id(local.port());
         for (n, service) in services.iter().enumerate() {

@@ -60,12 +60,20 @@ pub struct CmOptions {
     /// programs that opened their device themselves. Addresses must be the
     /// context device's.
     pub context: Option<Context>,
+    /// The CM response timeout code a context's CM advertises and waits
+    /// by (4.096 µs × 2^code; the kernel's rdma_cm: 20, about 4 s), and
+    /// how often it resends an unanswered message (the kernel's: 15).
+    /// Taken when a channel's id is the first to use a context's CM; tests
+    /// shorten them to see a peer go unanswered.
+    pub response_timeout: u8,
+    /// See [`CmOptions::response_timeout`].
+    pub max_cm_retries: u8,
 }
 
 impl Default for CmOptions {
     fn default() -> CmOptions {
         let port = std::env::var(PORT_ENV).ok().and_then(|p| p.parse().ok()).unwrap_or(ROCE_UDP_PORT);
-        CmOptions { port, context: None }
+        CmOptions { port, context: None, response_timeout: 20, max_cm_retries: 15 }
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::id::{self, IdInner, Released};
 use super::protocol::{CommId, MadPeer, Protocol, ProtocolConfig};
+use super::CmOptions;
 use crate::engine::EventFd;
 use crate::transport::{
     QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
@@ -30,10 +31,6 @@ const RECEIVE_LEN: usize = GRH_LEN + MAD_LEN;
 const IDLE: Duration = Duration::from_secs(1);
 /// Live connections a context's protocol keeps at most.
 const MAX_CONNECTIONS: usize = 4096;
-/// The CM response timeout and retries the kernel's rdma_cm uses
-/// (`CMA_CM_RESPONSE_TIMEOUT`, `CMA_MAX_CM_RETRIES`).
-const RESPONSE_TIMEOUT: u8 = 20;
-const MAX_CM_RETRIES: u8 = 15;
 
 /// The process's CM services, one per context.
 static SERVICES: Mutex<Vec<Weak<Service>>> = Mutex::new(Vec::new());
@@ -66,19 +63,19 @@ impl std::fmt::Debug for Service {
 }
 
 impl Service {
-    /// The service of `context`, started on first use.
-    pub(super) fn of(context: &Context) -> Result<Arc<Service>> {
+    /// The service of `context`, started on first use with `options`' timing.
+    pub(super) fn of(context: &Context, options: &CmOptions) -> Result<Arc<Service>> {
         let mut services = SERVICES.lock().unwrap_or_else(PoisonError::into_inner);
         services.retain(|s| s.strong_count() > 0);
         if let Some(service) = services.iter().filter_map(Weak::upgrade).find(|s| s.context.same_as(context)) {
             return Ok(service);
         }
-        let service = Service::start(context)?;
+        let service = Service::start(context, options)?;
         services.push(Arc::downgrade(&service));
         Ok(service)
     }
 
-    fn start(context: &Context) -> Result<Arc<Service>> {
+    fn start(context: &Context, options: &CmOptions) -> Result<Arc<Service>> {
         let pd = context.alloc_pd()?;
         let completions = context.create_comp_channel()?;
         let cq = context.create_cq(2 * RECEIVES, Some(&completions))?;
@@ -99,8 +96,8 @@ impl Service {
             slot: context.slot(),
             local_ca_guid: context.device().query_device().node_guid,
             max_connections: MAX_CONNECTIONS,
-            response_timeout: RESPONSE_TIMEOUT,
-            max_cm_retries: MAX_CM_RETRIES,
+            response_timeout: options.response_timeout,
+            max_cm_retries: options.max_cm_retries,
         };
         let state = State {
             protocol: Protocol::new(config, crate::random_u32()),

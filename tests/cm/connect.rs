@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use softroce::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+use softroce::cm::{CmEvent, CmEventKind, CmId, CmOptions, ConnParam, EventChannel, PortSpace};
 use softroce::verbs::*;
 
 use crate::api::{expect, local_side};
@@ -343,4 +343,30 @@ fn many_connections_at_once_all_establish() {
         assert!(event.id.same_as(&ids[n].0), "the answer reaches the id that asked");
         established += 1;
     }
+}
+
+#[test]
+fn a_peer_that_never_answers_is_unreachable_after_the_retries() {
+    let port = free_port(&[IP_A]);
+    let device = Device::custom("cm_unanswered", vec![IP_A], [2, 0, 0, 0, 0, 1], LINK_MTU);
+    let context = Context::open(&device, ContextOptions { port, ..ContextOptions::default() }).unwrap();
+    // Each wait is the response timeout (4.096 µs × 2^10 ≈ 4 ms here) and the
+    // path's ACK timeout (about 2 s); one resend. With the kernel's timeout
+    // and 15 resends it would take over a minute.
+    let options = CmOptions { response_timeout: 10, max_cm_retries: 1, ..CmOptions::with_context(&context) };
+    let channel = EventChannel::with_options(options).unwrap();
+    let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
+    // Nothing holds 127.0.0.3's RoCE port: the REQ goes unanswered.
+    let nobody = SocketAddr::new(IpAddr::from([127, 0, 0, 3]), 7471);
+    id.resolve_addr(None, nobody, WAIT).unwrap();
+    expect(&channel, CmEventKind::AddrResolved);
+    id.resolve_route(WAIT).unwrap();
+    expect(&channel, CmEventKind::RouteResolved);
+    let pd = context.alloc_pd().unwrap();
+    let cq = context.create_cq(4, None).unwrap();
+    let qp = id.create_qp(pd.create_qp(QpType::Rc, &cq)).unwrap();
+    id.connect(&params(&[])).unwrap();
+    let event = channel.get_event(Some(TIMEWAIT)).expect("the protocol gives up");
+    assert_eq!((event.kind, event.status), (CmEventKind::Unreachable, -libc::ETIMEDOUT));
+    assert_eq!(qp.state(), QpState::Err);
 }
