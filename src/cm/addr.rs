@@ -13,6 +13,13 @@ use crate::verbs::{Context, ContextOptions, Device, Result, WeakContext};
 /// ([`set_devices`]); else those of [`Device::list`].
 static DEVICES: Mutex<Option<Vec<Device>>> = Mutex::new(None);
 
+/// How the CM opens a device's context: [`context_for`], unless the
+/// program chose another way ([`set_context_opener`]).
+static OPENER: Mutex<ContextOpener> = Mutex::new(context_for);
+
+/// Opens (or finds) the process's context of a device with options.
+pub type ContextOpener = fn(&Device, &ContextOptions) -> Result<Context>;
+
 /// The process's open contexts, by device and RoCE port. Weak: a context
 /// closes when its last user lets go, as `ibv_close_device` closes it.
 static CONTEXTS: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
@@ -39,6 +46,15 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// the device programs see. Without it, [`Device::list`]'s.
 pub fn set_devices(devices: Vec<Device>) {
     *locked(&DEVICES) = Some(devices);
+}
+
+/// Names how the CM opens the context of a device it needs: the C ABI's
+/// `ibv_open_device` path, say, so that a context the CM opens first gets
+/// the capture and settings the program's environment asks for. The
+/// opener should return the process's one context of the device, as
+/// [`context_for`] (the default) does.
+pub fn set_context_opener(open: ContextOpener) {
+    *locked(&OPENER) = open;
 }
 
 /// The process's context of `device` on RoCE port `options.port`: the one
@@ -83,11 +99,11 @@ pub(super) fn context_holding(ip: IpAddr, options: &CmOptions) -> Result<Context
             )),
         };
     }
-    let open = locked(&CONTEXTS)
+    let already_open = locked(&CONTEXTS)
         .iter()
         .filter(|r| r.port == options.port && holds(&r.device))
         .find_map(|r| r.context.upgrade());
-    if let Some(context) = open {
+    if let Some(context) = already_open {
         return Ok(context);
     }
     let listed = devices()?.into_iter().find(|d| holds(d));
@@ -95,7 +111,13 @@ pub(super) fn context_holding(ip: IpAddr, options: &CmOptions) -> Result<Context
         Some(device) => device,
         None => Device::holding(ip)?,
     };
-    context_for(&device, &options.context_options())
+    open_context(&device, options)
+}
+
+/// The device's context, by the program's opener.
+fn open_context(device: &Device, options: &CmOptions) -> Result<Context> {
+    let opener = *locked(&OPENER);
+    opener(device, &options.context_options())
 }
 
 /// The contexts a wildcard address stands for: the channel's own, or one
@@ -107,7 +129,7 @@ pub(super) fn contexts_of_family(ipv4: bool, options: &CmOptions) -> Result<Vec<
     let mut contexts = Vec::new();
     for device in devices()? {
         if device.addresses().any(|a| a.is_ipv4() == ipv4) {
-            contexts.push(context_for(&device, &options.context_options())?);
+            contexts.push(open_context(&device, options)?);
         }
     }
     if contexts.is_empty() {

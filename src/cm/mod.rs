@@ -37,7 +37,7 @@ mod service;
 
 use std::io;
 
-pub use addr::{context_for, set_devices};
+pub use addr::{context_for, set_context_opener, set_devices, ContextOpener};
 pub use channel::EventChannel;
 pub use id::CmId;
 

@@ -137,3 +137,28 @@ fn connect_refuses_private_data_that_does_not_fit() {
         assert_eq!(id.connect(&too_long).unwrap_err().errno(), libc::EINVAL, "{ps:?}");
     }
 }
+
+/// Opens as the CM would, counting.
+fn counting_opener(device: &Device, options: &ContextOptions) -> softroce::verbs::Result<Context> {
+    OPENED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    cm::context_for(device, options)
+}
+
+static OPENED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[test]
+fn an_unpinned_channel_opens_the_device_holding_the_address_once() {
+    // The only test of this binary whose channel is not pinned to a context.
+    cm::set_context_opener(counting_opener);
+    let port = free_port(&[IP_A]);
+    let channel = EventChannel::with_options(CmOptions { port, ..CmOptions::default() }).unwrap();
+    let (first, second) = (CmId::new(&channel, PortSpace::Tcp).unwrap(), CmId::new(&channel, PortSpace::Udp).unwrap());
+    for id in [&first, &second] {
+        id.resolve_addr(None, SocketAddr::new(IP_A, 1), WAIT).unwrap();
+        expect(&channel, CmEventKind::AddrResolved);
+    }
+    let context = first.context().unwrap();
+    assert!(context.same_as(&second.context().unwrap()), "one context per device and port");
+    assert!(context.device().addresses().any(|a| a == IP_A));
+    assert_eq!(OPENED.load(std::sync::atomic::Ordering::SeqCst), 1, "opened by the program's opener, once");
+}
