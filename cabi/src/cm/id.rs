@@ -162,17 +162,20 @@ impl Id {
     }
 
     /// Fills `verbs`, `port_num` and `route` from the softroce id, as librdmacm's
-    /// `ucma_query_route` does after each call and event that may change them.
+    /// `ucma_query_route` does after each call and event that may change them, and `pd` with the
+    /// device's PD if the program set none, as librdmacm's `ucma_get_device` does.
     pub(super) fn refresh(&self) {
         let c = self.c();
         // SAFETY: our struct; programs read these fields, they do not write them.
         unsafe {
-            if (*c).verbs.is_null() {
-                if let Some(context) = self.id.context() {
-                    let verbs = crate::device::cm_context(context.device());
-                    if !verbs.is_null() {
-                        (*c).verbs = verbs;
-                        (*c).port_num = 1;
+            // A wildcard listener has no one device, and no `verbs`, as in librdmacm.
+            let specific = self.id.local_addr().is_some_and(|a| !a.ip().is_unspecified());
+            if (*c).verbs.is_null() && specific {
+                if let Some(cm) = self.id.context().and_then(|context| crate::device::cm_context(context.device())) {
+                    (*c).verbs = cm.context;
+                    (*c).port_num = 1;
+                    if (*c).pd.is_null() {
+                        (*c).pd = cm.pd;
                     }
                 }
             }
@@ -432,10 +435,14 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
 }
 symver!(rdma_resolve_route);
 
+/// The kernel's rdma_ucm `max_backlog`: a backlog of 0, negative or above it means this many.
+const MAX_BACKLOG: u32 = 1024;
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     with_id(id, |found| {
-        let rc = result(found.id.listen(backlog.max(0) as u32));
+        let backlog = u32::try_from(backlog).ok().filter(|b| (1..MAX_BACKLOG).contains(b)).unwrap_or(MAX_BACKLOG);
+        let rc = result(found.id.listen(backlog));
         found.refresh();
         rc
     })
