@@ -283,14 +283,18 @@ impl Engine {
 
     /// One full round from this thread if nobody else is driving, else a
     /// doorbell: for a thread that just changed what the QPs owe (a destroy
-    /// whose QP still has an ACK to send) and is not going to wait.
+    /// whose QP still has an ACK to send) and is not going to wait, so the
+    /// engine keeps off only as after a post (a whole handover would delay
+    /// every packet that arrives meanwhile, a connection's handshake say).
     pub fn progress_now(&self) {
         let Some(mut p) = try_lock(&self.progress) else {
             self.shared.handover.ring();
             return;
         };
         p.iterate(&self.shared, None);
+        let now = p.now();
         self.release(p);
+        self.shared.handover.drove_once(now);
     }
 
     /// Lets go of driving progress, ringing the engine if the hand-over
