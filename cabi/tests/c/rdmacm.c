@@ -188,6 +188,9 @@ static void synchronous_id(void)
               id->event->event == RDMA_CM_EVENT_ADDR_RESOLVED,
           "rdma_resolve_addr returns with ADDR_RESOLVED in id->event");
     CHECK(id->verbs != NULL && id->pd != NULL, "the device's context and PD");
+    struct sockaddr_in group = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0xe0000101)};
+    errno = 0;
+    CHECK(rdma_join_multicast(id, (struct sockaddr *)&group, NULL) == -1 && errno == ENOSYS, "multicast: ENOSYS");
     CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
 }
 
