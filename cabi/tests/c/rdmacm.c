@@ -102,6 +102,16 @@ static void connect_in_process(void)
         rdma_ack_cm_event(event);
     }
     CHECK(client->route.num_paths == 1 && client->route.path_rec != NULL, "one path");
+    struct sockaddr_in *local = (struct sockaddr_in *)rdma_get_local_addr(client);
+    struct sockaddr_in *peer = (struct sockaddr_in *)rdma_get_peer_addr(client);
+    CHECK(local->sin_family == AF_INET && local->sin_addr.s_addr == htonl(INADDR_LOOPBACK) &&
+              local->sin_port != 0 && peer->sin_port == htons(port),
+          "the route's addresses (rdma_get_local_addr, rdma_get_peer_addr)");
+    struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT};
+    int mask = 0;
+    CHECK(rdma_init_qp_attr(client, &init, &mask) == 0 && (mask & IBV_QP_STATE) && (mask & IBV_QP_PORT) &&
+              init.port_num == 1,
+          "rdma_init_qp_attr for INIT");
 
     struct ibv_pd *pd = ibv_alloc_pd(client->verbs);
     struct ibv_cq *cq = ibv_create_cq(client->verbs, 16, NULL, NULL, 0);
