@@ -125,8 +125,7 @@ impl Id {
             false => (l.channel, false),
             true => {
                 let own = Channel::create()?;
-                // SAFETY: just made.
-                let ch = unsafe { Channel::from_c(own) }.expect("a new channel");
+                let ch = Channel::from_c(own).expect("a new channel");
                 if let Err(e) = id.migrate(&ch.channel) {
                     // SAFETY: used by nothing.
                     unsafe { Channel::free(own) };
@@ -138,11 +137,12 @@ impl Id {
         Ok(Id::register(id, channel, sync, l.context, l.ps, l.qp_type))
     }
 
-    /// # Safety
-    /// `id` is NULL or from this library and not destroyed.
-    pub(super) unsafe fn from_c<'a>(id: *mut rdma_cm_id) -> Option<&'a Id> {
-        // SAFETY: rdma_cm_id (in its UnsafeCell) opens the Id.
-        unsafe { id.cast::<Id>().as_ref() }
+    /// The id behind a pointer from `rdma_create_id`: only one this library made and has not
+    /// destroyed, so that a stale or foreign pointer is `EINVAL` rather than a crash.
+    pub(super) fn from_c<'a>(id: *mut rdma_cm_id) -> Option<&'a Id> {
+        let known = locked(&IDS).iter().any(|&(_, p)| p == id as usize);
+        // SAFETY: a registered id is a live Id, whose rdma_cm_id (in its UnsafeCell) opens it.
+        known.then(|| unsafe { &*id.cast::<Id>() })
     }
 
     /// The C id of `id`, if it has one.
@@ -308,8 +308,7 @@ fn connection_parameters(found: &Id, param: Option<&rdma_conn_param>) -> Result<
 /// Runs `f` on the id behind `id` under the panic guard; -1 with `EINVAL` for a NULL id.
 pub(super) fn with_id(id: *mut rdma_cm_id, f: impl FnOnce(&'static Id) -> c_int) -> c_int {
     guard_neg(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: the caller's id, from this library.
-        match unsafe { Id::from_c(id) } {
+        match Id::from_c(id) {
             // SAFETY: ids live until rdma_destroy_id, which the program calls last.
             Some(found) => f(unsafe { &*ptr::from_ref(found) }),
             None => fail(libc::EINVAL),
@@ -344,8 +343,7 @@ pub(super) unsafe fn create_id(
             Ok(found) => found,
             Err(errno) => return fail(errno),
         };
-        // SAFETY: the caller's channel, from rdma_create_event_channel, or ours.
-        let Some(ch) = (unsafe { Channel::from_c(channel) }) else { return fail(libc::EINVAL) };
+        let Some(ch) = Channel::from_c(channel) else { return fail(libc::EINVAL) };
         match softroce::cm::CmId::new(&ch.channel, space) {
             Ok(cm_id) => {
                 let found = Id::register(cm_id, channel, sync, context, ps, qp_type);
@@ -594,8 +592,7 @@ pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma
             Ok(found) => found,
             Err(errno) => return fail(errno),
         };
-        // SAFETY: the caller's channel or ours.
-        let Some(ch) = (unsafe { Channel::from_c(channel) }) else { return fail(libc::EINVAL) };
+        let Some(ch) = Channel::from_c(channel) else { return fail(libc::EINVAL) };
         if let Err(e) = found.id.migrate(&ch.channel) {
             if sync {
                 // SAFETY: made above, used by nothing.
@@ -656,17 +653,19 @@ symver!(rdma_notify);
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> __be16 {
-    // SAFETY: the caller's id: its route's source address.
-    unsafe { id.as_ref() }
-        .map_or(0, |c| unsafe { socket_addr::port_be(ptr::addr_of!(c.route.addr.__bindgen_anon_1).cast()) })
+    // SAFETY: our id's route's source address.
+    Id::from_c(id).map_or(0, |found| unsafe {
+        socket_addr::port_be(ptr::addr_of!((*found.c()).route.addr.__bindgen_anon_1).cast())
+    })
 }
 symver!(rdma_get_src_port);
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> __be16 {
-    // SAFETY: the caller's id: its route's destination address.
-    unsafe { id.as_ref() }
-        .map_or(0, |c| unsafe { socket_addr::port_be(ptr::addr_of!(c.route.addr.__bindgen_anon_2).cast()) })
+    // SAFETY: our id's route's destination address.
+    Id::from_c(id).map_or(0, |found| unsafe {
+        socket_addr::port_be(ptr::addr_of!((*found.c()).route.addr.__bindgen_anon_2).cast())
+    })
 }
 symver!(rdma_get_dst_port);
 

@@ -184,6 +184,8 @@ static void connect_in_process(void)
     ibv_destroy_cq(cq);
     ibv_dealloc_pd(pd);
     rdma_destroy_event_channel(channel);
+    errno = 0;
+    CHECK(rdma_get_cm_event(channel, &event) == -1 && errno == EINVAL, "a destroyed channel: EINVAL");
 }
 
 /* An id without a channel is synchronous: each call returns after its event. */
@@ -202,6 +204,10 @@ static void synchronous_id(void)
     errno = 0;
     CHECK(rdma_join_multicast(id, (struct sockaddr *)&group, NULL) == -1 && errno == ENOSYS, "multicast: ENOSYS");
     CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
+    /* A stale id is refused, not followed (perftest's connection retry uses ids it destroyed). */
+    errno = 0;
+    CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == -1 && errno == EINVAL,
+          "a destroyed id: EINVAL");
 }
 
 int main(void)
