@@ -103,10 +103,17 @@ fn devices() -> &'static [Dev] {
     })
 }
 
-/// Makes the connection manager resolve addresses to this library's
-/// devices, before its first call.
-pub(crate) fn share_devices_with_cm() {
-    devices();
+/// Before the connection manager's first call: makes it resolve addresses
+/// to this library's devices, and opens every device's librdmacm context,
+/// as librdmacm opens all devices on its first call. The manager then finds
+/// them open, with the capture `SOFTROCE_PCAP` asks for.
+pub(crate) fn open_cm_contexts() {
+    static OPENED: std::sync::Once = std::sync::Once::new();
+    OPENED.call_once(|| {
+        for dev in devices() {
+            dev.cm_context();
+        }
+    });
 }
 
 /// The context and PD librdmacm's calls give ids of `device` (see

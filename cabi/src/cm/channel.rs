@@ -26,7 +26,7 @@ pub(super) struct Channel {
 impl Channel {
     /// A new channel, leaked: [`Channel::free`] takes it back.
     pub(super) fn create() -> Result<*mut rdma_event_channel, c_int> {
-        crate::device::share_devices_with_cm();
+        crate::device::open_cm_contexts();
         let channel = EventChannel::new().map_err(|e| e.errno())?;
         let boxed = Box::new(Channel { c: rdma_event_channel { fd: channel.fd() }, channel });
         let leaked = Box::into_raw(boxed);
