@@ -292,19 +292,20 @@ impl Engine {
             return;
         };
         p.iterate(&self.shared, None);
-        let now = p.now();
-        self.release(p);
-        self.shared.handover.drove_once(now);
+        let released_at = self.release(p);
+        self.shared.handover.drove_once(released_at);
     }
 
     /// Lets go of driving progress, ringing the engine if the hand-over
-    /// says it must hear of it ([`Handover::release`]).
-    fn release(&self, p: MutexGuard<'_, Progress>) {
-        let ring = self.shared.handover.release(p.now(), p.owed, || p.next_timer());
+    /// says it must hear of it ([`Handover::release`]); returns when.
+    fn release(&self, p: MutexGuard<'_, Progress>) -> Duration {
+        let now = p.now();
+        let ring = self.shared.handover.release(now, p.owed, || p.next_timer());
         drop(p);
         if ring {
             self.shared.handover.ring();
         }
+        now
     }
 
     /// Waits up to `timeout` for the next completion of `cq`. While nobody

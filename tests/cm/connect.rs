@@ -276,3 +276,20 @@ fn two_contexts_on_one_shared_port_connect() {
     assert_eq!(next_wc(&server.cq).byte_len, 9);
     drop(id);
 }
+
+#[test]
+fn a_wildcard_listener_takes_requests_to_its_device() {
+    let port = free_port(&[IP_A, IP_B]);
+    let (client, server) = (Side::open("cm_any_client", IP_A, port), Side::open("cm_any_server", IP_B, port));
+    let listener = CmId::new(&server.channel, PortSpace::Tcp).unwrap();
+    listener.bind_addr(SocketAddr::new([0u8; 4].into(), 0)).unwrap();
+    assert!(listener.context().is_none(), "a wildcard names no device");
+    listener.listen(1).unwrap();
+    assert!(listener.context().unwrap().same_as(&server.context));
+    let to = SocketAddr::new(IP_B, listener.local_addr().unwrap().port());
+    let (id, _qp, request) = request(&client, &server, to, &[]);
+    assert_eq!(request.id.local_addr(), Some(to), "the address the client asked for");
+    let _server_qp = server.qp(&request.id, QpType::Rc);
+    request.id.accept(&params(&[])).unwrap();
+    assert!(expect(&client.channel, CmEventKind::Established).id.same_as(&id));
+}

@@ -57,3 +57,18 @@ fn a_rejected_sidr_request_is_unreachable() {
     assert_eq!((event.kind, event.status), (CmEventKind::Unreachable, 2), "SIDR status: rejected");
     assert_eq!(&event.ud.unwrap().private_data[..2], b"no");
 }
+
+#[test]
+fn a_sidr_request_nobody_listens_to_is_unreachable() {
+    let port = free_port(&[IP_A, IP_B]);
+    let (client, server) = (Side::open("cm_udn_client", IP_A, port), Side::open("cm_udn_server", IP_B, port));
+    // The server's CM runs (it listens elsewhere), but not on this port.
+    let (_listener, addr) = server.listen(IP_B, PortSpace::Udp);
+    let closed = std::net::SocketAddr::new(IP_B, addr.port().wrapping_add(1).max(1));
+    let id = client.resolve(PortSpace::Udp, closed);
+    client.qp(&id, QpType::Ud);
+    id.connect(&ConnParam::default()).unwrap();
+    let event = client.channel.get_event(Some(WAIT)).unwrap();
+    assert_eq!((event.kind, event.status), (CmEventKind::Unreachable, 1), "SIDR status: unsupported service ID");
+    assert!(server.channel.try_get_event().is_none());
+}
