@@ -66,7 +66,22 @@ pub struct Dev {
     /// `ibv_open_device` in the process shares it, as every open of a
     /// kernel device shares that device.
     open: Mutex<Option<Opened>>,
+    /// The `ibv_context` librdmacm's calls hand out for the device
+    /// (`cm_id->verbs`, `rdma_get_devices`) and the PD librdmacm gives its
+    /// ids (`cm_id->pd`, for `rdma_create_ep` without one): made on first
+    /// use and kept for the life of the process, as librdmacm keeps them.
+    cm_context: Mutex<Option<CmContext>>,
 }
+
+/// See [`Dev::cm_context`].
+#[derive(Clone, Copy)]
+pub(crate) struct CmContext {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) pd: *mut ibv_pd,
+}
+
+// SAFETY: pointers to this library's objects, which live for the process.
+unsafe impl Send for CmContext {}
 
 struct Opened {
     ctx: Context,
@@ -81,8 +96,42 @@ fn devices() -> &'static [Dev] {
             eprintln!("softroce: no devices: {e}");
             Vec::new()
         });
+        // Addresses the connection manager resolves map to these devices,
+        // the ones programs see.
+        softroce::cm::set_devices(found.clone());
         found.into_iter().enumerate().map(|(index, device)| Dev::new(device, index)).collect()
     })
+}
+
+/// Before the connection manager's first call: makes it resolve addresses
+/// to this library's devices, and opens every device's librdmacm context,
+/// as librdmacm opens all devices on its first call. The manager then finds
+/// them open, with the capture `SOFTROCE_PCAP` asks for.
+pub(crate) fn open_cm_contexts() {
+    static OPENED: std::sync::Once = std::sync::Once::new();
+    OPENED.call_once(|| {
+        for dev in devices() {
+            dev.cm_context();
+        }
+    });
+}
+
+/// The context and PD librdmacm's calls give ids of `device` (see
+/// [`Dev::cm_context`]); None with errno set if they cannot be made.
+pub(crate) fn cm_context(device: &Device) -> Option<CmContext> {
+    match devices().iter().find(|d| &d.device == device) {
+        Some(dev) => dev.cm_context(),
+        None => {
+            set_errno(libc::ENODEV);
+            None
+        }
+    }
+}
+
+/// Every device's librdmacm context (`rdma_get_devices`); those that cannot
+/// be opened are left out.
+pub(crate) fn cm_contexts() -> Vec<*mut ibv_context> {
+    devices().iter().filter_map(Dev::cm_context).map(|c| c.context).collect()
 }
 
 fn find_devices() -> Result<Vec<Device>, String> {
@@ -119,7 +168,27 @@ impl Dev {
         copy_str(&mut ibv.dev_name, &format!("uverbs{index}"));
         copy_str(&mut ibv.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
         copy_str(&mut ibv.ibdev_path, &format!("/sys/class/infiniband/{}", device.name()));
-        Dev { ibv, device, index: index as c_int, open: Mutex::new(None) }
+        Dev { ibv, device, index: index as c_int, open: Mutex::new(None), cm_context: Mutex::new(None) }
+    }
+
+    fn cm_context(&self) -> Option<CmContext> {
+        let mut opened = self.cm_context.lock().unwrap_or_else(|e| e.into_inner());
+        if opened.is_none() {
+            // SAFETY: this device's own ibv_device; a PD on the context just opened.
+            unsafe {
+                let context = ibv_open_device(ptr::addr_of!(self.ibv).cast_mut());
+                if context.is_null() {
+                    return None;
+                }
+                let pd = crate::pd::ibv_alloc_pd(context);
+                if pd.is_null() {
+                    ibv_close_device(context);
+                    return None;
+                }
+                *opened = Some(CmContext { context, pd });
+            }
+        }
+        *opened
     }
 
     /// The device behind a pointer from `ibv_get_device_list`.
@@ -247,8 +316,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         let mut open = dev.open.lock().unwrap_or_else(|e| e.into_inner());
         let ctx = match &*open {
             Some(opened) => Ok(opened.ctx.clone()),
-            // Only a device opened afresh starts a capture (and numbers it).
-            None => Context::open(&dev.device, ContextOptions { capture: capture_from_env(), ..options }),
+            // The process's context of the device, which the connection
+            // manager shares; only a device opened afresh starts a capture.
+            None => softroce::cm::context_for(&dev.device, &ContextOptions { capture: capture_from_env(), ..options }),
         };
         let ctx = match ctx {
             Ok(ctx) => ctx,

@@ -1,0 +1,75 @@
+//! Event channels (`rdma_event_channel`): a softroce [`EventChannel`] behind the C struct,
+//! whose `fd` is the channel's own descriptor, readable while events wait, as the kernel's
+//! rdma_cm file is. A program may poll it or make it non-blocking.
+
+use std::os::raw::c_int;
+use std::ptr;
+use std::sync::Mutex;
+
+use softroce::cm::EventChannel;
+
+use super::id::locked;
+use crate::cm_sys::rdma_event_channel;
+use crate::errno::set_errno;
+use crate::guard::{guard_ptr, guard_void};
+
+/// The channels made and not yet freed.
+static CHANNELS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// A channel as C sees it: `rdma_event_channel` first, so the pointer is both.
+#[repr(C)]
+pub(super) struct Channel {
+    c: rdma_event_channel,
+    pub(super) channel: EventChannel,
+}
+
+impl Channel {
+    /// A new channel, leaked: [`Channel::free`] takes it back.
+    pub(super) fn create() -> Result<*mut rdma_event_channel, c_int> {
+        crate::device::open_cm_contexts();
+        let channel = EventChannel::new().map_err(|e| e.errno())?;
+        let boxed = Box::new(Channel { c: rdma_event_channel { fd: channel.fd() }, channel });
+        let leaked = Box::into_raw(boxed);
+        locked(&CHANNELS).push(leaked as usize);
+        Ok(leaked.cast())
+    }
+
+    /// The channel behind a pointer from [`Channel::create`]: only one not yet freed, so that a
+    /// stale or foreign pointer is `EINVAL` rather than a crash.
+    pub(super) fn from_c<'a>(channel: *mut rdma_event_channel) -> Option<&'a Channel> {
+        let known = locked(&CHANNELS).contains(&(channel as usize));
+        // SAFETY: a listed channel is a live Channel, whose rdma_event_channel opens it.
+        known.then(|| unsafe { &*channel.cast::<Channel>() })
+    }
+
+    /// # Safety
+    /// Nothing uses the channel after.
+    pub(super) unsafe fn free(channel: *mut rdma_event_channel) {
+        let mut channels = locked(&CHANNELS);
+        if let Some(at) = channels.iter().position(|&c| c == channel as usize) {
+            channels.swap_remove(at);
+            // SAFETY: leaked from a Box by create, and no longer listed.
+            drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    guard_ptr(|| match Channel::create() {
+        Ok(channel) => channel,
+        Err(errno) => {
+            set_errno(errno);
+            ptr::null_mut()
+        }
+    })
+}
+symver!(rdma_create_event_channel);
+
+/// As librdmacm: the program destroys the channel's ids first.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+    // SAFETY: the caller's channel, from rdma_create_event_channel.
+    guard_void(|| unsafe { Channel::free(channel) })
+}
+symver!(rdma_destroy_event_channel);
