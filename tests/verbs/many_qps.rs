@@ -67,5 +67,4 @@ fn two_thousand_qps_with_data_in_flight_all_complete() {
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
         assert!(!std::mem::replace(&mut done[wc.wr_id as usize], true), "{wc:?} twice");
     }
-    assert_eq!(p.a.ctx.counters().qp.retries, 0);
 }

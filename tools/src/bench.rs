@@ -1077,7 +1077,7 @@ mod tests {
         let streams = |engines| {
             full.iter().filter(|c| RC_STREAMS.contains(&c.test) && c.conn.is_some_and(|c| c.engines == engines)).count()
         };
-        assert_eq!(streams(1), 3 * 2 * 2 * SIZES.len());
+        assert_eq!(streams(1), 3 * 2 * 2 * SIZES.len() + MANY_QPS.len());
         // Two sizes, 2 and 4 QPs, over two engines per side.
         assert_eq!(streams(rdma::MAX_ENGINES), 3 * 2 * 2);
         assert!(quick.iter().any(|c| c.conn.is_some_and(|c| c.engines == rdma::MAX_ENGINES)));
