@@ -67,7 +67,7 @@ const FORWARD_HEADER: usize = 36;
 pub enum Forwarded {
     /// It is in its owner's inbox.
     Passed,
-    /// Its owner did not read its inbox for [`FORWARD_WAIT`]: dropped, as
+    /// Its owner did not read its inbox for 5 ms: dropped, as
     /// a full socket buffer drops.
     InboxFull,
     /// Nobody holds the slot: dropped, as packets for a missing QP are.
