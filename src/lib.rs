@@ -91,6 +91,7 @@
 #![deny(unsafe_code)]
 
 pub mod capture;
+pub mod cm;
 pub mod engine;
 pub mod net;
 pub mod rundir;

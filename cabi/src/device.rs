@@ -66,6 +66,10 @@ pub struct Dev {
     /// `ibv_open_device` in the process shares it, as every open of a
     /// kernel device shares that device.
     open: Mutex<Option<Opened>>,
+    /// The `ibv_context` librdmacm's calls hand out for the device
+    /// (`cm_id->verbs`, `rdma_get_devices`): opened on first use and kept
+    /// for the life of the process, as librdmacm keeps its devices open.
+    cm_context: Mutex<Option<usize>>,
 }
 
 struct Opened {
@@ -81,8 +85,35 @@ fn devices() -> &'static [Dev] {
             eprintln!("softroce: no devices: {e}");
             Vec::new()
         });
+        // Addresses the connection manager resolves map to these devices,
+        // the ones programs see.
+        softroce::cm::set_devices(found.clone());
         found.into_iter().enumerate().map(|(index, device)| Dev::new(device, index)).collect()
     })
+}
+
+/// Makes the connection manager resolve addresses to this library's
+/// devices, before its first call.
+pub(crate) fn share_devices_with_cm() {
+    devices();
+}
+
+/// The context librdmacm's calls name `device` by (see [`Dev::cm_context`]),
+/// NULL with errno set if it cannot be opened.
+pub(crate) fn cm_context(device: &Device) -> *mut ibv_context {
+    match devices().iter().find(|d| &d.device == device) {
+        Some(dev) => dev.cm_context(),
+        None => {
+            set_errno(libc::ENODEV);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// Every device's librdmacm context (`rdma_get_devices`); those that cannot
+/// be opened are left out.
+pub(crate) fn cm_contexts() -> Vec<*mut ibv_context> {
+    devices().iter().map(Dev::cm_context).filter(|c| !c.is_null()).collect()
 }
 
 fn find_devices() -> Result<Vec<Device>, String> {
@@ -119,7 +150,20 @@ impl Dev {
         copy_str(&mut ibv.dev_name, &format!("uverbs{index}"));
         copy_str(&mut ibv.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
         copy_str(&mut ibv.ibdev_path, &format!("/sys/class/infiniband/{}", device.name()));
-        Dev { ibv, device, index: index as c_int, open: Mutex::new(None) }
+        Dev { ibv, device, index: index as c_int, open: Mutex::new(None), cm_context: Mutex::new(None) }
+    }
+
+    fn cm_context(&self) -> *mut ibv_context {
+        let mut opened = self.cm_context.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(context) = *opened {
+            return context as *mut ibv_context;
+        }
+        // SAFETY: this device's own ibv_device.
+        let context = unsafe { ibv_open_device(ptr::addr_of!(self.ibv).cast_mut()) };
+        if !context.is_null() {
+            *opened = Some(context as usize);
+        }
+        context
     }
 
     /// The device behind a pointer from `ibv_get_device_list`.
@@ -247,8 +291,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         let mut open = dev.open.lock().unwrap_or_else(|e| e.into_inner());
         let ctx = match &*open {
             Some(opened) => Ok(opened.ctx.clone()),
-            // Only a device opened afresh starts a capture (and numbers it).
-            None => Context::open(&dev.device, ContextOptions { capture: capture_from_env(), ..options }),
+            // The process's context of the device, which the connection
+            // manager shares; only a device opened afresh starts a capture.
+            None => softroce::cm::context_for(&dev.device, &ContextOptions { capture: capture_from_env(), ..options }),
         };
         let ctx = match ctx {
             Ok(ctx) => ctx,

@@ -1,7 +1,8 @@
 //! The symbol version of every export, written once.
 //!
 //! The table holds the default versions of Debian bookworm's libibverbs.so.1 (rdma-core 44),
-//! the list in `symbols.txt`. It cannot emit the `.symver` directives itself: the assembler
+//! the list in `symbols.txt`, and of its librdmacm.so.1, the list in `rdmacm-symbols.txt`: the
+//! one library is both (`cm/mod.rs`). It cannot emit the `.symver` directives itself: the assembler
 //! accepts `.symver name, name@@VERSION` only in the object file that defines `name`
 //! ("default version symbol must be defined"), and rustc assembles a `global_asm!` with the
 //! codegen unit of its module. So the module defining an export calls [`symver!`] after it,
@@ -15,7 +16,7 @@ macro_rules! export_table {
             $(($name) => { $version };)*
         }
 
-        /// Every export as `name@@version`, as `symbols.txt` lists them.
+        /// Every export as `name@@version`, as `symbols.txt` and `rdmacm-symbols.txt` list them.
         #[cfg(test)]
         const EXPORTS: &[&str] = &[$(concat!(stringify!($name), "@@", $version)),*];
     };
@@ -186,6 +187,75 @@ export_table! {
     verbs_register_driver_34 => "IBVERBS_PRIVATE_34",
     verbs_set_ops => "IBVERBS_PRIVATE_34",
     verbs_uninit_context => "IBVERBS_PRIVATE_34",
+    // librdmacm.so.1 (rdmacm-symbols.txt)
+    raccept => "RDMACM_1.0",
+    rbind => "RDMACM_1.0",
+    rclose => "RDMACM_1.0",
+    rconnect => "RDMACM_1.0",
+    rdma_accept => "RDMACM_1.0",
+    rdma_ack_cm_event => "RDMACM_1.0",
+    rdma_bind_addr => "RDMACM_1.0",
+    rdma_connect => "RDMACM_1.0",
+    rdma_create_ep => "RDMACM_1.0",
+    rdma_create_event_channel => "RDMACM_1.0",
+    rdma_create_id => "RDMACM_1.0",
+    rdma_create_qp => "RDMACM_1.0",
+    rdma_create_qp_ex => "RDMACM_1.0",
+    rdma_create_srq => "RDMACM_1.0",
+    rdma_create_srq_ex => "RDMACM_1.0",
+    rdma_destroy_ep => "RDMACM_1.0",
+    rdma_destroy_event_channel => "RDMACM_1.0",
+    rdma_destroy_id => "RDMACM_1.0",
+    rdma_destroy_qp => "RDMACM_1.0",
+    rdma_destroy_srq => "RDMACM_1.0",
+    rdma_disconnect => "RDMACM_1.0",
+    rdma_establish => "RDMACM_1.2",
+    rdma_event_str => "RDMACM_1.0",
+    rdma_free_devices => "RDMACM_1.0",
+    rdma_freeaddrinfo => "RDMACM_1.0",
+    rdma_get_cm_event => "RDMACM_1.0",
+    rdma_get_devices => "RDMACM_1.0",
+    rdma_get_dst_port => "RDMACM_1.0",
+    rdma_get_remote_ece => "RDMACM_1.3",
+    rdma_get_request => "RDMACM_1.0",
+    rdma_get_src_port => "RDMACM_1.0",
+    rdma_getaddrinfo => "RDMACM_1.0",
+    rdma_init_qp_attr => "RDMACM_1.2",
+    rdma_join_multicast => "RDMACM_1.0",
+    rdma_join_multicast_ex => "RDMACM_1.1",
+    rdma_leave_multicast => "RDMACM_1.0",
+    rdma_listen => "RDMACM_1.0",
+    rdma_migrate_id => "RDMACM_1.0",
+    rdma_notify => "RDMACM_1.0",
+    rdma_reject => "RDMACM_1.0",
+    rdma_reject_ece => "RDMACM_1.3",
+    rdma_resolve_addr => "RDMACM_1.0",
+    rdma_resolve_route => "RDMACM_1.0",
+    rdma_set_local_ece => "RDMACM_1.3",
+    rdma_set_option => "RDMACM_1.0",
+    rfcntl => "RDMACM_1.0",
+    rgetpeername => "RDMACM_1.0",
+    rgetsockname => "RDMACM_1.0",
+    rgetsockopt => "RDMACM_1.0",
+    riomap => "RDMACM_1.0",
+    riounmap => "RDMACM_1.0",
+    riowrite => "RDMACM_1.0",
+    rlisten => "RDMACM_1.0",
+    rpoll => "RDMACM_1.0",
+    rread => "RDMACM_1.0",
+    rreadv => "RDMACM_1.0",
+    rrecv => "RDMACM_1.0",
+    rrecvfrom => "RDMACM_1.0",
+    rrecvmsg => "RDMACM_1.0",
+    rselect => "RDMACM_1.0",
+    rsend => "RDMACM_1.0",
+    rsendmsg => "RDMACM_1.0",
+    rsendto => "RDMACM_1.0",
+    rsetsockopt => "RDMACM_1.0",
+    rshutdown => "RDMACM_1.0",
+    rsocket => "RDMACM_1.0",
+    rwrite => "RDMACM_1.0",
+    rwritev => "RDMACM_1.0",
 }
 
 #[cfg(test)]
@@ -196,7 +266,9 @@ mod tests {
     fn table_is_symbols_txt() {
         let mut table: Vec<&str> = EXPORTS.to_vec();
         table.sort_unstable();
-        let listed: Vec<&str> = include_str!("../symbols.txt").lines().collect();
+        let mut listed: Vec<&str> =
+            include_str!("../symbols.txt").lines().chain(include_str!("../rdmacm-symbols.txt").lines()).collect();
+        listed.sort_unstable();
         assert_eq!(table, listed);
     }
 }

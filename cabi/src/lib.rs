@@ -1,4 +1,5 @@
-//! softroce as `libibverbs.so.1`: a drop-in for rdma-core's verbs library.
+//! softroce as `libibverbs.so.1` and `librdmacm.so.1`: a drop-in for rdma-core's verbs and
+//! connection manager libraries (one file under both names, see `cm`).
 //!
 //! The cdylib exports the symbols of Debian bookworm's libibverbs.so.1 (rdma-core 44) at the
 //! same versions (`symbols.txt`, checked by `tests/exports.rs`), so unmodified programs and the
@@ -8,6 +9,9 @@
 #[macro_use]
 mod exports;
 
+mod cm;
+#[rustfmt::skip]
+pub mod cm_sys;
 mod cq;
 mod device;
 pub mod errno;

@@ -45,6 +45,26 @@ impl Qp {
         unsafe { qp.cast::<Qp>().as_ref() }
     }
 
+    /// The softroce QP behind a C one, for the connection manager to drive.
+    ///
+    /// # Safety
+    /// `qp` is NULL or from this library's `ibv_create_qp` and not destroyed.
+    pub(crate) unsafe fn queue_pair<'a>(qp: *mut ibv_qp) -> Option<&'a QueuePair> {
+        // SAFETY: as the caller promises.
+        unsafe { Qp::from_ibv(qp) }.map(|found| &found.qp)
+    }
+
+    /// Updates the `state` programs read after the connection manager moved the QP.
+    ///
+    /// # Safety
+    /// As [`Qp::queue_pair`].
+    pub(crate) unsafe fn refresh_state(qp: *mut ibv_qp) {
+        // SAFETY: as the caller promises.
+        if let Some(found) = unsafe { Qp::from_ibv(qp) } {
+            found.set_state();
+        }
+    }
+
     fn set_state(&self) {
         let state = qp_state_to_ibv(self.qp.state());
         // SAFETY: the program reads `state` but writes it only through
@@ -53,7 +73,7 @@ impl Qp {
     }
 }
 
-fn qp_state_to_ibv(state: QpState) -> ibv_qp_state {
+pub(crate) fn qp_state_to_ibv(state: QpState) -> ibv_qp_state {
     match state {
         QpState::Reset => IBV_QPS_RESET,
         QpState::Init => IBV_QPS_INIT,
@@ -65,7 +85,7 @@ fn qp_state_to_ibv(state: QpState) -> ibv_qp_state {
     }
 }
 
-fn qp_state_from_ibv(state: ibv_qp_state) -> Option<QpState> {
+pub(crate) fn qp_state_from_ibv(state: ibv_qp_state) -> Option<QpState> {
     Some(match state {
         IBV_QPS_RESET => QpState::Reset,
         IBV_QPS_INIT => QpState::Init,

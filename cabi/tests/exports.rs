@@ -1,22 +1,15 @@
 //! The built library exports exactly what Debian's libibverbs.so.1 44 exports by default
-//! (`symbols.txt`), each at its version, under the soname `libibverbs.so.1`. A Rust cdylib can
-//! lose symbol versions silently on a toolchain change; programs then fail to load.
+//! (`symbols.txt`) and what its librdmacm.so.1 does (`rdmacm-symbols.txt`), each at its version,
+//! under the soname `libibverbs.so.1` (the loader takes a librdmacm.so.1 link to the same file
+//! for the library it already has). A Rust cdylib can lose symbol versions silently on a
+//! toolchain change; programs then fail to load.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-/// The cdylib cargo built with this test: in target/<profile>/deps/, beside the test executable
-/// (`cargo test` leaves it there), else in target/<profile>/ (where `cargo build` puts it).
-fn built_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the test executable");
-    let deps = exe.parent().expect("test executable in target/<profile>/deps");
-    let candidates: Vec<PathBuf> =
-        [Some(deps), deps.parent()].into_iter().flatten().map(|dir| dir.join("libsoftroce_ibverbs.so")).collect();
-    candidates.iter().find(|lib| lib.is_file()).cloned().unwrap_or_else(|| {
-        panic!("the cdylib is missing: none of {candidates:?} exists; `cargo test -p softroce-ibverbs` builds it")
-    })
-}
+mod common;
+use common::built_library;
 
 fn readelf(args: &[&str], file: &Path) -> String {
     let out = Command::new("readelf")
@@ -51,8 +44,11 @@ fn defined_symbols(lib: &Path) -> Vec<(String, String)> {
 #[test]
 fn exports_are_symbols_txt() {
     let lib = built_library();
-    let expected: BTreeSet<&str> = include_str!("../symbols.txt").lines().collect();
-    assert_eq!(expected.len(), 146, "symbols.txt: 75 IBVERBS_1.x and 71 IBVERBS_PRIVATE_34 symbols");
+    let verbs: BTreeSet<&str> = include_str!("../symbols.txt").lines().collect();
+    assert_eq!(verbs.len(), 146, "symbols.txt: 75 IBVERBS_1.x and 71 IBVERBS_PRIVATE_34 symbols");
+    let rdmacm: BTreeSet<&str> = include_str!("../rdmacm-symbols.txt").lines().collect();
+    assert_eq!(rdmacm.len(), 68, "rdmacm-symbols.txt: 41 rdma_* and 27 rsockets symbols at RDMACM_1.0 to 1.3");
+    let expected: BTreeSet<&str> = verbs.union(&rdmacm).copied().collect();
     let symbols = defined_symbols(&lib);
     let actual: BTreeSet<&str> = symbols.iter().map(|(_, name)| name.as_str()).collect();
     let missing: Vec<_> = expected.difference(&actual).collect();

@@ -134,3 +134,66 @@ fn enum_values() {
     assert_eq!(IBV_TRANSPORT_IB, 0);
     assert_eq!(IBV_LINK_LAYER_ETHERNET, 2);
 }
+
+/// `rdma_cm_id` as rdma-core 44's librdmacm lays it out: programs read `verbs`, `qp`, `route`,
+/// `event` and the endpoint fields `rdma_create_ep` fills.
+#[test]
+fn rdma_cm_id() {
+    use softroce_ibverbs::cm_sys::rdma_cm_id;
+    assert_eq!(size_of::<rdma_cm_id>(), 416);
+    assert_eq!(offset_of!(rdma_cm_id, verbs), 0);
+    assert_eq!(offset_of!(rdma_cm_id, channel), 8);
+    assert_eq!(offset_of!(rdma_cm_id, context), 16);
+    assert_eq!(offset_of!(rdma_cm_id, qp), 24);
+    assert_eq!(offset_of!(rdma_cm_id, route), 32);
+    assert_eq!(offset_of!(rdma_cm_id, ps), 344);
+    assert_eq!(offset_of!(rdma_cm_id, port_num), 348);
+    assert_eq!(offset_of!(rdma_cm_id, event), 352);
+    assert_eq!(offset_of!(rdma_cm_id, send_cq), 368);
+    assert_eq!(offset_of!(rdma_cm_id, pd), 400);
+    assert_eq!(offset_of!(rdma_cm_id, qp_type), 408);
+}
+
+#[test]
+fn rdma_route_and_addr() {
+    use softroce_ibverbs::cm_sys::{rdma_addr, rdma_route};
+    assert_eq!(size_of::<rdma_addr>(), 296);
+    assert_eq!(offset_of!(rdma_addr, __bindgen_anon_2), 128, "dst_addr");
+    assert_eq!(offset_of!(rdma_addr, addr), 256, "ibaddr: sgid, dgid, pkey");
+    assert_eq!(size_of::<rdma_route>(), 312);
+    assert_eq!(offset_of!(rdma_route, path_rec), 296);
+    assert_eq!(offset_of!(rdma_route, num_paths), 304);
+}
+
+#[test]
+fn rdma_cm_event() {
+    use softroce_ibverbs::cm_sys::{rdma_cm_event, rdma_conn_param, rdma_event_channel, rdma_ud_param};
+    assert_eq!(size_of::<rdma_cm_event>(), 80);
+    assert_eq!(offset_of!(rdma_cm_event, id), 0);
+    assert_eq!(offset_of!(rdma_cm_event, listen_id), 8);
+    assert_eq!(offset_of!(rdma_cm_event, event), 16);
+    assert_eq!(offset_of!(rdma_cm_event, status), 20);
+    assert_eq!(offset_of!(rdma_cm_event, param), 24);
+    assert_eq!(size_of::<rdma_conn_param>(), 24);
+    assert_eq!(offset_of!(rdma_conn_param, private_data_len), 8);
+    assert_eq!(offset_of!(rdma_conn_param, qp_num), 16);
+    assert_eq!(size_of::<rdma_ud_param>(), 56);
+    assert_eq!(offset_of!(rdma_ud_param, ah_attr), 16);
+    assert_eq!(offset_of!(rdma_ud_param, qp_num), 48);
+    assert_eq!(offset_of!(rdma_ud_param, qkey), 52);
+    assert_eq!(size_of::<rdma_event_channel>(), 4);
+}
+
+#[test]
+fn rdma_addrinfo_and_path_rec() {
+    use softroce_ibverbs::cm_sys::{ibv_sa_path_rec, rdma_addrinfo};
+    assert_eq!(size_of::<rdma_addrinfo>(), 96);
+    assert_eq!(offset_of!(rdma_addrinfo, ai_src_len), 16);
+    assert_eq!(offset_of!(rdma_addrinfo, ai_src_addr), 24);
+    assert_eq!(offset_of!(rdma_addrinfo, ai_dst_addr), 32);
+    assert_eq!(offset_of!(rdma_addrinfo, ai_route_len), 56);
+    assert_eq!(offset_of!(rdma_addrinfo, ai_next), 88);
+    assert_eq!(size_of::<ibv_sa_path_rec>(), 64);
+    assert_eq!(offset_of!(ibv_sa_path_rec, dgid), 0);
+    assert_eq!(offset_of!(ibv_sa_path_rec, sgid), 16);
+}

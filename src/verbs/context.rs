@@ -2,7 +2,7 @@
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::device::Device;
 use super::error::{Error, Result};
@@ -153,6 +153,21 @@ impl Context {
         Ok(Context { inner: Arc::new(inner) })
     }
 
+    /// A reference that does not keep the context open: registries of the
+    /// process's contexts (`cm::context_for`) hold these.
+    pub(crate) fn downgrade(&self) -> WeakContext {
+        WeakContext(Arc::downgrade(&self.inner))
+    }
+
+    /// Whether both are the same open context (clones of one `Context::open`).
+    pub fn same_as(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub(super) fn inner(&self) -> &Arc<ContextInner> {
+        &self.inner
+    }
+
     /// The device this context was opened on.
     pub fn device(&self) -> &Device {
         &self.inner.device
@@ -228,6 +243,18 @@ impl Context {
     /// Each live QP's number and counters, like `rdma statistic qp`.
     pub fn qp_counters(&self) -> Vec<(u32, Counters)> {
         qp_counters(&self.inner.engine.shared)
+    }
+}
+
+/// A context that may have been closed since: [`WeakContext::upgrade`]
+/// gives it back while any handle keeps it open.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakContext(Weak<ContextInner>);
+
+impl WeakContext {
+    /// The context, if something still holds it open.
+    pub(crate) fn upgrade(&self) -> Option<Context> {
+        self.0.upgrade().map(|inner| Context { inner })
     }
 }
 

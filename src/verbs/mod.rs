@@ -50,6 +50,7 @@ mod srq;
 pub mod stats;
 
 pub use ah::AddressHandle;
+pub(crate) use context::WeakContext;
 pub use context::{CaptureOptions, Context, ContextOptions, DeviceCounters};
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Device, DeviceAttr, PortAttr};
@@ -58,6 +59,7 @@ pub use error::{Error, Result};
 pub use gid::Gid;
 pub use mr::{MemoryRegion, RemoteRegion};
 pub use pd::{ProtectionDomain, QpBuilder, GSI_QKEY, GSI_QPN};
+pub(crate) use qp::QpController;
 pub use qp::{AckTimeout, ConnectOptions, QueuePair};
 pub use srq::SharedReceiveQueue;
 // The transport's value types that verbs calls take and return, so that a

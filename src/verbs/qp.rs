@@ -1,7 +1,7 @@
 //! Queue pairs (`ibv_qp`): how they are built, connected and driven.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::context::{add_counters, ContextInner};
@@ -26,6 +26,23 @@ impl QueuePair {
     /// The QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// The transport service: RC, UC or UD.
+    pub fn qp_type(&self) -> QpType {
+        lock(&self.cell.qp).qp_type()
+    }
+
+    /// Whether this QP belongs to `context`.
+    pub fn belongs_to(&self, context: &super::Context) -> bool {
+        Arc::ptr_eq(&self.ctx, context.inner())
+    }
+
+    /// A handle that changes this QP's state without owning it: the
+    /// connection manager moves a QP the application owns through its
+    /// states, and must not keep it alive after the application destroys it.
+    pub(crate) fn controller(&self) -> QpController {
+        QpController { ctx: Arc::downgrade(&self.ctx), cell: Arc::downgrade(&self.cell), qpn: self.qpn }
     }
 
     /// The current state.
@@ -159,6 +176,36 @@ impl QueuePair {
         let attr = QpAttr { sq_psn: self.psn, ..QpAttr::default() };
         self.modify(&QpAttr { state: QpState::Rtr, ..attr }, AttrMask::STATE)?;
         self.modify(&QpAttr { state: QpState::Rts, ..attr }, AttrMask::STATE | AttrMask::SQ_PSN)
+    }
+}
+
+/// See [`QueuePair::controller`].
+#[derive(Debug, Clone)]
+pub(crate) struct QpController {
+    ctx: Weak<ContextInner>,
+    cell: Weak<QpCell>,
+    qpn: u32,
+}
+
+impl QpController {
+    /// The QP number.
+    pub(crate) fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// `ibv_modify_qp` on the QP, unless it has been destroyed.
+    pub(crate) fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let gone = || Error::InvalidArgument(format!("QP {:#x} was destroyed", self.qpn));
+        let (ctx, cell) = (self.ctx.upgrade().ok_or_else(gone)?, self.cell.upgrade().ok_or_else(gone)?);
+        // A destroyed QP's cell lingers until the engine has sent its last
+        // answers; it is no longer in the context's table.
+        let live = lock(&ctx.engine.shared.qps).get(&self.qpn).is_some_and(|c| Arc::ptr_eq(c, &cell));
+        if !live {
+            return Err(gone());
+        }
+        lock(&cell.qp).modify(attr, mask)?;
+        ctx.engine.shared.handover.ring();
+        Ok(())
     }
 }
 

@@ -38,7 +38,7 @@ enum Command {
     Pingpong(pingpong::Args),
     /// Measure bandwidth or latency with a peer, as perftest's ib_{send,write,read,atomic}_{bw,lat} do (and with them).
     Perf(perf::Args),
-    /// Run a program with softroce as its libibverbs: `softroce run [--addr IP] -- CMD [ARGS...]`.
+    /// Run a program with softroce as its libibverbs and librdmacm: `softroce run [--addr IP] -- CMD [ARGS...]`.
     Run(run::Args),
     /// Show the counters of softroce devices open in running programs, as `rdma statistic` does.
     Stat(stat::Args),

@@ -1,9 +1,12 @@
-//! `softroce run`: runs a program with softroce as its `libibverbs.so.1`.
+//! `softroce run`: runs a program with softroce as its `libibverbs.so.1` and
+//! `librdmacm.so.1`.
 //!
 //! The dynamic loader finds a library by its soname along `LD_LIBRARY_PATH`
 //! before the system's directories, so a directory holding a
-//! `libibverbs.so.1` that links to softroce's cdylib, put first on that path,
-//! is all it takes: no install step and no root. `--preload` adds
+//! `libibverbs.so.1` and a `librdmacm.so.1` that link to softroce's cdylib,
+//! put first on that path, is all it takes: no install step and no root. Both
+//! names are links to one file, which the loader maps once (it knows files by
+//! device and inode), so a program using both has one softroce. `--preload` adds
 //! `LD_PRELOAD`, for programs that load libibverbs with `dlopen` by full
 //! path or that carry an RPATH.
 
@@ -14,6 +17,8 @@ use std::process::{Command, ExitCode};
 
 /// The cdylib as cargo names it.
 const CDYLIB: &str = "libsoftroce_ibverbs.so";
+/// The names programs load it by: it is both libraries.
+const SONAMES: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];
 /// An explicit path to the cdylib, for installs that keep it elsewhere.
 const LIB_ENV: &str = "SOFTROCE_LIBIBVERBS";
 
@@ -117,7 +122,7 @@ fn find_library() -> Result<PathBuf, String> {
     })
 }
 
-/// A directory holding `libibverbs.so.1` linked to `library`: beside it if
+/// A directory holding [`SONAMES`] linked to `library`: beside it if
 /// that directory is writable, else in a private directory under the
 /// system's temporary one.
 fn soname_dir(library: &Path) -> Result<PathBuf, String> {
@@ -133,7 +138,7 @@ fn soname_dir(library: &Path) -> Result<PathBuf, String> {
             Err(e) => last_error = format!("{}: {e}", dir.display()),
         }
     }
-    Err(format!("cannot make a libibverbs.so.1 link: {last_error}"))
+    Err(format!("cannot make the {} links: {last_error}", SONAMES.join(" and ")))
 }
 
 fn link_soname(dir: &Path, library: &Path) -> std::io::Result<()> {
@@ -144,13 +149,16 @@ fn link_soname(dir: &Path, library: &Path) -> std::io::Result<()> {
     if std::fs::metadata(dir)?.uid() != unsafe { libc::getuid() } {
         return Err(std::io::Error::other("owned by another user"));
     }
-    let link = dir.join("libibverbs.so.1");
-    if std::fs::read_link(&link).ok().as_deref() == Some(library) {
-        return Ok(());
+    for soname in SONAMES {
+        let link = dir.join(soname);
+        if std::fs::read_link(&link).ok().as_deref() == Some(library) {
+            continue;
+        }
+        // Replaced atomically, so programs starting meanwhile see one or the other.
+        let temporary = dir.join(format!(".{soname}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&temporary);
+        std::os::unix::fs::symlink(library, &temporary)?;
+        std::fs::rename(&temporary, &link)?;
     }
-    // Replaced atomically, so programs starting meanwhile see one or the other.
-    let temporary = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-    let _ = std::fs::remove_file(&temporary);
-    std::os::unix::fs::symlink(library, &temporary)?;
-    std::fs::rename(&temporary, &link)
+    Ok(())
 }

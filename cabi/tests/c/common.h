@@ -45,7 +45,7 @@ struct env {
     struct ibv_cq *cq;
 };
 
-static struct ibv_context *open_first_device(void)
+static inline struct ibv_context *open_first_device(void)
 {
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
@@ -63,7 +63,7 @@ static struct ibv_context *open_first_device(void)
 }
 
 /* RESET -> INIT -> RTR -> RTS, connected to `remote` through GID 1. */
-static int connect_rc(struct ibv_qp *qp, uint32_t remote_qpn, int access)
+static inline int connect_rc(struct ibv_qp *qp, uint32_t remote_qpn, int access)
 {
     union ibv_gid gid;
     if (ibv_query_gid(qp->context, 1, 1, &gid))

@@ -1,0 +1,257 @@
+//! A context's CM service: its GSI QP (QP 1), the [`Protocol`] that speaks
+//! through it, and a thread that feeds the protocol received MADs and
+//! deadlines. The ids of the context call into the protocol under the same
+//! lock, and whoever changed it sends what it queued.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use super::id::{self, IdInner};
+use super::protocol::{CommId, MadPeer, Protocol, ProtocolConfig};
+use crate::engine::EventFd;
+use crate::transport::{QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus, GRH_LEN};
+use crate::verbs::{
+    Access, CompletionChannel, CompletionQueue, Context, Gid, MemoryRegion, ProtectionDomain, QueuePair, Result,
+    GSI_QKEY,
+};
+use crate::wire::mad::MAD_LEN;
+
+/// Receives kept posted on the GSI QP: MADs that arrive while all are full
+/// are dropped, and their senders retry.
+const RECEIVES: usize = 256;
+/// Bytes of each receive: the GRH area, then the MAD.
+const RECEIVE_LEN: usize = GRH_LEN + MAD_LEN;
+/// Longest the service thread sleeps without looking at its deadline.
+const IDLE: Duration = Duration::from_secs(1);
+/// Live connections a context's protocol keeps at most.
+const MAX_CONNECTIONS: usize = 4096;
+/// The CM response timeout and retries the kernel's rdma_cm uses
+/// (`CMA_CM_RESPONSE_TIMEOUT`, `CMA_MAX_CM_RETRIES`).
+const RESPONSE_TIMEOUT: u8 = 20;
+const MAX_CM_RETRIES: u8 = 15;
+
+/// The process's CM services, one per context.
+static SERVICES: Mutex<Vec<Weak<Service>>> = Mutex::new(Vec::new());
+
+pub(super) struct Service {
+    pub(super) context: Context,
+    gsi: QueuePair,
+    cq: CompletionQueue,
+    completions: CompletionChannel,
+    receives: MemoryRegion,
+    _pd: ProtectionDomain,
+    /// Rung when the service goes away, so its thread notices.
+    wake: Arc<EventFd>,
+    stopped: AtomicBool,
+    state: Mutex<State>,
+}
+
+/// What the service's lock guards: the protocol and who its ids are.
+pub(super) struct State {
+    pub(super) protocol: Protocol,
+    /// Our ids by their Comm ID (or SIDR request ID).
+    pub(super) ids: HashMap<CommId, Weak<IdInner>>,
+    /// Listening ids by service ID.
+    pub(super) listeners: HashMap<u64, Weak<IdInner>>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").field("device", &self.context.device().name()).finish()
+    }
+}
+
+impl Service {
+    /// The service of `context`, started on first use.
+    pub(super) fn of(context: &Context) -> Result<Arc<Service>> {
+        let mut services = SERVICES.lock().unwrap_or_else(PoisonError::into_inner);
+        services.retain(|s| s.strong_count() > 0);
+        if let Some(service) = services.iter().filter_map(Weak::upgrade).find(|s| s.context.same_as(context)) {
+            return Ok(service);
+        }
+        let service = Service::start(context)?;
+        services.push(Arc::downgrade(&service));
+        Ok(service)
+    }
+
+    fn start(context: &Context) -> Result<Arc<Service>> {
+        let pd = context.alloc_pd()?;
+        let completions = context.create_comp_channel()?;
+        let cq = context.create_cq(2 * RECEIVES, Some(&completions))?;
+        let cap = QpCap {
+            max_send_wr: RECEIVES as u32,
+            max_recv_wr: RECEIVES as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: MAD_LEN as u32,
+        };
+        let gsi = pd.create_qp(QpType::Ud, &cq).cap(cap).gsi().build()?;
+        gsi.activate(GSI_QKEY)?;
+        let receives = pd.alloc_mr(RECEIVES * RECEIVE_LEN, Access::LOCAL_WRITE)?;
+        for slot in 0..RECEIVES {
+            gsi.post_recv(RecvWr { wr_id: slot as u64, sg_list: vec![receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] })?;
+        }
+        let config = ProtocolConfig {
+            slot: context.slot(),
+            local_ca_guid: context.device().query_device().node_guid,
+            max_connections: MAX_CONNECTIONS,
+            response_timeout: RESPONSE_TIMEOUT,
+            max_cm_retries: MAX_CM_RETRIES,
+        };
+        let state = State {
+            protocol: Protocol::new(config, crate::random_u32()),
+            ids: HashMap::new(),
+            listeners: HashMap::new(),
+        };
+        let service = Arc::new(Service {
+            context: context.clone(),
+            gsi,
+            cq,
+            completions,
+            receives,
+            _pd: pd,
+            wake: Arc::new(EventFd::new()?),
+            stopped: AtomicBool::new(false),
+            state: Mutex::new(state),
+        });
+        let weak = Arc::downgrade(&service);
+        let wake = Arc::clone(&service.wake);
+        let completions_fd = service.completions.as_raw_fd();
+        std::thread::Builder::new()
+            .name(format!("cm-{}", context.device().name()))
+            .spawn(move || run(&weak, &wake, completions_fd))?;
+        Ok(service)
+    }
+
+    /// Runs `f` on the protocol, then sends what it queued and hands its
+    /// events to the ids. Ids it let go of are dropped only after the lock
+    /// is released, as dropping one calls back in.
+    pub(super) fn with_state<R>(self: &Arc<Service>, f: impl FnOnce(&mut State, Instant) -> R) -> R {
+        let mut released = Vec::new();
+        let result = {
+            let mut state = self.lock();
+            let now = Instant::now();
+            let result = f(&mut state, now);
+            self.flush(&mut state, now, &mut released);
+            result
+        };
+        drop(released);
+        result
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends every queued MAD and dispatches every event, until neither
+    /// produces more.
+    fn flush(self: &Arc<Service>, state: &mut State, now: Instant, released: &mut Vec<super::CmId>) {
+        loop {
+            let mut busy = false;
+            while let Some(transmit) = state.protocol.poll_transmit() {
+                busy = true;
+                self.send(transmit.to, &transmit.mad);
+            }
+            while let Some(event) = state.protocol.poll_event() {
+                busy = true;
+                id::dispatch(self, state, now, event, released);
+            }
+            if !busy {
+                return;
+            }
+        }
+    }
+
+    /// One MAD to a peer's GSI QP, inline: nothing to keep until it is sent.
+    /// A send the queue refuses is lost like a dropped packet, and the
+    /// protocol retries.
+    fn send(&self, to: MadPeer, mad: &[u8]) {
+        let wr = SendWr {
+            flags: SendFlags { inline: true, signaled: false, ..SendFlags::default() },
+            inline_data: mad.to_vec(),
+            ud: Some(UdDest { dest: to.gid.to_ip(), remote_qpn: to.qpn, remote_qkey: GSI_QKEY }),
+            ..SendWr::new(u64::MAX, SendOp::Send)
+        };
+        if let Err(e) = self.gsi.post_send(wr) {
+            tracing::debug!("CM MAD to {:?} not sent: {e}", to.gid);
+        }
+    }
+
+    /// Feeds the protocol what arrived and what fell due.
+    fn turn(self: &Arc<Service>) {
+        self.cq.req_notify(false);
+        self.with_state(|state, now| {
+            while let Some(wc) = self.cq.poll_one() {
+                if wc.opcode != WcOpcode::Recv {
+                    continue;
+                }
+                let slot = wc.wr_id as usize;
+                if wc.status == WcStatus::Success {
+                    let mut received = [0u8; RECEIVE_LEN];
+                    let len = (wc.byte_len as usize).min(RECEIVE_LEN);
+                    if len > GRH_LEN && self.receives.read(slot * RECEIVE_LEN, &mut received[..len]).is_ok() {
+                        let from = MadPeer { gid: source_gid(&received[..GRH_LEN]), qpn: wc.src_qp };
+                        state.protocol.handle_mad(now, from, &received[GRH_LEN..len]);
+                    }
+                }
+                let again =
+                    RecvWr { wr_id: slot as u64, sg_list: vec![self.receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] };
+                if let Err(e) = self.gsi.post_recv(again) {
+                    tracing::warn!("GSI receive {slot} not reposted: {e}");
+                }
+            }
+            if state.protocol.poll_timeout().is_some_and(|t| t <= now) {
+                state.protocol.handle_timeout(now);
+            }
+        });
+    }
+
+    /// How long the thread may sleep.
+    fn sleep(&self) -> Duration {
+        let deadline = self.lock().protocol.poll_timeout();
+        deadline.map_or(IDLE, |t| t.saturating_duration_since(Instant::now()).min(IDLE))
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::Release);
+        self.wake.signal();
+    }
+}
+
+/// The service thread: holds its service only while it works on it, so the
+/// last id to go stops it.
+fn run(service: &Weak<Service>, wake: &EventFd, completions_fd: i32) {
+    loop {
+        let Some(live) = service.upgrade() else { return };
+        if live.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        live.turn();
+        let sleep = live.sleep();
+        drop(live);
+        crate::net::wait_readable(&[completions_fd, wake.as_raw_fd()], sleep);
+        wake.drain();
+        if let Some(live) = service.upgrade() {
+            while live.completions.get_event(Duration::ZERO).is_some() {}
+        }
+    }
+}
+
+/// The sender's GID from a received GRH area: an IPv6 header, or for IPv4
+/// twenty zeros and an IPv4 header (`grh_area`).
+fn source_gid(grh: &[u8]) -> Gid {
+    let ip = if grh[0] >> 4 == 6 {
+        let mut octets = [0u8; 16];
+        octets.copy_from_slice(&grh[8..24]);
+        IpAddr::V6(Ipv6Addr::from(octets))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]))
+    };
+    Gid::from_ip(ip)
+}
