@@ -15,6 +15,9 @@
 //! - [`verbs`]: the libibverbs-style API over real UDP sockets: devices,
 //!   contexts, protection domains, memory regions, CQs and QPs. Start here
 //!   to move data.
+//! - [`cm`]: connecting QPs by IP address and port, as rdma_cm does: the IB
+//!   CM's protocol over each context's GSI QP, and librdmacm's ids and
+//!   events on top (`examples/rdma_cm_pingpong.rs`).
 //!
 //! # Example
 //!

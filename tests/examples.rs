@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-const EXAMPLES: [&str; 3] = ["rc_pingpong", "ud_pingpong", "rdma_write_read"];
+const EXAMPLES: [&str; 4] = ["rc_pingpong", "ud_pingpong", "rdma_write_read", "rdma_cm_pingpong"];
 
 const SERVER_IP: &str = "127.0.0.1";
 const CLIENT_IP: &str = "127.0.0.2";
@@ -109,8 +109,13 @@ struct Finished {
 
 impl Process {
     fn spawn(name: &str, args: &[String]) -> Process {
+        Process::spawn_with_env(name, args, &[])
+    }
+
+    fn spawn_with_env(name: &str, args: &[String], env: &[(&str, String)]) -> Process {
         let mut child = Command::new(example(name))
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -280,4 +285,22 @@ fn rdma_write_read_verifies_on_both_sides() {
     assert!(client.line_with("checked:").ends_with("from 0xffffff00 to 0xffffff64"), "{client}");
     client.line_with("server checked its memory: ok");
     assert_pingpong_report(&client, 6000, 100);
+}
+
+#[test]
+fn rdma_cm_pingpong_connects_by_address() {
+    // Both processes on 127.0.0.1, sharing its RoCE port as two programs
+    // share a kernel device: the connect request is steered to the server.
+    let env = [("SOFTROCE_PORT", free_udp_port().to_string())];
+    let at = format!("{SERVER_IP}:{}", free_tcp_port());
+    let mut server = Process::spawn_with_env("rdma_cm_pingpong", &["server".into(), at.clone()], &env);
+    server.wait_for_line("listening on");
+    let mut client = Process::spawn_with_env("rdma_cm_pingpong", &["client".into(), at.clone(), "50".into()], &env);
+    let (client_done, server_done) = (client.finish(), server.finish());
+    assert!(client_done.status.success(), "client failed: {}\n{client_done}", client_done.status);
+    assert!(server_done.status.success(), "server failed: {}\n{server_done}", server_done.status);
+    assert!(client_done.line_with("connected to").starts_with(&format!("connected to {at} in ")));
+    assert!(client_done.line_with("rounds in").starts_with("50 rounds in "));
+    client_done.line_with("disconnected");
+    assert_eq!(server_done.line_with("rounds;"), "50 rounds; disconnected");
 }

@@ -67,10 +67,21 @@ pub struct Dev {
     /// kernel device shares that device.
     open: Mutex<Option<Opened>>,
     /// The `ibv_context` librdmacm's calls hand out for the device
-    /// (`cm_id->verbs`, `rdma_get_devices`): opened on first use and kept
-    /// for the life of the process, as librdmacm keeps its devices open.
-    cm_context: Mutex<Option<usize>>,
+    /// (`cm_id->verbs`, `rdma_get_devices`) and the PD librdmacm gives its
+    /// ids (`cm_id->pd`, for `rdma_create_ep` without one): made on first
+    /// use and kept for the life of the process, as librdmacm keeps them.
+    cm_context: Mutex<Option<CmContext>>,
 }
+
+/// See [`Dev::cm_context`].
+#[derive(Clone, Copy)]
+pub(crate) struct CmContext {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) pd: *mut ibv_pd,
+}
+
+// SAFETY: pointers to this library's objects, which live for the process.
+unsafe impl Send for CmContext {}
 
 struct Opened {
     ctx: Context,
@@ -92,20 +103,27 @@ fn devices() -> &'static [Dev] {
     })
 }
 
-/// Makes the connection manager resolve addresses to this library's
-/// devices, before its first call.
-pub(crate) fn share_devices_with_cm() {
-    devices();
+/// Before the connection manager's first call: makes it resolve addresses
+/// to this library's devices, and opens every device's librdmacm context,
+/// as librdmacm opens all devices on its first call. The manager then finds
+/// them open, with the capture `SOFTROCE_PCAP` asks for.
+pub(crate) fn open_cm_contexts() {
+    static OPENED: std::sync::Once = std::sync::Once::new();
+    OPENED.call_once(|| {
+        for dev in devices() {
+            dev.cm_context();
+        }
+    });
 }
 
-/// The context librdmacm's calls name `device` by (see [`Dev::cm_context`]),
-/// NULL with errno set if it cannot be opened.
-pub(crate) fn cm_context(device: &Device) -> *mut ibv_context {
+/// The context and PD librdmacm's calls give ids of `device` (see
+/// [`Dev::cm_context`]); None with errno set if they cannot be made.
+pub(crate) fn cm_context(device: &Device) -> Option<CmContext> {
     match devices().iter().find(|d| &d.device == device) {
         Some(dev) => dev.cm_context(),
         None => {
             set_errno(libc::ENODEV);
-            ptr::null_mut()
+            None
         }
     }
 }
@@ -113,7 +131,7 @@ pub(crate) fn cm_context(device: &Device) -> *mut ibv_context {
 /// Every device's librdmacm context (`rdma_get_devices`); those that cannot
 /// be opened are left out.
 pub(crate) fn cm_contexts() -> Vec<*mut ibv_context> {
-    devices().iter().map(Dev::cm_context).filter(|c| !c.is_null()).collect()
+    devices().iter().filter_map(Dev::cm_context).map(|c| c.context).collect()
 }
 
 fn find_devices() -> Result<Vec<Device>, String> {
@@ -153,17 +171,24 @@ impl Dev {
         Dev { ibv, device, index: index as c_int, open: Mutex::new(None), cm_context: Mutex::new(None) }
     }
 
-    fn cm_context(&self) -> *mut ibv_context {
+    fn cm_context(&self) -> Option<CmContext> {
         let mut opened = self.cm_context.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(context) = *opened {
-            return context as *mut ibv_context;
+        if opened.is_none() {
+            // SAFETY: this device's own ibv_device; a PD on the context just opened.
+            unsafe {
+                let context = ibv_open_device(ptr::addr_of!(self.ibv).cast_mut());
+                if context.is_null() {
+                    return None;
+                }
+                let pd = crate::pd::ibv_alloc_pd(context);
+                if pd.is_null() {
+                    ibv_close_device(context);
+                    return None;
+                }
+                *opened = Some(CmContext { context, pd });
+            }
         }
-        // SAFETY: this device's own ibv_device.
-        let context = unsafe { ibv_open_device(ptr::addr_of!(self.ibv).cast_mut()) };
-        if !context.is_null() {
-            *opened = Some(context as usize);
-        }
-        context
+        *opened
     }
 
     /// The device behind a pointer from `ibv_get_device_list`.

@@ -97,8 +97,20 @@ fn peer(last: u8) -> MadPeer {
     MadPeer { gid: Gid::from_ip(IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))), qpn: 1 }
 }
 
-/// Runs `input`, panicking if a check fails.
-pub fn run(input: &Input) {
+/// How far a run got: events seen, by kind, on both sides.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reached {
+    pub requests: usize,
+    pub established: usize,
+    pub rejected: usize,
+    pub disconnected: usize,
+    pub timewait_exits: usize,
+    pub sidr_replies: usize,
+}
+
+/// Runs `input`, panicking if a check fails; says how far it got.
+pub fn run(input: &Input) -> Reached {
+    let mut reached = Reached::default();
     let max_connections = usize::from(input.max_connections % 16) + 1;
     let config = |slot: u8| ProtocolConfig {
         slot,
@@ -156,9 +168,10 @@ pub fn run(input: &Input) {
             }
         }
         for index in 0..2 {
-            collect(&mut sides, index, stranger, max_connections);
+            collect(&mut sides, index, stranger, max_connections, &mut reached);
         }
     }
+    reached
 }
 
 /// `sides[side % 2]` and the other one.
@@ -239,7 +252,7 @@ fn call_on(me: &mut Side, other: MadPeer, now: Instant, call: Call, pick: u8, se
 
 /// Takes `sides[index]`'s transmits and events, checking each, and puts the
 /// MADs for the other side in flight to it.
-fn collect(sides: &mut [Side; 2], index: usize, stranger: MadPeer, max_connections: usize) {
+fn collect(sides: &mut [Side; 2], index: usize, stranger: MadPeer, max_connections: usize, reached: &mut Reached) {
     let other_at = sides[1 - index].at;
     let side = &mut sides[index];
     assert!(side.cm.stats().live_ids <= max_connections, "{:?}", side.cm.stats());
@@ -251,6 +264,15 @@ fn collect(sides: &mut [Side; 2], index: usize, stranger: MadPeer, max_connectio
         outgoing.push(t);
     }
     while let Some(event) = side.cm.poll_event() {
+        match event {
+            Event::Request { .. } => reached.requests += 1,
+            Event::Established { .. } => reached.established += 1,
+            Event::Rejected { .. } => reached.rejected += 1,
+            Event::Disconnected { .. } | Event::DisconnectRequest { .. } => reached.disconnected += 1,
+            Event::TimewaitExit { .. } => reached.timewait_exits += 1,
+            Event::SidrReply { .. } => reached.sidr_replies += 1,
+            _ => {}
+        }
         let id = match event {
             Event::Request { id, .. }
             | Event::Reply { id, .. }

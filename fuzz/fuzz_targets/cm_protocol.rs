@@ -6,4 +6,6 @@
 #[path = "../drivers/cm_protocol.rs"]
 mod cm_protocol;
 
-libfuzzer_sys::fuzz_target!(|input: cm_protocol::Input| cm_protocol::run(&input));
+libfuzzer_sys::fuzz_target!(|input: cm_protocol::Input| {
+    cm_protocol::run(&input);
+});

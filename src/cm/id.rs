@@ -147,24 +147,22 @@ impl CmId {
     /// `rdma_resolve_addr`: finds the source address for `dst` (`src`, the
     /// bound one, or the one the kernel's routing picks) and its device,
     /// binding a free port if the id has none. Resolved at once: the
-    /// ADDR_RESOLVED or ADDR_ERROR event is queued before this returns, and
-    /// `timeout` is never reached.
-    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
-        let _ = timeout;
+    /// ADDR_RESOLVED or ADDR_ERROR event is queued before this returns, so
+    /// librdmacm's timeout is never reached.
+    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, _timeout: Duration) -> Result<()> {
         if dst.ip().is_unspecified() {
             return Err(Error::InvalidArgument("resolve_addr to the wildcard address".into()));
         }
-        let (phase, bound) = {
-            let state = self.state();
-            (state.phase, state.local)
-        };
-        if phase == Phase::Idle {
-            let any = SocketAddr::new(if dst.is_ipv4() { [0u8; 4].into() } else { [0u16; 8].into() }, 0);
-            self.bind_addr(src.unwrap_or(any))?;
-        } else if phase != Phase::AddrBound {
-            return Err(Error::InvalidArgument(format!("resolve_addr on an id that is {phase:?}")));
+        let phase = self.state().phase;
+        match phase {
+            Phase::Idle => {
+                let any = SocketAddr::new(if dst.is_ipv4() { [0u8; 4].into() } else { [0u16; 8].into() }, 0);
+                self.bind_addr(src.unwrap_or(any))?;
+            }
+            Phase::AddrBound => {}
+            _ => return Err(Error::InvalidArgument(format!("resolve_addr on an id that is {phase:?}"))),
         }
-        let bound = self.state().local.or(bound).unwrap_or(SocketAddr::new(dst.ip(), 0));
+        let bound = self.state().local.ok_or_else(|| Error::InvalidArgument("resolve_addr on an unbound id".into()))?;
         let source = match bound.ip().is_unspecified() {
             false => Ok(bound.ip()),
             true => addr::route_source(dst.ip()).map_err(Error::Io),
@@ -188,9 +186,9 @@ impl CmId {
 
     /// `rdma_resolve_route`: the path to the resolved peer. RoCE has no
     /// subnet manager to ask; the route is the addresses' GIDs and the
-    /// device's MTU, and ROUTE_RESOLVED is queued before this returns.
-    pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
-        let _ = timeout;
+    /// device's MTU, and ROUTE_RESOLVED is queued before this returns (so
+    /// librdmacm's timeout is never reached).
+    pub fn resolve_route(&self, _timeout: Duration) -> Result<()> {
         let mut state = self.state();
         expect_phase(&state, &[Phase::AddrResolved], "resolve_route")?;
         let (Some(local), Some(peer), Some(service)) = (state.local, state.peer, state.services.first()) else {
@@ -303,19 +301,12 @@ impl CmId {
         self.state().qp = None;
     }
 
-    /// `rdma_connect`: sends a REQ (RC) or, in the UDP and IPoIB port
-    /// spaces, a SIDR_REQ to the resolved peer. `param.qp_num` stands for
-    /// the QP if the id has none.
+    /// `rdma_connect`: sends a REQ to the resolved peer, or for a UD id (UDP
+    /// and IPoIB port spaces, or a UD QP in the IB one) a SIDR_REQ; the
+    /// program's private data follows the CMA header, 56 bytes at most (180
+    /// for SIDR). `param.qp_num` stands for the QP if the id has none.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let service = self.service()?;
-        let ud = matches!(self.inner.ps, PortSpace::Udp | PortSpace::IpoIb);
-        let max = if ud { MAX_SIDR_REQ_USER_DATA } else { MAX_REQ_USER_DATA };
-        if param.private_data.len() > max {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes of private data (at most {max})",
-                param.private_data.len()
-            )));
-        }
         service.with_state(|protocol_state, now| {
             let mut state = self.state();
             expect_phase(&state, &[Phase::RouteResolved], "connect")?;
@@ -324,6 +315,17 @@ impl CmId {
             else {
                 return Err(Error::InvalidArgument("connect before resolve_route".into()));
             };
+            // The kernel's cma_connect: UD ids resolve their peer by SIDR.
+            let ud = match self.inner.ps {
+                PortSpace::Udp | PortSpace::IpoIb => true,
+                PortSpace::Tcp => false,
+                PortSpace::Ib => state.qp.as_ref().is_some_and(|(_, t)| *t == QpType::Ud),
+            };
+            let max = if ud { MAX_SIDR_REQ_USER_DATA } else { MAX_REQ_USER_DATA };
+            if param.private_data.len() > max {
+                let len = param.private_data.len();
+                return Err(Error::InvalidArgument(format!("{len} bytes of private data (at most {max})")));
+            }
             let header = CmaHeaderRepr { src_port: local.port(), src: local.ip(), dst: peer.ip() };
             let mut private_data = vec![0u8; CMA_HEADER_LEN];
             header
@@ -566,8 +568,9 @@ fn clamp(asked: u8, device_max: u8) -> u8 {
     }
 }
 
+/// The device's bound on READs and atomics outstanding per QP.
 fn max_rd_atomic(context: &Context) -> u8 {
-    context.device().query_device().max_qp_rd_atom.min(u32::from(u8::MAX - 1)) as u8
+    u8::try_from(context.device().query_device().max_qp_rd_atom).unwrap_or(u8::MAX)
 }
 
 impl IdInner {
@@ -575,12 +578,13 @@ impl IdInner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `event` on the id's channel, if it still has one.
-    fn deliver(&self, event: CmEvent) {
-        let channel = self.channel.lock().unwrap_or_else(PoisonError::into_inner).upgrade();
-        if let Some(channel) = channel {
-            channel.push(event);
-        }
+    /// Queues `event` on the id's channel, if it still has one, and returns
+    /// that channel: under the service's lock it must not be dropped there,
+    /// as its last handle would drop the events it holds.
+    fn deliver(&self, event: CmEvent) -> Option<Arc<ChannelShared>> {
+        let channel = self.channel.lock().unwrap_or_else(PoisonError::into_inner).upgrade()?;
+        channel.push(event);
+        Some(channel)
     }
 
     /// `rdma_init_qp_attr` for a QP of `qp_type`. INIT before a connection
@@ -702,16 +706,19 @@ fn unlisten(service: &Arc<Service>, service_id: u64) {
     }
 }
 
+/// What dispatching under the service's lock let go of, dropped after the
+/// lock is released: dropping an id's last handle destroys it, which takes
+/// the lock again.
+#[derive(Default)]
+pub(super) struct Released {
+    ids: Vec<CmId>,
+    channels: Vec<Arc<ChannelShared>>,
+}
+
 /// Turns a protocol event into the id's state change, QP moves and rdma_cm
 /// event. Runs under the service's lock; every id it touches goes into
 /// `released`, to be dropped after the lock is let go.
-pub(super) fn dispatch(
-    service: &Arc<Service>,
-    state: &mut State,
-    now: Instant,
-    event: Event,
-    released: &mut Vec<CmId>,
-) {
+pub(super) fn dispatch(service: &Arc<Service>, state: &mut State, now: Instant, event: Event, released: &mut Released) {
     let comm_id = match &event {
         Event::Request { id, .. }
         | Event::Reply { id, .. }
@@ -737,8 +744,8 @@ pub(super) fn dispatch(
                 return;
             };
             let id = CmId { inner };
-            released.push(id.clone());
-            if answer(state, now, &id, event) == Some(true) {
+            released.ids.push(id.clone());
+            if answer(state, now, &id, event, released) == Some(true) {
                 state.ids.remove(&comm_id);
             }
         }
@@ -758,7 +765,7 @@ fn request(
     comm_id: CommId,
     peer: MadPeer,
     req: Request,
-    released: &mut Vec<CmId>,
+    released: &mut Released,
 ) {
     let (service_id, private_data) = match &req {
         Request::Connect(req) => (req.service_id, &req.private_data[..]),
@@ -781,7 +788,7 @@ fn request(
         return;
     };
     let listener = CmId { inner: listener };
-    released.push(listener.clone());
+    released.ids.push(listener.clone());
     let user_data = private_data[CMA_HEADER_LEN..].to_vec();
     let (link, route, conn, ud) = match &req {
         Request::Connect(req) => {
@@ -856,15 +863,15 @@ fn request(
     };
     let id = CmId { inner: Arc::new(inner) };
     state.ids.insert(comm_id, Arc::downgrade(&id.inner));
-    released.push(id.clone());
+    released.ids.push(id.clone());
     let event =
         CmEvent { id, listen_id: Some(listener.clone()), kind: CmEventKind::ConnectRequest, status: 0, conn, ud };
-    listener.inner.deliver(event);
+    released.channels.extend(listener.inner.deliver(event));
 }
 
 /// The id's part of an event about an existing connection. Returns
 /// `Some(true)` when the protocol has forgotten the Comm ID.
-fn answer(state: &mut State, now: Instant, id: &CmId, event: Event) -> Option<bool> {
+fn answer(state: &mut State, now: Instant, id: &CmId, event: Event, released: &mut Released) -> Option<bool> {
     let mut id_state = id.inner.lock();
     let mut ended = false;
     let mut out = id.event(CmEventKind::Established, 0);
@@ -957,6 +964,6 @@ fn answer(state: &mut State, now: Instant, id: &CmId, event: Event) -> Option<bo
         Event::Request { .. } | Event::SidrRequest { .. } => return None,
     }
     drop(id_state);
-    id.inner.deliver(out);
+    released.channels.extend(id.inner.deliver(out));
     Some(ended)
 }

@@ -22,7 +22,12 @@
 //!
 //! A process has one [`Context`] per device ([`context_for`]), shared by its
 //! CM ids and by whatever else opens the device, as a kernel device is
-//! shared by everything in a process.
+//! shared by everything in a process. Addresses resolve to the devices of
+//! [`set_devices`] (by default those of `Device::list`), on the RoCE port
+//! [`PORT_ENV`] names (4791 by default). Tests, and programs that opened
+//! their device themselves, pin an event channel to a context instead:
+//! `EventChannel::with_options(CmOptions::with_context(&context))` (see
+//! `tests/cm/`, whose contexts are on free ports of 127.0.0.1 and 127.0.0.2).
 
 mod addr;
 mod channel;

@@ -318,7 +318,8 @@ pub struct ProtocolStats {
     pub unmatched: u64,
     /// REQs and SIDR_REQs dropped for a full backlog or ID table.
     pub refused: u64,
-    /// REJs we sent for requests nobody listens for.
+    /// REJs and SIDR_REPs ("unsupported") we sent for requests nobody
+    /// listens for.
     pub rejected: u64,
     /// REQs, REPs, DREQs and SIDR_REQs given up on after every retry.
     pub timed_out: u64,
@@ -399,9 +400,12 @@ struct Connection {
     remote_qpn: u32,
     /// The service it was requested for (a SIDR_REP repeats it).
     service_id: u64,
-    /// How long the peer may take to answer what the timer resends (the
-    /// kernel's `timeout_ms`); an MRA lengthens it.
+    /// How long the peer may take to answer a REQ, REP or DREQ of ours (the
+    /// kernel's `timeout_ms`).
     response_time: Duration,
+    /// How long the timer waits before resending: `response_time`, or
+    /// longer once the peer sent an MRA for the message.
+    retry_wait: Duration,
     /// The path's local ACK timeout code: TimeWait and an MRA's extra wait
     /// are counted from it, as the kernel counts them from the path's.
     ack_timeout: u8,
@@ -449,6 +453,9 @@ pub struct Protocol {
     /// The peer's request ID and GID → ours, for SIDR_REQs being answered:
     /// finds repeated SIDR_REQs.
     sidr_by_remote: HashMap<(u32, Gid), CommId>,
+    /// The peer's QPN and CA GUID → ours, for connections short of
+    /// TimeWait: a REQ or REP from a QP still connected here is stale.
+    by_remote_qpn: HashMap<(u32, u64), CommId>,
     listeners: HashMap<u64, Listener>,
     /// Every armed deadline, earliest first.
     timers: BTreeSet<(Instant, CommId)>,
@@ -467,6 +474,7 @@ impl Protocol {
             ids: HashMap::new(),
             by_remote: HashMap::new(),
             sidr_by_remote: HashMap::new(),
+            by_remote_qpn: HashMap::new(),
             listeners: HashMap::new(),
             timers: BTreeSet::new(),
             transmits: VecDeque::new(),
@@ -562,6 +570,7 @@ impl Protocol {
             remote_qpn: 0,
             service_id: req.service_id,
             response_time,
+            retry_wait: response_time,
             ack_timeout: req.local_ack_timeout,
             retries_left: self.config.max_cm_retries,
             deadline: None,
@@ -688,6 +697,7 @@ impl Protocol {
             remote_qpn: 0,
             service_id: req.service_id,
             response_time,
+            retry_wait: response_time,
             ack_timeout: 0,
             retries_left: self.config.max_cm_retries,
             deadline: None,
@@ -783,10 +793,10 @@ impl Protocol {
         }
         let tid = parsed.header.transaction_id;
         match parsed.message {
-            CmMessage::Req(req) => self.on_req(from, tid, req),
+            CmMessage::Req(req) => self.on_req(now, from, tid, req),
             CmMessage::Mra(mra) => self.on_mra(now, from, mra),
             CmMessage::Rej(rej) => self.on_rej(now, from, rej),
-            CmMessage::Rep(rep) => self.on_rep(from, rep),
+            CmMessage::Rep(rep) => self.on_rep(now, from, tid, rep),
             CmMessage::Rtu(rtu) => self.on_rtu(from, rtu),
             CmMessage::Dreq(dreq) => self.on_dreq(from, tid, dreq),
             CmMessage::Drep(drep) => self.on_drep(now, from, drep),
@@ -831,10 +841,15 @@ impl Protocol {
 
     // ------------------------------------------------------------ receiving
 
-    /// A REQ: a repeat of one we hold, or a new request for a listener.
-    fn on_req(&mut self, from: MadPeer, tid: u64, req: ReqRepr) {
+    /// A REQ: a repeat of one we hold, one from a QP still connected here,
+    /// or a new request for a listener (cm_match_req).
+    fn on_req(&mut self, now: Instant, from: MadPeer, tid: u64, req: ReqRepr) {
         if let Some(&id) = self.by_remote.get(&(req.local_comm_id, req.local_ca_guid)) {
             self.on_duplicate_req(id, from);
+            return;
+        }
+        if let Some(&old) = self.by_remote_qpn.get(&(req.local_qpn, req.local_ca_guid)) {
+            self.on_stale(now, old, from, tid, (0, req.local_comm_id), MessageRef::Req);
             return;
         }
         let Some(listener) = self.listeners.get(&req.service_id).copied() else {
@@ -875,6 +890,7 @@ impl Protocol {
             service_id: req.service_id,
             // The requester said how long it takes to answer our REP.
             response_time: cm_time(req.local_cm_response_timeout),
+            retry_wait: cm_time(req.local_cm_response_timeout),
             ack_timeout: req.primary_path.local_ack_timeout,
             retries_left: req.max_cm_retries,
             deadline: None,
@@ -885,10 +901,41 @@ impl Protocol {
         };
         self.ids.insert(id, connection);
         self.by_remote.insert((req.local_comm_id, req.local_ca_guid), id);
+        self.by_remote_qpn.insert((req.local_qpn, req.local_ca_guid), id);
         if let Some(listener) = self.listeners.get_mut(&req.service_id) {
             listener.pending += 1;
         }
         self.event(Event::Request { id, peer: from, req });
+    }
+
+    /// A REQ or REP from a QP that `old` is still connected to: the peer
+    /// lost that connection (say, it restarted). As the kernel does, the new
+    /// message is refused with REJ(stale connection), under `ids` (ours,
+    /// theirs) and in its transaction, and `old` is disconnected if it was
+    /// established; the peer can try again once `old` is gone.
+    fn on_stale(
+        &mut self,
+        now: Instant,
+        old: CommId,
+        from: MadPeer,
+        tid: u64,
+        ids: (CommId, u32),
+        message_rejected: MessageRef,
+    ) {
+        self.stats.rejected += 1;
+        let rej = RejRepr {
+            local_comm_id: ids.0,
+            remote_comm_id: ids.1,
+            message_rejected,
+            ari_length: 0,
+            reason: RejReason::STALE_CONN,
+            ari: [0; ARI_LEN],
+            private_data: [0; REJ_PRIVATE_DATA_LEN],
+        };
+        self.send_message(from, tid, CmMessage::Rej(rej));
+        if self.ids.get(&old).is_some_and(|c| c.state == State::Established) {
+            self.send_dreq(now, old, [0; DREQ_PRIVATE_DATA_LEN]);
+        }
     }
 
     /// A REQ we already hold came again (cm_dup_req_handler).
@@ -936,7 +983,7 @@ impl Protocol {
         // The kernel's wait: the service timeout plus a packet lifetime.
         let wait = cm_time(mra.service_timeout) + cm_time(connection.ack_timeout);
         connection.state = next;
-        connection.response_time = wait;
+        connection.retry_wait = wait;
         let id = mra.remote_comm_id;
         self.set_deadline(id, Some(now + wait));
     }
@@ -983,7 +1030,7 @@ impl Protocol {
 
     /// A REP: the answer to our REQ, or a repeat of it (cm_rep_handler,
     /// cm_dup_rep_handler).
-    fn on_rep(&mut self, from: MadPeer, rep: RepRepr) {
+    fn on_rep(&mut self, now: Instant, from: MadPeer, tid: u64, rep: RepRepr) {
         let Some(connection) = self.ids.get_mut(&rep.remote_comm_id) else {
             self.stats.unmatched += 1;
             return;
@@ -1000,6 +1047,11 @@ impl Protocol {
                     self.stats.unmatched += 1;
                     return;
                 }
+                if let Some(&old) = self.by_remote_qpn.get(&(rep.local_qpn, rep.local_ca_guid)) {
+                    // The REP is dropped; our REQ goes on being resent.
+                    self.on_stale(now, old, from, tid, (id, rep.local_comm_id), MessageRef::Rep);
+                    return;
+                }
                 connection.state = State::RepRcvd;
                 connection.remote_comm_id = rep.local_comm_id;
                 connection.remote_ca_guid = rep.local_ca_guid;
@@ -1007,6 +1059,7 @@ impl Protocol {
                 connection.resend = None;
                 let orphaned = connection.orphaned;
                 self.by_remote.insert((rep.local_comm_id, rep.local_ca_guid), id);
+                self.by_remote_qpn.insert((rep.local_qpn, rep.local_ca_guid), id);
                 self.set_deadline(id, None);
                 if !orphaned {
                     self.event(Event::Reply { id, rep });
@@ -1168,6 +1221,7 @@ impl Protocol {
             remote_qpn: 0,
             service_id: req.service_id,
             response_time: Duration::ZERO,
+            retry_wait: Duration::ZERO,
             ack_timeout: 0,
             retries_left: 0,
             deadline: None,
@@ -1231,7 +1285,7 @@ impl Protocol {
         if connection.retries_left > 0 {
             if let Some(mad) = connection.resend {
                 connection.retries_left -= 1;
-                let (peer, next) = (connection.peer, now + connection.response_time);
+                let (peer, next) = (connection.peer, now + connection.retry_wait);
                 self.retransmit(peer, mad);
                 self.set_deadline(id, Some(next));
             }
@@ -1295,6 +1349,7 @@ impl Protocol {
         connection.state = State::DreqSent;
         connection.resend = Some(mad);
         connection.retries_left = self.config.max_cm_retries;
+        connection.retry_wait = connection.response_time;
         let (peer, deadline) = (connection.peer, now + connection.response_time);
         self.transmit(peer, mad);
         self.set_deadline(id, Some(deadline));
@@ -1445,6 +1500,7 @@ impl Protocol {
     /// timeout, counted as `cm_convert_to_ms` counts it.
     fn enter_timewait(&mut self, now: Instant, id: CommId) {
         self.release_backlog(id);
+        self.forget_remote_qpn(id);
         let Some(connection) = self.ids.get_mut(&id) else { return };
         connection.state = State::TimeWait;
         connection.resend = None;
@@ -1455,6 +1511,7 @@ impl Protocol {
     /// Frees `id` and everything that names it.
     fn remove(&mut self, id: CommId) {
         self.release_backlog(id);
+        self.forget_remote_qpn(id);
         self.set_deadline(id, None);
         let Some(connection) = self.ids.remove(&id) else { return };
         let remote = (connection.remote_comm_id, connection.remote_ca_guid);
@@ -1464,6 +1521,16 @@ impl Protocol {
         let sidr = (connection.remote_comm_id, connection.peer.gid);
         if self.sidr_by_remote.get(&sidr) == Some(&id) {
             self.sidr_by_remote.remove(&sidr);
+        }
+    }
+
+    /// `id`'s peer QP may connect anew: the kernel forgets it on entering
+    /// TimeWait (`cm_cleanup_timewait`).
+    fn forget_remote_qpn(&mut self, id: CommId) {
+        let Some(connection) = self.ids.get(&id) else { return };
+        let remote = (connection.remote_qpn, connection.remote_ca_guid);
+        if self.by_remote_qpn.get(&remote) == Some(&id) {
+            self.by_remote_qpn.remove(&remote);
         }
     }
 

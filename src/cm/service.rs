@@ -5,15 +5,16 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use super::id::{self, IdInner};
+use super::id::{self, IdInner, Released};
 use super::protocol::{CommId, MadPeer, Protocol, ProtocolConfig};
 use crate::engine::EventFd;
-use crate::transport::{QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus, GRH_LEN};
+use crate::transport::{
+    QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+};
 use crate::verbs::{
     Access, CompletionChannel, CompletionQueue, Context, Gid, MemoryRegion, ProtectionDomain, QueuePair, Result,
     GSI_QKEY,
@@ -44,9 +45,8 @@ pub(super) struct Service {
     completions: CompletionChannel,
     receives: MemoryRegion,
     _pd: ProtectionDomain,
-    /// Rung when the service goes away, so its thread notices.
+    /// Wakes the thread: a deadline came earlier, or the service goes away.
     wake: Arc<EventFd>,
-    stopped: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -115,15 +115,13 @@ impl Service {
             receives,
             _pd: pd,
             wake: Arc::new(EventFd::new()?),
-            stopped: AtomicBool::new(false),
             state: Mutex::new(state),
         });
         let weak = Arc::downgrade(&service);
         let wake = Arc::clone(&service.wake);
-        let completions_fd = service.completions.as_raw_fd();
-        std::thread::Builder::new()
-            .name(format!("cm-{}", context.device().name()))
-            .spawn(move || run(&weak, &wake, completions_fd))?;
+        let completions = service.completions.as_raw_fd();
+        let name = format!("cm-{}", context.device().name());
+        std::thread::Builder::new().name(name).spawn(move || run(&weak, &wake, completions))?;
         Ok(service)
     }
 
@@ -131,12 +129,16 @@ impl Service {
     /// events to the ids. Ids it let go of are dropped only after the lock
     /// is released, as dropping one calls back in.
     pub(super) fn with_state<R>(self: &Arc<Service>, f: impl FnOnce(&mut State, Instant) -> R) -> R {
-        let mut released = Vec::new();
+        let mut released = Released::default();
         let result = {
             let mut state = self.lock();
             let now = Instant::now();
+            let deadline = state.protocol.poll_timeout();
             let result = f(&mut state, now);
             self.flush(&mut state, now, &mut released);
+            if state.protocol.poll_timeout().is_some_and(|t| deadline.is_none_or(|d| t < d)) {
+                self.wake.signal();
+            }
             result
         };
         drop(released);
@@ -149,7 +151,7 @@ impl Service {
 
     /// Sends every queued MAD and dispatches every event, until neither
     /// produces more.
-    fn flush(self: &Arc<Service>, state: &mut State, now: Instant, released: &mut Vec<super::CmId>) {
+    fn flush(self: &Arc<Service>, state: &mut State, now: Instant, released: &mut Released) {
         loop {
             let mut busy = false;
             while let Some(transmit) = state.protocol.poll_transmit() {
@@ -181,28 +183,13 @@ impl Service {
         }
     }
 
-    /// Feeds the protocol what arrived and what fell due.
+    /// Feeds the protocol what arrived and what fell due. The CQ is armed
+    /// first, so that what comes after the last poll raises an event.
     fn turn(self: &Arc<Service>) {
         self.cq.req_notify(false);
         self.with_state(|state, now| {
-            while let Some(wc) = self.cq.poll_one() {
-                if wc.opcode != WcOpcode::Recv {
-                    continue;
-                }
-                let slot = wc.wr_id as usize;
-                if wc.status == WcStatus::Success {
-                    let mut received = [0u8; RECEIVE_LEN];
-                    let len = (wc.byte_len as usize).min(RECEIVE_LEN);
-                    if len > GRH_LEN && self.receives.read(slot * RECEIVE_LEN, &mut received[..len]).is_ok() {
-                        let from = MadPeer { gid: source_gid(&received[..GRH_LEN]), qpn: wc.src_qp };
-                        state.protocol.handle_mad(now, from, &received[GRH_LEN..len]);
-                    }
-                }
-                let again =
-                    RecvWr { wr_id: slot as u64, sg_list: vec![self.receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] };
-                if let Err(e) = self.gsi.post_recv(again) {
-                    tracing::warn!("GSI receive {slot} not reposted: {e}");
-                }
+            while let Some(wc) = self.cq.poll_queued() {
+                self.received(state, now, &wc);
             }
             if state.protocol.poll_timeout().is_some_and(|t| t <= now) {
                 state.protocol.handle_timeout(now);
@@ -210,7 +197,28 @@ impl Service {
         });
     }
 
-    /// How long the thread may sleep.
+    /// Hands a received MAD to the protocol and posts its receive again.
+    fn received(&self, state: &mut State, now: Instant, wc: &WorkCompletion) {
+        if wc.opcode != WcOpcode::Recv {
+            return;
+        }
+        let slot = wc.wr_id as usize;
+        let len = (wc.byte_len as usize).min(RECEIVE_LEN);
+        let mut received = [0u8; RECEIVE_LEN];
+        if wc.status == WcStatus::Success
+            && len > GRH_LEN
+            && self.receives.read(slot * RECEIVE_LEN, &mut received[..len]).is_ok()
+        {
+            let from = MadPeer { gid: source_gid(&received[..GRH_LEN]), qpn: wc.src_qp };
+            state.protocol.handle_mad(now, from, &received[GRH_LEN..len]);
+        }
+        let again = RecvWr { wr_id: wc.wr_id, sg_list: vec![self.receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] };
+        if let Err(e) = self.gsi.post_recv(again) {
+            tracing::warn!("GSI receive {slot} not reposted: {e}");
+        }
+    }
+
+    /// How long the thread may wait for a MAD.
     fn sleep(&self) -> Duration {
         let deadline = self.lock().protocol.poll_timeout();
         deadline.map_or(IDLE, |t| t.saturating_duration_since(Instant::now()).min(IDLE))
@@ -219,26 +227,24 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
-        self.stopped.store(true, Ordering::Release);
         self.wake.signal();
     }
 }
 
-/// The service thread: holds its service only while it works on it, so the
-/// last id to go stops it.
-fn run(service: &Weak<Service>, wake: &EventFd, completions_fd: i32) {
-    loop {
-        let Some(live) = service.upgrade() else { return };
-        if live.stopped.load(Ordering::Acquire) {
-            return;
-        }
+/// The service thread. It sleeps on the CQ's channel and leaves receiving
+/// to the engine thread and to the application's threads that wait in
+/// their CQs: a thread that polls a CQ drives the engine, which then keeps
+/// off the sockets for a while, and would slow their traffic. It holds its
+/// service only while it works on it, so the last id to go stops it.
+fn run(service: &Weak<Service>, wake: &EventFd, completions: RawFd) {
+    while let Some(live) = service.upgrade() {
         live.turn();
         let sleep = live.sleep();
         drop(live);
-        crate::net::wait_readable(&[completions_fd, wake.as_raw_fd()], sleep);
+        crate::net::wait_readable(&[completions, wake.as_raw_fd()], sleep);
         wake.drain();
         if let Some(live) = service.upgrade() {
-            while live.completions.get_event(Duration::ZERO).is_some() {}
+            live.completions.take_queued_events();
         }
     }
 }

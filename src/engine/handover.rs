@@ -103,6 +103,15 @@ impl Handover {
         self.driven_at.fetch_max(mark, Ordering::SeqCst);
     }
 
+    /// The thread whose round let go at `now` ([`Handover::release`]) is not
+    /// going to wait (it destroyed a QP): the engine keeps off only a
+    /// [`Tuning::kick_handover`], as after a post, unless another driver
+    /// let go since.
+    pub(crate) fn drove_once(&self, now: Duration) {
+        let mark = nanos(now).saturating_sub(nanos(self.handover.saturating_sub(self.kick_handover)));
+        let _ = self.driven_at.compare_exchange(nanos(now), mark, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
     /// An application thread drives progress until the guard is dropped.
     pub(crate) fn driving(&self) -> Driving<'_> {
         self.drivers.fetch_add(1, Ordering::SeqCst);
@@ -219,6 +228,17 @@ mod tests {
         assert!(!h.release(T, false, || None));
         h.posted(T);
         assert_eq!(h.engine_keeps_off(T), Some(MS), "a post never shortens a waiter's handover");
+    }
+
+    #[test]
+    fn a_round_from_a_thread_that_does_not_wait_holds_the_engine_off_a_kick_handover() {
+        let h = Handover::default();
+        assert!(!h.release(T, false, || None));
+        h.drove_once(T);
+        assert_eq!(h.engine_keeps_off(T), Some(Duration::from_micros(100)));
+        assert!(!h.release(T + MS / 2, false, || None));
+        h.drove_once(T);
+        assert_eq!(h.engine_keeps_off(T + MS / 2), Some(MS), "a later driver's handover stays whole");
     }
 
     #[test]

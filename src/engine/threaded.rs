@@ -283,24 +283,29 @@ impl Engine {
 
     /// One full round from this thread if nobody else is driving, else a
     /// doorbell: for a thread that just changed what the QPs owe (a destroy
-    /// whose QP still has an ACK to send) and is not going to wait.
+    /// whose QP still has an ACK to send) and is not going to wait, so the
+    /// engine keeps off only as after a post (a whole handover would delay
+    /// every packet that arrives meanwhile, a connection's handshake say).
     pub fn progress_now(&self) {
         let Some(mut p) = try_lock(&self.progress) else {
             self.shared.handover.ring();
             return;
         };
         p.iterate(&self.shared, None);
-        self.release(p);
+        let released_at = self.release(p);
+        self.shared.handover.drove_once(released_at);
     }
 
     /// Lets go of driving progress, ringing the engine if the hand-over
-    /// says it must hear of it ([`Handover::release`]).
-    fn release(&self, p: MutexGuard<'_, Progress>) {
-        let ring = self.shared.handover.release(p.now(), p.owed, || p.next_timer());
+    /// says it must hear of it ([`Handover::release`]); returns when.
+    fn release(&self, p: MutexGuard<'_, Progress>) -> Duration {
+        let now = p.now();
+        let ring = self.shared.handover.release(now, p.owed, || p.next_timer());
         drop(p);
         if ring {
             self.shared.handover.ring();
         }
+        now
     }
 
     /// Waits up to `timeout` for the next completion of `cq`. While nobody

@@ -53,6 +53,14 @@ impl CompletionQueue {
         self.shared.entries.1.try_recv().ok()
     }
 
+    /// The next completion already queued, without driving progress: for a
+    /// thread that waits on the channel's descriptor and leaves receiving to
+    /// the engine and to the threads that wait in their CQs (a poll that
+    /// drives keeps the engine thread off the sockets for a while).
+    pub(crate) fn poll_queued(&self) -> Option<WorkCompletion> {
+        self.shared.entries.1.try_recv().ok()
+    }
+
     /// Waits up to `timeout` for a completion (blocking mode).
     pub fn wait_one(&self, timeout: Duration) -> Option<WorkCompletion> {
         self.ctx.engine.wait_completion(&self.shared, timeout)
@@ -101,6 +109,16 @@ impl CompletionChannel {
             self.shared.fd.take_one();
         }
         id
+    }
+}
+
+impl CompletionChannel {
+    /// Takes the events already queued, without driving progress (see
+    /// [`CompletionQueue::poll_queued`]).
+    pub(crate) fn take_queued_events(&self) {
+        while self.shared.events.1.try_recv().is_ok() {
+            self.shared.fd.take_one();
+        }
     }
 }
 

@@ -196,58 +196,87 @@ fn req_flood_stays_within_the_backlog_and_the_table() {
     assert!(now - Instant::now() > Duration::from_secs(3600));
 }
 
-/// A random run of the fuzz driver: mostly deliveries and calls, some
-/// corruption, losses, garbage and clock jumps.
+/// A random run of the fuzz driver: both sides listen, then mostly
+/// deliveries and the calls of a handshake, with some corruption, losses,
+/// garbage, clock jumps and the other calls.
 fn random_run(rng: &mut Rng) -> fuzz::Input {
     use fuzz::{Call, Step};
-    const CALLS: [Call; 10] = [
-        Call::Listen,
-        Call::Unlisten,
-        Call::Connect,
-        Call::Accept,
-        Call::ReadyToUse,
-        Call::Reject,
-        Call::Disconnect,
-        Call::Destroy,
-        Call::SidrRequest,
-        Call::SidrReply,
-    ];
-    let steps = (0..rng.next_u32() % 256)
-        .map(|_| {
-            let side = rng.next_u32() as u8;
-            let pick = rng.next_u32() as u8;
-            match rng.next_u32() % 16 {
-                0..=5 => {
-                    let changes = if rng.next_u32().is_multiple_of(8) {
-                        vec![(rng.next_u32() as u8, rng.next_u32() as u8)]
-                    } else {
-                        Vec::new()
-                    };
-                    Step::Deliver { side, pick, repeat: rng.next_u32().is_multiple_of(8), changes }
-                }
-                6 => Step::Lose { side, pick },
-                7 => Step::Raw {
-                    side,
-                    stranger: rng.next_u32().is_multiple_of(2),
-                    bytes: (0..rng.next_u32() % 260).map(|_| rng.next_u32() as u8).collect(),
-                },
-                8..=9 => Step::Advance { log2_micros: (rng.next_u32() % 45) as u8 },
-                _ => Step::Call {
-                    side,
-                    call: CALLS[rng.next_u32() as usize % CALLS.len()],
-                    pick,
-                    service: rng.next_u32().is_multiple_of(4),
-                },
-            }
-        })
-        .collect();
+    const HANDSHAKE: [Call; 4] = [Call::Connect, Call::Accept, Call::ReadyToUse, Call::Disconnect];
+    const OTHERS: [Call; 6] =
+        [Call::Listen, Call::Unlisten, Call::Reject, Call::Destroy, Call::SidrRequest, Call::SidrReply];
+    let listen = |side| Step::Call { side, call: Call::Listen, pick: 0, service: false };
+    let mut steps = vec![listen(0), listen(1)];
+    for _ in 0..rng.next_u32() % 256 {
+        let side = rng.next_u32() as u8;
+        let pick = rng.next_u32() as u8;
+        let service = rng.next_u32().is_multiple_of(8);
+        let call = |call| Step::Call { side, call, pick, service };
+        steps.push(match rng.next_u32() % 32 {
+            0..=13 => Step::Deliver { side, pick, repeat: false, changes: Vec::new() },
+            14 => Step::Deliver { side, pick, repeat: true, changes: Vec::new() },
+            15 => Step::Deliver { side, pick, repeat: false, changes: vec![(rng.next_u32() as u8, pick)] },
+            16 => Step::Lose { side, pick },
+            17 => Step::Raw {
+                side,
+                stranger: rng.next_u32().is_multiple_of(2),
+                bytes: (0..rng.next_u32() % 260).map(|_| rng.next_u32() as u8).collect(),
+            },
+            18..=20 => Step::Advance { log2_micros: (rng.next_u32() % 45) as u8 },
+            21..=29 => call(HANDSHAKE[rng.next_u32() as usize % HANDSHAKE.len()]),
+            _ => call(OTHERS[rng.next_u32() as usize % OTHERS.len()]),
+        });
+    }
     fuzz::Input { max_connections: rng.next_u32() as u8, backlog: rng.next_u32() as u8, steps }
 }
 
 #[test]
 fn fuzz_driver_checks_hold_on_random_runs() {
     let mut rng = Rng::new(0xc0ffee);
-    for _ in 0..400 {
-        fuzz::run(&random_run(&mut rng));
+    let mut total = fuzz::Reached::default();
+    for _ in 0..1000 {
+        let reached = fuzz::run(&random_run(&mut rng));
+        total.requests += reached.requests;
+        total.established += reached.established;
+        total.rejected += reached.rejected;
+        total.disconnected += reached.disconnected;
+        total.timewait_exits += reached.timewait_exits;
+        total.sidr_replies += reached.sidr_replies;
     }
+    // The runs get through whole handshakes and teardowns, not just garbage.
+    assert!(total.established > 20 && total.timewait_exits > 20 && total.sidr_replies > 20, "{total:?}");
+}
+
+#[test]
+fn each_kind_of_malformed_mad_is_dropped_and_counted() {
+    let mut cm = Protocol::new(config(1, 1), 0);
+    cm.listen(SERVICE, 4).unwrap();
+    let now = Instant::now();
+    let from = peer([10, 0, 0, 9]);
+    let req = random_req(&mut Rng::new(1), SERVICE);
+    let changed = |at: usize, value: u8| {
+        let mut mad = req;
+        mad[at] = value;
+        mad
+    };
+    let cases: [(&str, Vec<u8>); 8] = [
+        ("truncated", req[..255].to_vec()),
+        ("empty", Vec::new()),
+        ("base version 2", changed(0, 2).to_vec()),
+        ("class 3 (SA)", changed(1, 3).to_vec()),
+        ("class version 1", changed(2, 1).to_vec()),
+        ("method Get", changed(3, 1).to_vec()),
+        ("attribute LAP", changed(17, 0x19).to_vec()),
+        ("attribute 0x99", changed(17, 0x99).to_vec()),
+    ];
+    for (i, (what, mad)) in cases.iter().enumerate() {
+        cm.handle_mad(now, from, mad);
+        assert_eq!(cm.stats().malformed, i as u64 + 1, "{what}");
+    }
+    // A REJ for no ID of ours is never answered.
+    let mut rej = changed(17, 0x12);
+    rej[HEADER_LEN + 4..HEADER_LEN + 8].copy_from_slice(&0x0100_0042u32.to_be_bytes());
+    cm.handle_mad(now, from, &rej);
+    let stats = cm.stats();
+    assert_eq!((stats.malformed, stats.unmatched, stats.received.rej, stats.live_ids), (8, 1, 1, 0));
+    assert!(cm.poll_transmit().is_none() && cm.poll_event().is_none());
 }

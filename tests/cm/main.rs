@@ -9,6 +9,16 @@
 //!   against the kernel's;
 //! - [`hostile`]: floods and garbage, and the bounds that hold under them,
 //!   and the `cm_protocol` fuzz target's checks on random runs.
+//!
+//! And rdma_cm over loopback (M-60 onward): ids that resolve, connect,
+//! accept, reject and disconnect by address, with the QPs they move. Each
+//! of those tests opens its own contexts on a free UDP port and pins its
+//! event channels to them with `CmOptions::with_context`, so tests run in
+//! parallel and never touch 4791.
+//!
+//! - [`api`]: addresses, routes, ports, the process's contexts, QP INIT;
+//! - [`connect`]: RC connections, data, rejection, disconnection, a shared port;
+//! - [`ud`]: UD peers resolved by SIDR.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -18,9 +28,12 @@ mod support;
 #[path = "../../fuzz/drivers/cm_protocol.rs"]
 mod fuzz_cm_protocol;
 
+mod api;
+mod connect;
 mod golden;
 mod hostile;
 mod protocol;
+mod ud;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};

@@ -162,6 +162,11 @@ fn duplicate_req_while_deciding_gets_an_mra_and_the_requester_waits() {
     pipe.a.auto_answer = true;
     pipe.run_for(Duration::from_secs(10));
     assert!(matches!(pipe.b.events[..], [Event::Established { .. }]));
+    // The MRA's wait was the REQ's only: a lost DREQ is resent at the usual pace.
+    pipe.lose = Box::new(|_, _| true);
+    pipe.a.cm.disconnect(pipe.now, id_a, b"").unwrap();
+    pipe.run_for(Duration::from_secs(10));
+    assert_eq!(pipe.a.sent_of(attr::DREQ), 2);
 }
 
 #[test]
@@ -462,4 +467,83 @@ fn a_dreq_in_timewait_gets_a_drep_never_the_rtu() {
     let answer = parsed(&pipe.a.cm.poll_transmit().expect("an answer"));
     let CmMessage::Drep(drep) = answer.message else { panic!("a DREP, not {answer:?}") };
     assert_eq!((drep.local_comm_id, drep.remote_comm_id, answer.header.transaction_id), (id_a, id_b, 0x77));
+}
+
+#[test]
+fn duplicate_rep_before_ready_to_use_gets_an_mra() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    pipe.a.auto_answer = false;
+    let id_a = pipe.connect(0x25);
+    // A readies its QP for a minute: B's REP retries meet A's MRA, and B
+    // then waits the MRA's 69 s.
+    pipe.run_for(Duration::from_secs(60));
+    assert_eq!((pipe.b.sent_of(attr::REP), pipe.a.sent_of(attr::MRA)), (2, 1));
+    let CmMessage::Mra(mra) = parsed(&pipe.a.sent[1]).message else { panic!("an MRA after the REQ") };
+    assert_eq!((mra.local_comm_id, mra.message_mraed, mra.service_timeout), (id_a, MessageRef::Rep, 24));
+    pipe.a.cm.ready_to_use(pipe.now, id_a, b"").unwrap();
+    pipe.run_for(Duration::from_secs(1));
+    assert!(matches!(pipe.b.events[..], [Event::Request { .. }, Event::Established { .. }]));
+}
+
+#[test]
+fn destroy_sends_what_the_state_requires() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    pipe.b.auto_answer = false;
+    // A request being decided: REJ(consumer defined).
+    let first = pipe.connect(0x26);
+    pipe.deliver();
+    let [Event::Request { id, .. }] = pipe.b.take_events()[..] else { panic!("a request") };
+    pipe.b.cm.destroy(pipe.now, id);
+    pipe.deliver();
+    assert!(matches!(
+        pipe.a.take_events()[..],
+        [Event::Rejected { id, reason: RejReason::CONSUMER_DEFINED, .. }] if id == first
+    ));
+    // An established connection: one DREQ, not resent, and silence.
+    pipe.b.auto_answer = true;
+    let second = pipe.connect(0x27);
+    pipe.run_for(Duration::from_secs(1));
+    pipe.a.take_events();
+    pipe.lose = Box::new(|_, _| true);
+    pipe.a.cm.destroy(pipe.now, second);
+    pipe.run();
+    assert_eq!(pipe.a.sent_of(attr::DREQ), 1);
+    assert!(pipe.a.events.is_empty());
+    assert_eq!(pipe.a.cm.stats().live_ids, 0);
+}
+
+#[test]
+fn a_req_from_a_qp_still_connected_is_stale() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    let old = pipe.connect(0x50);
+    pipe.run_for(Duration::from_secs(1));
+    let Event::Request { id: old_b, .. } = pipe.b.events[0] else { panic!("a request") };
+    pipe.a.take_events();
+    pipe.b.take_events();
+    // A asks again from the same QP (as a restarted peer would): B refuses
+    // the REQ as stale and disconnects the connection it still has.
+    let new = pipe.connect(0x50);
+    pipe.run();
+    let events = pipe.a.take_events();
+    assert!(events.contains(&Event::Rejected {
+        id: new,
+        reason: RejReason::STALE_CONN,
+        timed_out: false,
+        private_data: vec![0; 148]
+    }));
+    assert!(events.iter().any(|e| matches!(e, Event::DisconnectRequest { id, .. } if *id == old)));
+    assert!(pipe.b.events.iter().any(|e| matches!(e, Event::Disconnected { id } if *id == old_b)));
+    let CmMessage::Rej(rej) = parsed(pipe.b.sent.iter().find(|t| is(attr::REJ)(t)).unwrap()).message else {
+        panic!("a REJ")
+    };
+    assert_eq!((rej.local_comm_id, rej.remote_comm_id, rej.message_rejected), (0, new, MessageRef::Req));
+    // Once the old connection is gone, the QP connects again.
+    pipe.a.take_events();
+    pipe.b.take_events();
+    pipe.connect(0x50);
+    pipe.run_for(Duration::from_secs(1));
+    assert!(matches!(pipe.b.events[..], [Event::Request { .. }, Event::Established { .. }]));
 }

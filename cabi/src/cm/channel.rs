@@ -4,12 +4,17 @@
 
 use std::os::raw::c_int;
 use std::ptr;
+use std::sync::Mutex;
 
 use softroce::cm::EventChannel;
 
+use super::id::locked;
 use crate::cm_sys::rdma_event_channel;
 use crate::errno::set_errno;
 use crate::guard::{guard_ptr, guard_void};
+
+/// The channels made and not yet freed.
+static CHANNELS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 /// A channel as C sees it: `rdma_event_channel` first, so the pointer is both.
 #[repr(C)]
@@ -21,26 +26,29 @@ pub(super) struct Channel {
 impl Channel {
     /// A new channel, leaked: [`Channel::free`] takes it back.
     pub(super) fn create() -> Result<*mut rdma_event_channel, c_int> {
-        crate::device::share_devices_with_cm();
+        crate::device::open_cm_contexts();
         let channel = EventChannel::new().map_err(|e| e.errno())?;
         let boxed = Box::new(Channel { c: rdma_event_channel { fd: channel.fd() }, channel });
-        Ok(Box::into_raw(boxed).cast())
+        let leaked = Box::into_raw(boxed);
+        locked(&CHANNELS).push(leaked as usize);
+        Ok(leaked.cast())
     }
 
-    /// The channel behind a pointer from [`Channel::create`].
-    ///
-    /// # Safety
-    /// `channel` is NULL or came from [`Channel::create`] and was not freed.
-    pub(super) unsafe fn from_c<'a>(channel: *mut rdma_event_channel) -> Option<&'a Channel> {
-        // SAFETY: rdma_event_channel opens the Channel.
-        unsafe { channel.cast::<Channel>().as_ref() }
+    /// The channel behind a pointer from [`Channel::create`]: only one not yet freed, so that a
+    /// stale or foreign pointer is `EINVAL` rather than a crash.
+    pub(super) fn from_c<'a>(channel: *mut rdma_event_channel) -> Option<&'a Channel> {
+        let known = locked(&CHANNELS).contains(&(channel as usize));
+        // SAFETY: a listed channel is a live Channel, whose rdma_event_channel opens it.
+        known.then(|| unsafe { &*channel.cast::<Channel>() })
     }
 
     /// # Safety
-    /// As [`Channel::from_c`], and nothing uses the channel after.
+    /// Nothing uses the channel after.
     pub(super) unsafe fn free(channel: *mut rdma_event_channel) {
-        if !channel.is_null() {
-            // SAFETY: leaked from a Box by create.
+        let mut channels = locked(&CHANNELS);
+        if let Some(at) = channels.iter().position(|&c| c == channel as usize) {
+            channels.swap_remove(at);
+            // SAFETY: leaked from a Box by create, and no longer listed.
             drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
         }
     }

@@ -33,8 +33,7 @@ struct Event {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
     guard_neg(|| {
-        // SAFETY: the caller's channel.
-        let Some(ch) = (unsafe { Channel::from_c(channel) }) else { return fail(libc::EINVAL) };
+        let Some(ch) = Channel::from_c(channel) else { return fail(libc::EINVAL) };
         if event.is_null() {
             return fail(libc::EINVAL);
         }

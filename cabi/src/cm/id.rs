@@ -125,8 +125,7 @@ impl Id {
             false => (l.channel, false),
             true => {
                 let own = Channel::create()?;
-                // SAFETY: just made.
-                let ch = unsafe { Channel::from_c(own) }.expect("a new channel");
+                let ch = Channel::from_c(own).expect("a new channel");
                 if let Err(e) = id.migrate(&ch.channel) {
                     // SAFETY: used by nothing.
                     unsafe { Channel::free(own) };
@@ -138,11 +137,12 @@ impl Id {
         Ok(Id::register(id, channel, sync, l.context, l.ps, l.qp_type))
     }
 
-    /// # Safety
-    /// `id` is NULL or from this library and not destroyed.
-    pub(super) unsafe fn from_c<'a>(id: *mut rdma_cm_id) -> Option<&'a Id> {
-        // SAFETY: rdma_cm_id (in its UnsafeCell) opens the Id.
-        unsafe { id.cast::<Id>().as_ref() }
+    /// The id behind a pointer from `rdma_create_id`: only one this library made and has not
+    /// destroyed, so that a stale or foreign pointer is `EINVAL` rather than a crash.
+    pub(super) fn from_c<'a>(id: *mut rdma_cm_id) -> Option<&'a Id> {
+        let known = locked(&IDS).iter().any(|&(_, p)| p == id as usize);
+        // SAFETY: a registered id is a live Id, whose rdma_cm_id (in its UnsafeCell) opens it.
+        known.then(|| unsafe { &*id.cast::<Id>() })
     }
 
     /// The C id of `id`, if it has one.
@@ -162,17 +162,20 @@ impl Id {
     }
 
     /// Fills `verbs`, `port_num` and `route` from the softroce id, as librdmacm's
-    /// `ucma_query_route` does after each call and event that may change them.
+    /// `ucma_query_route` does after each call and event that may change them, and `pd` with the
+    /// device's PD if the program set none, as librdmacm's `ucma_get_device` does.
     pub(super) fn refresh(&self) {
         let c = self.c();
         // SAFETY: our struct; programs read these fields, they do not write them.
         unsafe {
-            if (*c).verbs.is_null() {
-                if let Some(context) = self.id.context() {
-                    let verbs = crate::device::cm_context(context.device());
-                    if !verbs.is_null() {
-                        (*c).verbs = verbs;
-                        (*c).port_num = 1;
+            // A wildcard listener has no one device, and no `verbs`, as in librdmacm.
+            let specific = self.id.local_addr().is_some_and(|a| !a.ip().is_unspecified());
+            if (*c).verbs.is_null() && specific {
+                if let Some(cm) = self.id.context().and_then(|context| crate::device::cm_context(context.device())) {
+                    (*c).verbs = cm.context;
+                    (*c).port_num = 1;
+                    if (*c).pd.is_null() {
+                        (*c).pd = cm.pd;
                     }
                 }
             }
@@ -305,8 +308,7 @@ fn connection_parameters(found: &Id, param: Option<&rdma_conn_param>) -> Result<
 /// Runs `f` on the id behind `id` under the panic guard; -1 with `EINVAL` for a NULL id.
 pub(super) fn with_id(id: *mut rdma_cm_id, f: impl FnOnce(&'static Id) -> c_int) -> c_int {
     guard_neg(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: the caller's id, from this library.
-        match unsafe { Id::from_c(id) } {
+        match Id::from_c(id) {
             // SAFETY: ids live until rdma_destroy_id, which the program calls last.
             Some(found) => f(unsafe { &*ptr::from_ref(found) }),
             None => fail(libc::EINVAL),
@@ -341,8 +343,7 @@ pub(super) unsafe fn create_id(
             Ok(found) => found,
             Err(errno) => return fail(errno),
         };
-        // SAFETY: the caller's channel, from rdma_create_event_channel, or ours.
-        let Some(ch) = (unsafe { Channel::from_c(channel) }) else { return fail(libc::EINVAL) };
+        let Some(ch) = Channel::from_c(channel) else { return fail(libc::EINVAL) };
         match softroce::cm::CmId::new(&ch.channel, space) {
             Ok(cm_id) => {
                 let found = Id::register(cm_id, channel, sync, context, ps, qp_type);
@@ -432,10 +433,14 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
 }
 symver!(rdma_resolve_route);
 
+/// The kernel's rdma_ucm `max_backlog`: a backlog of 0, negative or above it means this many.
+const MAX_BACKLOG: u32 = 1024;
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     with_id(id, |found| {
-        let rc = result(found.id.listen(backlog.max(0) as u32));
+        let backlog = u32::try_from(backlog).ok().filter(|b| (1..MAX_BACKLOG).contains(b)).unwrap_or(MAX_BACKLOG);
+        let rc = result(found.id.listen(backlog));
         found.refresh();
         rc
     })
@@ -587,8 +592,7 @@ pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma
             Ok(found) => found,
             Err(errno) => return fail(errno),
         };
-        // SAFETY: the caller's channel or ours.
-        let Some(ch) = (unsafe { Channel::from_c(channel) }) else { return fail(libc::EINVAL) };
+        let Some(ch) = Channel::from_c(channel) else { return fail(libc::EINVAL) };
         if let Err(e) = found.id.migrate(&ch.channel) {
             if sync {
                 // SAFETY: made above, used by nothing.
@@ -649,17 +653,19 @@ symver!(rdma_notify);
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> __be16 {
-    // SAFETY: the caller's id: its route's source address.
-    unsafe { id.as_ref() }
-        .map_or(0, |c| unsafe { socket_addr::port_be(ptr::addr_of!(c.route.addr.__bindgen_anon_1).cast()) })
+    // SAFETY: our id's route's source address.
+    Id::from_c(id).map_or(0, |found| unsafe {
+        socket_addr::port_be(ptr::addr_of!((*found.c()).route.addr.__bindgen_anon_1).cast())
+    })
 }
 symver!(rdma_get_src_port);
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> __be16 {
-    // SAFETY: the caller's id: its route's destination address.
-    unsafe { id.as_ref() }
-        .map_or(0, |c| unsafe { socket_addr::port_be(ptr::addr_of!(c.route.addr.__bindgen_anon_2).cast()) })
+    // SAFETY: our id's route's destination address.
+    Id::from_c(id).map_or(0, |found| unsafe {
+        socket_addr::port_be(ptr::addr_of!((*found.c()).route.addr.__bindgen_anon_2).cast())
+    })
 }
 symver!(rdma_get_dst_port);
 

@@ -81,7 +81,8 @@ pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
 }
 symver!(rdma_free_devices);
 
-/// Multicast is not provided: joins fail with `ENOSYS` (-1, errno), before anything is sent.
+/// Multicast is not provided: joins and leaves fail with `ENOSYS` (-1, errno), before anything
+/// is sent.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_join_multicast(
     _id: *mut rdma_cm_id,
@@ -102,12 +103,9 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(
 }
 symver!(rdma_join_multicast_ex);
 
-/// No group was joined, so none can be left: `EADDRNOTAVAIL`, as librdmacm answers for an
-/// address it did not join.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
-    set_errno(libc::EADDRNOTAVAIL);
-    -1
+    no_multicast()
 }
 symver!(rdma_leave_multicast);
 

@@ -173,12 +173,11 @@ symver!(rdma_create_qp);
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     guard_void(|| {
-        // SAFETY: the caller's id and its QP.
+        let Some(found) = Id::from_c(id) else { return };
+        found.id.detach_qp();
+        // SAFETY: our id and its QP.
         unsafe {
-            let Some(c) = id.as_mut() else { return };
-            if let Some(found) = Id::from_c(id) {
-                found.id.detach_qp();
-            }
+            let c = &mut *found.c();
             if !c.qp.is_null() {
                 qp::ibv_destroy_qp(c.qp);
             }
@@ -234,9 +233,10 @@ symver!(rdma_create_srq_ex);
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
     guard_void(|| {
-        // SAFETY: the caller's id and its SRQ.
+        let Some(found) = Id::from_c(id) else { return };
+        // SAFETY: our id and its SRQ.
         unsafe {
-            let Some(c) = id.as_mut() else { return };
+            let c = &mut *found.c();
             if !c.srq.is_null() {
                 srq::ibv_destroy_srq(c.srq);
             }
@@ -385,9 +385,10 @@ unsafe fn active_ep(
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     guard_void(|| {
-        // SAFETY: the caller's id, from rdma_create_ep.
+        let Some(found) = Id::from_c(id) else { return };
+        // SAFETY: our id, from rdma_create_ep.
         unsafe {
-            let Some(c) = id.as_ref() else { return };
+            let c = &*found.c();
             if !c.qp.is_null() {
                 rdma_destroy_qp(id);
             }
