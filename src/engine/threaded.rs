@@ -129,6 +129,9 @@ struct Marks {
     /// The earliest of its entries in the timer heap, in nanoseconds on
     /// the transport's clock (`u64::MAX`: none).
     timer_entry: AtomicU64,
+    /// The application destroyed the QP: a round no longer visits it (its
+    /// last answers are the lingering list's).
+    destroyed: AtomicBool,
 }
 
 impl Marks {
@@ -147,7 +150,7 @@ impl Marks {
 #[derive(Debug)]
 pub(crate) enum QpChange {
     Created(Arc<QpCell>),
-    Destroyed(u32),
+    Destroyed(Arc<QpCell>),
 }
 
 impl QpCell {
@@ -268,8 +271,10 @@ impl EngineShared {
 
     /// Takes a QP the application destroyed out of the table.
     pub(crate) fn remove_qp(&self, qps: &mut BTreeMap<u32, Arc<QpCell>>, qpn: u32) {
-        qps.remove(&qpn);
-        lock(&self.qp_changes).push(QpChange::Destroyed(qpn));
+        if let Some(cell) = qps.remove(&qpn) {
+            cell.marks.destroyed.store(true, Ordering::Release);
+            lock(&self.qp_changes).push(QpChange::Destroyed(cell));
+        }
     }
 
     /// Has the engine look at `cell` in its next round, and rings it: the
@@ -338,7 +343,12 @@ impl Engine {
             // (this QP's answers went above, and its requests as decided):
             // the QPs its round handed packets to are the active ones.
             let mut others = std::mem::take(&mut p.spare);
-            others.extend(p.active.iter().filter(|other| !Arc::ptr_eq(other, cell)).cloned());
+            others.extend(
+                p.active
+                    .iter()
+                    .filter(|other| !Arc::ptr_eq(other, cell) && !other.marks.destroyed.load(Ordering::Acquire))
+                    .cloned(),
+            );
             for other in others.drain(..) {
                 let mut qp = lock(&other.qp);
                 transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, TransmitOrder::ResponsesFirst);
@@ -699,8 +709,10 @@ impl Progress {
                     QpChange::Created(cell) => {
                         self.by_qpn.insert(cell.qpn, cell);
                     }
-                    QpChange::Destroyed(qpn) => {
-                        let Some(cell) = self.by_qpn.remove(&qpn) else { continue };
+                    QpChange::Destroyed(cell) => {
+                        if self.by_qpn.get(&cell.qpn).is_some_and(|known| Arc::ptr_eq(known, &cell)) {
+                            self.by_qpn.remove(&cell.qpn);
+                        }
                         if cell.marks.waiting.swap(false, Ordering::Relaxed) {
                             self.waiting_on_peer -= 1;
                         }
@@ -825,8 +837,9 @@ impl Progress {
         let mut visiting = std::mem::replace(&mut self.active, ready);
         for cell in visiting.drain(..) {
             cell.marks.active.store(false, Ordering::Relaxed);
-            if !self.by_qpn.contains_key(&cell.qpn) {
-                // Destroyed since: its answers are the lingering list's.
+            // A QP created since the round took in the table's changes is
+            // visited all the same (a post may have put it here).
+            if cell.marks.destroyed.load(Ordering::Acquire) {
                 continue;
             }
             let mut qp = lock(&cell.qp);

@@ -68,3 +68,31 @@ fn two_thousand_qps_with_data_in_flight_all_complete() {
         assert!(!std::mem::replace(&mut done[wc.wr_id as usize], true), "{wc:?} twice");
     }
 }
+
+/// A QP created, connected and posted to while another thread drives the
+/// device's progress (here: one spinning on an empty CQ) is sent from at
+/// once, though the round under way took in the QP table before the QP
+/// existed (it used to drop such a QP from its list and never send).
+#[test]
+fn a_qp_posted_to_while_another_thread_drives_sends_at_once() {
+    let p = NodePair::connected(QpType::Rc, &options(Mtu::Mtu4096));
+    let idle_cq = p.a.ctx.create_cq(16, None).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Bounded, so that a failure below ends the test rather than hangs it.
+            let until = std::time::Instant::now() + WAIT * 4;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < until {
+                assert!(idle_cq.poll_one().is_none());
+            }
+        });
+        for wr_id in 0..200 {
+            let (a, b) = (p.a.qp(QpType::Rc), p.b.qp(QpType::Rc));
+            connect(&a, &b, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+            a.post_send(write(&p, wr_id, 64)).unwrap();
+            let wc = next_wc(&p.a.cq);
+            assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
