@@ -499,6 +499,15 @@ impl Drop for Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // One last full round: what a waiter left owed and what QPs
+        // destroyed just before still had to answer (the ACK of the last
+        // message a program waited for, say) leave before the device does.
+        // Kernel rxe sends an ACK before its completion is seen; without
+        // this a program that exits at once leaves its peer resending
+        // until its retries run out.
+        let mut p = lock(&self.progress);
+        p.quiet_until = Duration::ZERO;
+        p.iterate(&self.shared, None);
     }
 }
 
