@@ -204,7 +204,9 @@ impl QpController {
             return Err(gone());
         }
         lock(&cell.qp).modify(attr, mask)?;
-        ctx.engine.shared.handover.ring();
+        // The engine visits the QP: a move to ERR has flush completions
+        // for its CQs, and nothing else may bring the engine to it.
+        ctx.engine.shared.mark_ready(&cell);
         Ok(())
     }
 }

@@ -201,6 +201,7 @@ fn the_active_side_disconnects() {
     let port = free_port(&[IP_A, IP_B]);
     let (client, server) = (Side::open("cm_dc_client", IP_A, port), Side::open("cm_dc_server", IP_B, port));
     let (id, qp, accepted, server_qp) = connected(&client, &server);
+    server.post_recv(&server_qp, 0);
     id.disconnect().unwrap();
     assert_eq!(qp.state(), QpState::Err);
     // The server hears of it at once; its QP is the program's to stop.
@@ -209,6 +210,10 @@ fn the_active_side_disconnects() {
     assert_eq!(server_qp.state(), QpState::Rts);
     accepted.disconnect().unwrap();
     assert_eq!(server_qp.state(), QpState::Err);
+    // Its posted receive is flushed at once, with no packet or timer to
+    // bring the engine to the QP (rping's completion thread waits for it).
+    let flushed = server.cq.wait_one(WAIT).expect("the receive is flushed");
+    assert_eq!(flushed.status, WcStatus::WrFlushErr);
     expect(&client.channel, CmEventKind::Disconnected);
     assert!(id.disconnect().is_err(), "down already");
     for channel in [&client.channel, &server.channel] {
