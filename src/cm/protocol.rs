@@ -424,6 +424,32 @@ struct Connection {
     orphaned: bool,
 }
 
+impl Connection {
+    /// A connection in `state` with `peer`, under transaction `tid`, for
+    /// `service_id`; nothing else known yet, no timer, nothing to resend.
+    fn new(state: State, peer: MadPeer, tid: u64, service_id: u64) -> Connection {
+        Connection {
+            state,
+            peer,
+            tid,
+            remote_comm_id: 0,
+            remote_ca_guid: 0,
+            local_qpn: 0,
+            remote_qpn: 0,
+            service_id,
+            response_time: Duration::ZERO,
+            retry_wait: Duration::ZERO,
+            ack_timeout: 0,
+            retries_left: 0,
+            deadline: None,
+            resend: None,
+            answer: None,
+            backlog_of: None,
+            orphaned: false,
+        }
+    }
+}
+
 /// A listened service.
 #[derive(Debug, Clone, Copy)]
 struct Listener {
@@ -561,28 +587,31 @@ impl Protocol {
         // trip of two packet lifetimes (the ACK timeout is one lifetime, doubled).
         let response_time = cm_time(self.config.response_timeout) + cm_time(req.local_ack_timeout);
         let connection = Connection {
-            state: State::ReqSent,
-            peer: req.peer,
-            tid,
-            remote_comm_id: 0,
-            remote_ca_guid: 0,
             local_qpn: req.qpn,
-            remote_qpn: 0,
-            service_id: req.service_id,
-            response_time,
-            retry_wait: response_time,
             ack_timeout: req.local_ack_timeout,
-            retries_left: self.config.max_cm_retries,
-            deadline: None,
-            resend: Some(mad),
-            answer: None,
-            backlog_of: None,
-            orphaned: false,
+            ..Connection::new(State::ReqSent, req.peer, tid, req.service_id)
         };
+        Ok(self.open_request(now, id, connection, mad, response_time))
+    }
+
+    /// Files our new request `id` and sends its first message, `mad`, which
+    /// the timer resends every `response_time` until an answer comes.
+    fn open_request(
+        &mut self,
+        now: Instant,
+        id: CommId,
+        connection: Connection,
+        mad: [u8; MAD_LEN],
+        response_time: Duration,
+    ) -> CommId {
+        let peer = connection.peer;
+        let retries_left = self.config.max_cm_retries;
+        let connection =
+            Connection { response_time, retry_wait: response_time, retries_left, resend: Some(mad), ..connection };
         self.ids.insert(id, connection);
-        self.transmit(req.peer, mad);
+        self.transmit(peer, mad);
         self.set_deadline(id, Some(now + response_time));
-        Ok(id)
+        id
     }
 
     /// Answers an [`Event::Request`] with a REP, resent until the RTU comes.
@@ -687,29 +716,8 @@ impl Protocol {
         let message = SidrReqRepr { request_id: id, pkey: req.pkey, service_id: req.service_id, private_data };
         let mad = build(tid, CmMessage::SidrReq(message))?;
         let response_time = cm_time(self.config.response_timeout);
-        let connection = Connection {
-            state: State::SidrReqSent,
-            peer: req.peer,
-            tid,
-            remote_comm_id: 0,
-            remote_ca_guid: 0,
-            local_qpn: 0,
-            remote_qpn: 0,
-            service_id: req.service_id,
-            response_time,
-            retry_wait: response_time,
-            ack_timeout: 0,
-            retries_left: self.config.max_cm_retries,
-            deadline: None,
-            resend: Some(mad),
-            answer: None,
-            backlog_of: None,
-            orphaned: false,
-        };
-        self.ids.insert(id, connection);
-        self.transmit(req.peer, mad);
-        self.set_deadline(id, Some(now + response_time));
-        Ok(id)
+        let connection = Connection::new(State::SidrReqSent, req.peer, tid, req.service_id);
+        Ok(self.open_request(now, id, connection, mad, response_time))
     }
 
     /// Answers an [`Event::SidrRequest`] with a SIDR_REP; the ID is gone.
@@ -880,24 +888,16 @@ impl Protocol {
             return;
         };
         let connection = Connection {
-            state: State::ReqRcvd,
-            peer: from,
-            tid,
             remote_comm_id: req.local_comm_id,
             remote_ca_guid: req.local_ca_guid,
-            local_qpn: 0,
             remote_qpn: req.local_qpn,
-            service_id: req.service_id,
             // The requester said how long it takes to answer our REP.
             response_time: cm_time(req.local_cm_response_timeout),
             retry_wait: cm_time(req.local_cm_response_timeout),
             ack_timeout: req.primary_path.local_ack_timeout,
             retries_left: req.max_cm_retries,
-            deadline: None,
-            resend: None,
-            answer: None,
             backlog_of: Some(req.service_id),
-            orphaned: false,
+            ..Connection::new(State::ReqRcvd, from, tid, req.service_id)
         };
         self.ids.insert(id, connection);
         self.by_remote.insert((req.local_comm_id, req.local_ca_guid), id);
@@ -1212,23 +1212,9 @@ impl Protocol {
             return;
         };
         let connection = Connection {
-            state: State::SidrReqRcvd,
-            peer: from,
-            tid,
             remote_comm_id: req.request_id,
-            remote_ca_guid: 0,
-            local_qpn: 0,
-            remote_qpn: 0,
-            service_id: req.service_id,
-            response_time: Duration::ZERO,
-            retry_wait: Duration::ZERO,
-            ack_timeout: 0,
-            retries_left: 0,
-            deadline: None,
-            resend: None,
-            answer: None,
             backlog_of: Some(req.service_id),
-            orphaned: false,
+            ..Connection::new(State::SidrReqRcvd, from, tid, req.service_id)
         };
         self.ids.insert(id, connection);
         self.sidr_by_remote.insert((req.request_id, from.gid), id);
