@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# Regenerates src/sys.rs, the #[repr(C)] types of <infiniband/verbs.h>, from the
-# header of Debian bookworm's libibverbs-dev 44.0-2 (rdma-core v44.0).
+# Regenerates the #[repr(C)] types the C ABI is built on, from the headers of
+# Debian bookworm's rdma-core 44.0-2 development packages:
+#   src/sys.rs      <infiniband/verbs.h> (libibverbs-dev)
+#   src/cm_sys.rs   <rdma/rdma_cma.h> and the <infiniband/sa.h> path records it
+#                   reaches (librdmacm-dev); <rdma/rdma_verbs.h> adds only
+#                   inline functions over these types and verbs.h's.
 #
-# The output is committed, so building needs neither libclang nor the header.
-# The same inputs give the same file byte for byte: bindgen 0.60.1 (Debian's
+# The output is committed, so building needs neither libclang nor the headers.
+# The same inputs give the same files byte for byte: bindgen 0.60.1 (Debian's
 # `bindgen`, which loads libclang at run time: apt-get install bindgen
-# libclang1-14 libclang-common-14-dev libibverbs-dev) and rustfmt (1.9.0 was
-# used) with the settings below. sys.rs is #[rustfmt::skip]: `cargo fmt` leaves
-# it alone, though another rustfmt may lay out a regeneration differently.
+# libclang1-14 libclang-common-14-dev libibverbs-dev librdmacm-dev) and rustfmt
+# (1.9.0 was used) with the settings below. Both files are #[rustfmt::skip]:
+# `cargo fmt` leaves them alone, though another rustfmt may lay out a
+# regeneration differently. cm_sys.rs does not generate the verbs types again:
+# it takes them from sys.rs (`use crate::sys::*`), which is made first.
 #
-#   tools/regen-sys.sh           rewrite src/sys.rs
-#   tools/regen-sys.sh --check   fail if src/sys.rs differs from a fresh run
+#   tools/regen-sys.sh           rewrite src/sys.rs and src/cm_sys.rs
+#   tools/regen-sys.sh --check   fail if either differs from a fresh run
 #
 # Another bindgen or header version is refused unless REGEN_SYS_ANY_VERSION=1:
 # the layout tests in the output then describe that header, not bookworm's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-header=${VERBS_H:-/usr/include/infiniband/verbs.h}
+verbs_h=${VERBS_H:-/usr/include/infiniband/verbs.h}
+rdma_cma_h=${RDMA_CMA_H:-/usr/include/rdma/rdma_cma.h}
 want_bindgen="bindgen 0.60.1"
-want_verbs="44.0-2"
+want_rdma_core="44.0-2"
 
 mode=write
 case "${1:-}" in
@@ -29,9 +36,13 @@ case "${1:-}" in
 esac
 
 have_bindgen=$(bindgen --version)
-have_verbs=$(dpkg-query -W -f='${Version}' libibverbs-dev 2>/dev/null || echo unknown)
-if [ "$have_bindgen" != "$want_bindgen" ] || [ "$have_verbs" != "$want_verbs" ]; then
-    echo "want $want_bindgen and libibverbs-dev $want_verbs, have $have_bindgen and $have_verbs" >&2
+version_of() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo unknown; }
+have_verbs=$(version_of libibverbs-dev)
+have_rdmacm=$(version_of librdmacm-dev)
+if [ "$have_bindgen" != "$want_bindgen" ] || [ "$have_verbs" != "$want_rdma_core" ] \
+    || [ "$have_rdmacm" != "$want_rdma_core" ]; then
+    echo "want $want_bindgen, libibverbs-dev and librdmacm-dev $want_rdma_core;" \
+        "have $have_bindgen, $have_verbs and $have_rdmacm" >&2
     [ "${REGEN_SYS_ANY_VERSION:-0}" = 1 ] || exit 1
 fi
 # bindgen loads libclang at run time; Debian's bindgen does not depend on it.
@@ -39,14 +50,10 @@ if [ -z "${LIBCLANG_PATH:-}" ] && [ -d /usr/lib/llvm-14/lib ]; then
     export LIBCLANG_PATH=/usr/lib/llvm-14/lib
 fi
 
-# Types only: every struct, union and enum the ibv_*/verbs_* types reach, no
+# Types only: every struct, union and enum the allowlisted types reach, no
 # functions (the library defines them, it does not import them) and no doc
 # comments (they would become doc tests). pthread and timespec come from libc.
-flags=(
-    --allowlist-type '^(_compat_ibv_|ibv_|_ibv_|verbs_).*'
-    --allowlist-var '^(IBV_|VERBS_).*'
-    --blocklist-type '^(pthread_(mutex|cond)_t|__pthread_.*|__atomic_wide_counter.*|timespec|__time_t|__syscall_slong_t)$'
-    --raw-line 'pub use libc::{pthread_cond_t, pthread_mutex_t, timespec};'
+common_flags=(
     --ignore-functions
     --no-prepend-enum-name
     --size_t-is-usize
@@ -55,14 +62,11 @@ flags=(
     --no-rustfmt-bindings
     --disable-header-comment
 )
+libc_types='pthread_(mutex|cond)_t|__pthread_.*|__atomic_wide_counter.*|timespec|__time_t|__syscall_slong_t'
 rustfmt_config="edition=2021,max_width=120,use_small_heuristics=Max"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-
-bindgen "$header" "${flags[@]}" -o "$tmp/bindings.rs"
-# In a temporary directory, so no rustfmt.toml applies but these settings.
-rustfmt --config "$rustfmt_config" "$tmp/bindings.rs"
 
 # Prints a header's leading licence comment (up to the first " */" line) as // lines.
 notice() {
@@ -74,7 +78,48 @@ notice() {
         | sed -e 's#^#// #' -e 's#^// $#//#'
 }
 
-inc=$(dirname "$header")
+# Prints bindgen's flags as comment lines, each option with its arguments.
+flag_lines() {
+    awk '/^--/ { if (line) print line; line = "//   " $0; next } { line = line " '"'"'" $0 "'"'"'" } END { print line }'
+}
+
+# Runs bindgen on HEADER with the remaining arguments as flags, formatted.
+generate() {
+    local header=$1
+    shift
+    bindgen "$header" "$@" "${common_flags[@]}" -o "$tmp/bindings.rs"
+    # In a temporary directory, so no rustfmt.toml applies but these settings.
+    rustfmt --config "$rustfmt_config" "$tmp/bindings.rs"
+}
+
+# The file's lint allowances, then the generated bindings.
+body() {
+    echo
+    echo "#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]"
+    echo "#![allow(clippy::all, clippy::pedantic)]"
+    echo
+    cat "$tmp/bindings.rs"
+}
+
+# Writes src/NAME, or with --check compares it with the fresh $tmp/NAME.
+finish() {
+    if [ "$mode" = check ]; then
+        diff -u "src/$1" "$tmp/$1"
+        echo "src/$1 is up to date"
+    else
+        cp "$tmp/$1" "src/$1"
+        echo "wrote src/$1 ($(wc -l <"src/$1") lines)"
+    fi
+}
+
+verbs_flags=(
+    --allowlist-type '^(_compat_ibv_|ibv_|_ibv_|verbs_).*'
+    --allowlist-var '^(IBV_|VERBS_).*'
+    --blocklist-type "^($libc_types)\$"
+    --raw-line 'pub use libc::{pthread_cond_t, pthread_mutex_t, timespec};'
+)
+generate "$verbs_h" "${verbs_flags[@]}"
+inc=$(dirname "$verbs_h")
 {
     echo "// @generated by cabi/tools/regen-sys.sh: do not edit."
     echo "//"
@@ -82,23 +127,37 @@ inc=$(dirname "$header")
     echo "// <infiniband/verbs_api.h> and <infiniband/ib_user_ioctl_verbs.h> it includes, by $have_bindgen"
     echo "// (libclang 14) and rustfmt --config $rustfmt_config."
     echo "// bindgen flags:"
-    printf '%s\n' "${flags[@]}" | awk '/^--/ { if (line) print line; line = "//   " $0; next } { line = line " '"'"'" $0 "'"'"'" } END { print line }'
+    printf '%s\n' "${verbs_flags[@]}" "${common_flags[@]}" | flag_lines
     echo "//"
     echo "// These declarations are derived from those headers, whose notices follow."
-    notice "infiniband/verbs.h" "$header"
+    notice "infiniband/verbs.h" "$verbs_h"
     notice "infiniband/verbs_api.h" "$inc/verbs_api.h"
     notice "infiniband/ib_user_ioctl_verbs.h" "$inc/ib_user_ioctl_verbs.h"
-    echo
-    echo "#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]"
-    echo "#![allow(clippy::all, clippy::pedantic)]"
-    echo
-    cat "$tmp/bindings.rs"
+    body
 } >"$tmp/sys.rs"
+finish sys.rs
 
-if [ "$mode" = check ]; then
-    diff -u src/sys.rs "$tmp/sys.rs"
-    echo "src/sys.rs is up to date"
-else
-    cp "$tmp/sys.rs" src/sys.rs
-    echo "wrote src/sys.rs ($(wc -l <src/sys.rs) lines)"
-fi
+# Every type sys.rs defines (bindgen's numbered anonymous enums aside, whose
+# names are per file): cm_sys.rs takes them from there.
+verbs_types=$(grep -oP '^pub (struct|union|type) \K\w+' "$tmp/sys.rs" | grep -v '^_bindgen_ty' | paste -sd '|')
+cm_flags=(
+    --allowlist-type '^(rdma_|ibv_sa_|ibv_path_).*'
+    --allowlist-var '^(RDMA_|RAI_).*'
+    --blocklist-type "^($verbs_types|$libc_types)\$"
+    --raw-line 'use crate::sys::*;'
+)
+generate "$rdma_cma_h" "${cm_flags[@]}"
+{
+    echo "// @generated by cabi/tools/regen-sys.sh: do not edit."
+    echo "//"
+    echo "// From <rdma/rdma_cma.h> of Debian bookworm's librdmacm-dev $have_rdmacm (rdma-core v44.0) and the"
+    echo "// <infiniband/sa.h> it includes, by $have_bindgen (libclang 14) and rustfmt --config $rustfmt_config."
+    echo "// bindgen flags (the blocklist: the types of src/sys.rs):"
+    printf '%s\n' "${cm_flags[@]}" "${common_flags[@]}" | sed "s#$verbs_types#<sys.rs types>#" | flag_lines
+    echo "//"
+    echo "// These declarations are derived from those headers, whose notices follow."
+    notice "rdma/rdma_cma.h" "$rdma_cma_h"
+    notice "infiniband/sa.h" "$(dirname "$rdma_cma_h")/../infiniband/sa.h"
+    body
+} >"$tmp/cm_sys.rs"
+finish cm_sys.rs
