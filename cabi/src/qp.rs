@@ -572,6 +572,29 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
 }
 symver!(ibv_modify_qp);
 
+/// The attributes of `q` that have a field of their own in `ibv_qp_attr`; the
+/// rest (address vector, capabilities, current state) is each caller's.
+pub(crate) fn qp_attr_to_ibv(q: &QpAttr) -> ibv_qp_attr {
+    // SAFETY: all zeros is a valid ibv_qp_attr.
+    let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    out.qp_state = qp_state_to_ibv(q.state);
+    out.path_mtu = q.path_mtu as ibv_mtu;
+    out.qkey = q.qkey;
+    out.rq_psn = q.rq_psn.value();
+    out.sq_psn = q.sq_psn.value();
+    out.dest_qp_num = q.dest_qpn;
+    out.qp_access_flags = q.access_flags.bits();
+    out.pkey_index = q.pkey_index;
+    out.max_rd_atomic = q.max_rd_atomic;
+    out.max_dest_rd_atomic = q.max_dest_rd_atomic;
+    out.min_rnr_timer = q.min_rnr_timer;
+    out.port_num = q.port;
+    out.timeout = q.timeout;
+    out.retry_cnt = q.retry_cnt;
+    out.rnr_retry = q.rnr_retry;
+    out
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ibv_qp,
@@ -586,28 +609,12 @@ pub unsafe extern "C" fn ibv_query_qp(
         }
         let q = found.qp.query();
         let cap = cap_to_ibv(found.qp.cap());
-        // SAFETY: all zeros is a valid ibv_qp_attr.
-        let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        out.qp_state = qp_state_to_ibv(q.state);
+        let mut out = qp_attr_to_ibv(&q);
         out.cur_qp_state = out.qp_state;
-        out.path_mtu = q.path_mtu as ibv_mtu;
-        out.qkey = q.qkey;
-        out.rq_psn = q.rq_psn.value();
-        out.sq_psn = q.sq_psn.value();
-        out.dest_qp_num = q.dest_qpn;
-        out.qp_access_flags = q.access_flags.bits();
         out.cap = cap;
         out.ah_attr = *found.ah_attr.lock().unwrap_or_else(|e| e.into_inner());
-        out.pkey_index = q.pkey_index;
         out.en_sqd_async_notify = q.en_sqd_async_notify.into();
         out.sq_draining = u8::from(q.state == QpState::Sqd);
-        out.max_rd_atomic = q.max_rd_atomic;
-        out.max_dest_rd_atomic = q.max_dest_rd_atomic;
-        out.min_rnr_timer = q.min_rnr_timer;
-        out.port_num = q.port;
-        out.timeout = q.timeout;
-        out.retry_cnt = q.retry_cnt;
-        out.rnr_retry = q.rnr_retry;
         let base = &found.ibv.qp_base;
         let init = ibv_qp_init_attr {
             qp_context: base.qp_context,

@@ -14,7 +14,7 @@ use softroce::verbs::Gid;
 use super::id::{create_id, fail, locked, with_id, Id};
 use crate::cm_sys::*;
 use crate::guard::guard_void;
-use crate::qp::{qp_state_from_ibv, qp_state_to_ibv, Qp};
+use crate::qp::{qp_state_from_ibv, Qp};
 use crate::sys::*;
 use crate::{cq, qp, srq};
 
@@ -265,23 +265,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
             Ok(found) => found,
             Err(e) => return fail(e.errno()),
         };
-        // SAFETY: all zeros is an empty ibv_qp_attr.
-        *out = unsafe { std::mem::zeroed() };
-        out.qp_state = qp_state_to_ibv(attr.state);
-        out.qp_access_flags = attr.access_flags.bits();
-        out.pkey_index = attr.pkey_index;
-        out.port_num = attr.port;
-        out.qkey = attr.qkey;
-        out.path_mtu = attr.path_mtu as ibv_mtu;
-        out.timeout = attr.timeout;
-        out.retry_cnt = attr.retry_cnt;
-        out.rnr_retry = attr.rnr_retry;
-        out.rq_psn = attr.rq_psn.value();
-        out.sq_psn = attr.sq_psn.value();
-        out.max_rd_atomic = attr.max_rd_atomic;
-        out.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-        out.min_rnr_timer = attr.min_rnr_timer;
-        out.dest_qp_num = attr.dest_qpn;
+        *out = qp::qp_attr_to_ibv(&attr);
         if let Some(dest) = attr.dest {
             out.ah_attr = super::event::ah_attr_to(found, Gid::from_ip(dest));
         }
