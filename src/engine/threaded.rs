@@ -378,15 +378,32 @@ impl Engine {
         self.release(p);
     }
 
-    /// One full round from this thread if nobody else is driving, else a
-    /// doorbell: for a thread that just changed what the QPs owe (a destroy
-    /// whose QP still has an ACK to send) and is not going to wait, so the
-    /// engine keeps off only as after a post (a whole handover would delay
-    /// every packet that arrives meanwhile, a connection's handshake say).
+    /// One full round from this thread, for a thread that just changed what
+    /// the QPs owe (a destroy whose QP still has an ACK to send) and is not
+    /// going to wait: the engine keeps off only as after a post (a whole
+    /// handover would delay every packet that arrives meanwhile, a
+    /// connection's handshake say). If another thread drives, it is rung and
+    /// this one takes over as soon as it lets go, for
+    /// [`Tuning::destroy_wait`] at most: a program that destroys its QP and
+    /// exits must not leave before the ACK does, as kernel rxe's destroy
+    /// waits for its tasks (an rping client in the stock rows did).
     pub fn progress_now(&self) {
-        let Some(mut p) = try_lock(&self.progress) else {
-            self.shared.handover.ring();
-            return;
+        let mut p = match try_lock(&self.progress) {
+            Some(p) => p,
+            None => {
+                self.shared.handover.ring();
+                let deadline = Instant::now() + self.tuning.destroy_wait;
+                loop {
+                    std::thread::yield_now();
+                    if let Some(p) = try_lock(&self.progress) {
+                        break p;
+                    }
+                    // A waiter that drives holds on: the ring had it send.
+                    if Instant::now() >= deadline {
+                        return;
+                    }
+                }
+            }
         };
         p.iterate(&self.shared, None);
         let released_at = self.release(p);

@@ -78,6 +78,9 @@ pub(crate) struct Tuning {
     pub(crate) quiet_span: Duration,
     /// The longest the engine sleeps: it re-reads the QP table at least this often.
     pub(crate) idle: Duration,
+    /// How long a destroy waits for the thread driving progress to let go,
+    /// so that it sends its QP's last answers itself before it returns.
+    pub(crate) destroy_wait: Duration,
     /// How long a destroyed RC QP answers resends of its last messages.
     pub(crate) linger: Duration,
     /// Destroyed QPs lingering at most, so churn cannot pile them up.
@@ -101,6 +104,7 @@ impl Default for Tuning {
             yield_after: Duration::from_micros(10),
             quiet_span: Duration::from_micros(20),
             idle: Duration::from_millis(100),
+            destroy_wait: Duration::from_millis(2),
             linger: Duration::from_secs(1),
             max_lingering: 1024,
         }
