@@ -130,7 +130,7 @@ impl Pair {
 /// Hands every packet `from` has to `to`.
 fn deliver(from: &mut Side, to: &mut Side, buf: &mut [u8], now: Duration) -> usize {
     let mut moved = 0;
-    while let Some(tx) = from.qp.poll_transmit(now, &from.mem, buf, TransmitOrder::ResponsesFirst) {
+    while let Some(tx) = from.qp.poll_transmit(now, &mut from.mem, buf, TransmitOrder::ResponsesFirst) {
         let pkt = RoceRepr::parse(&buf[..tx.len]).expect("the QP emits valid packets");
         let incoming = Incoming {
             src: from.addr,
@@ -175,7 +175,9 @@ fn packets(c: &mut Criterion) {
     let remote = SendOp::RdmaWrite { remote_addr: VA + (2 << 20), rkey: KEY };
     pair.a.qp.post_send(request(remote, 3 * 4096)).expect("post_send");
     let mut packets = Vec::new();
-    while let Some(tx) = pair.a.qp.poll_transmit(pair.now, &pair.a.mem, &mut pair.buf, TransmitOrder::ResponsesFirst) {
+    while let Some(tx) =
+        pair.a.qp.poll_transmit(pair.now, &mut pair.a.mem, &mut pair.buf, TransmitOrder::ResponsesFirst)
+    {
         packets.push(pair.buf[..tx.len].to_vec());
     }
     let middle = &packets[1];

@@ -27,8 +27,8 @@ use std::time::Duration;
 #[cfg(fuzzing)]
 use arbitrary::Arbitrary;
 use softroce::transport::{
-    grh_area, Access, AsyncEvent, AtomicOp, CqKind, Incoming, MemError, Memory, MemoryTable, Mtu, Qp, QpAttr, QpCap,
-    QpState, QpType, RecvWr, Region, Sge, TransmitOrder, WcOpcode, WcStatus, TRANSMIT_HEADROOM,
+    grh_area, Access, AsyncEvent, AtomicOp, CqKind, Incoming, KeyUser, MemError, Memory, MemoryTable, Mtu, MwBind, Qp,
+    QpAttr, QpCap, QpState, QpType, RecvWr, Region, Sge, TransmitOrder, WcOpcode, WcStatus, TRANSMIT_HEADROOM,
 };
 use softroce::wire::opcode::{Position, OPERATIONS};
 use softroce::wire::{
@@ -310,12 +310,12 @@ impl Audited<'_> {
 }
 
 impl Memory for Audited<'_> {
-    fn check(&self, key: u32, pd: u32, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
-        self.table.check(key, pd, addr, len, access)
+    fn check(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
+        self.table.check(key, user, addr, len, access)
     }
 
-    fn read(&self, key: u32, pd: u32, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
-        self.table.read(key, pd, addr, out, access)?;
+    fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
+        self.table.read(key, user, addr, out, access)?;
         assert_eq!(access, Access::REMOTE_READ, "a QP that posts no sends reads only for READ responses");
         let len = out.len();
         assert!(
@@ -325,8 +325,8 @@ impl Memory for Audited<'_> {
         Ok(())
     }
 
-    fn write(&mut self, key: u32, pd: u32, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {
-        self.table.write(key, pd, addr, data, access)?;
+    fn write(&mut self, key: u32, user: KeyUser, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {
+        self.table.write(key, user, addr, data, access)?;
         let len = data.len();
         if access == Access::REMOTE_WRITE {
             assert!(
@@ -347,8 +347,8 @@ impl Memory for Audited<'_> {
         Ok(())
     }
 
-    fn atomic(&mut self, key: u32, pd: u32, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
-        let original = self.table.atomic(key, pd, addr, op)?;
+    fn atomic(&mut self, key: u32, user: KeyUser, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
+        let original = self.table.atomic(key, user, addr, op)?;
         let header = &self.current().header;
         let eth = header.atomic_eth.expect("an atomic runs only for an atomic request");
         let asked = match header.bth.opcode.operation() {
@@ -360,12 +360,16 @@ impl Memory for Audited<'_> {
         Ok(original)
     }
 
-    fn invalidate(&mut self, rkey: u32, pd: u32) -> Result<(), MemError> {
-        self.table.invalidate(rkey, pd)?;
+    fn invalidate(&mut self, rkey: u32, user: KeyUser) -> Result<(), MemError> {
+        self.table.invalidate(rkey, user)?;
         assert_eq!(self.current().header.ieth, Some(rkey), "invalidated a key no IETH named");
         self.grants.invalidated.push(rkey);
         self.grants.changed = true;
         Ok(())
+    }
+
+    fn bind_window(&mut self, _: KeyUser, _: &MwBind) -> Result<(), MemError> {
+        panic!("a QP that posts no sends binds no window")
     }
 }
 
@@ -636,8 +640,9 @@ impl Responder {
     fn transmit(&mut self, limit: usize) {
         let mut sent = 0;
         while sent < limit {
-            let mem = Audited { table: &mut self.mem, grants: &mut self.grants };
-            let Some(tx) = self.qp.poll_transmit(self.now, &mem, &mut self.buf, TransmitOrder::ResponsesFirst) else {
+            let mut mem = Audited { table: &mut self.mem, grants: &mut self.grants };
+            let Some(tx) = self.qp.poll_transmit(self.now, &mut mem, &mut self.buf, TransmitOrder::ResponsesFirst)
+            else {
                 break;
             };
             sent += 1;

@@ -52,7 +52,7 @@ impl Egress<'_> {
     pub(crate) fn transmit(
         &mut self,
         qp: &mut Qp,
-        mem: &dyn Memory,
+        mem: &mut dyn Memory,
         now: Duration,
         limit: usize,
         order: TransmitOrder,

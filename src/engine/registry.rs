@@ -2,9 +2,10 @@
 //! raw ranges of the process's memory, checked on every access.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
-use crate::transport::memory::{offset_in, permit};
-use crate::transport::{Access, AtomicOp, MemError, Memory};
+use crate::transport::memory::{offset_in, permit, BindTarget, KeyUser, WindowTable};
+use crate::transport::{Access, AtomicOp, MemError, Memory, MwBind};
 
 /// A registered range of process memory.
 #[derive(Debug, Clone, Copy)]
@@ -37,12 +38,16 @@ impl RawRegion {
     }
 }
 
-/// Regions by key (lkey and rkey are the same number, as in rxe). Every
-/// packet with a payload looks its key up, and the keys are this device's
-/// own, so a plain multiplicative hash will do where SipHash cost ~20 ns.
+/// Regions by key (lkey and rkey are the same number, as in rxe) and memory
+/// windows. Every packet with a payload looks its key up, and the keys are
+/// this device's own, so a plain multiplicative hash will do where SipHash
+/// cost ~20 ns. Windows change under the registry's read lock (a bind or
+/// invalidate is part of an engine step), so they have a lock of their own;
+/// only window keys take it.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     regions: rustc_hash::FxHashMap<u32, RawRegion>,
+    windows: Mutex<WindowTable>,
 }
 
 impl Registry {
@@ -56,8 +61,10 @@ impl Registry {
         self.regions.insert(key, region);
     }
 
-    /// Deregisters the region with `key` and returns it, if there was one.
+    /// Deregisters the region with `key` and returns it, if there was one;
+    /// windows bound to it are unbound.
     pub(crate) fn remove(&mut self, key: u32) -> Option<RawRegion> {
+        self.windows_mut().unbind_region(key);
         self.regions.remove(&key)
     }
 
@@ -66,10 +73,27 @@ impl Registry {
         self.regions.contains_key(&key)
     }
 
-    fn lookup(&self, key: u32, pd: u32, access: Access) -> Result<&RawRegion, MemError> {
-        let region = self.regions.get(&key).ok_or(MemError::InvalidKey(key))?;
-        permit(region.pd, region.access, pd, access)?;
-        Ok(region)
+    /// The windows, to allocate, free and inspect them.
+    pub(crate) fn windows_mut(&mut self) -> &mut WindowTable {
+        self.windows.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn windows(&self) -> MutexGuard<'_, WindowTable> {
+        self.windows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where `[addr, addr + len)` of the memory `key` names is, checked for
+    /// `user` and `access`.
+    fn locate(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<*mut u8, MemError> {
+        let region = if WindowTable::is_window_key(key) && access.is_remote() {
+            let region_key = self.windows().resolve(key, user, addr, len, access)?;
+            self.regions.get(&region_key).ok_or(MemError::InvalidKey(key))?
+        } else {
+            let region = self.regions.get(&key).ok_or(MemError::InvalidKey(key))?;
+            permit(region.pd, region.access, user.pd, access)?;
+            region
+        };
+        region.range(addr, len)
     }
 }
 
@@ -78,12 +102,12 @@ impl Registry {
 pub(crate) struct RegistryAccess<'a>(pub(crate) &'a Registry);
 
 impl Memory for RegistryAccess<'_> {
-    fn check(&self, key: u32, pd: u32, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
-        self.0.lookup(key, pd, access)?.range(addr, len).map(|_| ())
+    fn check(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
+        self.0.locate(key, user, addr, len, access).map(|_| ())
     }
 
-    fn read(&self, key: u32, pd: u32, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
-        let src = self.0.lookup(key, pd, access)?.range(addr, out.len() as u64)?;
+    fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
+        let src = self.0.locate(key, user, addr, out.len() as u64, access)?;
         // SAFETY: `src` has `out.len()` registered bytes. The application may
         // write them concurrently, as with any RDMA device: bytes, not Rust
         // references, are shared.
@@ -91,8 +115,8 @@ impl Memory for RegistryAccess<'_> {
         Ok(())
     }
 
-    fn write(&mut self, key: u32, pd: u32, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {
-        let dst = self.0.lookup(key, pd, access)?.range(addr, data.len() as u64)?;
+    fn write(&mut self, key: u32, user: KeyUser, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {
+        let dst = self.0.locate(key, user, addr, data.len() as u64, access)?;
         let Some((&last, body)) = data.split_last() else { return Ok(()) };
         // SAFETY: as in `read`. The last byte is stored after the rest, with
         // release ordering: programs such as `ib_write_lat` poll the last
@@ -104,12 +128,11 @@ impl Memory for RegistryAccess<'_> {
         Ok(())
     }
 
-    fn atomic(&mut self, key: u32, pd: u32, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
+    fn atomic(&mut self, key: u32, user: KeyUser, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
         if !addr.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
-        let region = self.0.lookup(key, pd, Access::REMOTE_ATOMIC)?;
-        let ptr = region.range(addr, 8)?;
+        let ptr = self.0.locate(key, user, addr, 8, Access::REMOTE_ATOMIC)?;
         if !(ptr as usize).is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
@@ -126,10 +149,23 @@ impl Memory for RegistryAccess<'_> {
         })
     }
 
-    fn invalidate(&mut self, _rkey: u32, _pd: u32) -> Result<(), MemError> {
-        // Remote invalidation needs memory windows or fast-registration MRs,
-        // which softroce does not have: plain MRs cannot be invalidated
-        // remotely (IBTA o10-37), so the request fails.
+    fn invalidate(&mut self, rkey: u32, user: KeyUser) -> Result<(), MemError> {
+        if WindowTable::is_window_key(rkey) {
+            return self.0.windows().invalidate(rkey, user);
+        }
+        // Regions are never invalidated: softroce has no fast-registration
+        // MRs, and a plain MR cannot be invalidated (IBTA o10-37; rxe
+        // refuses a user MR too).
         Err(MemError::AccessDenied)
+    }
+
+    fn bind_window(&mut self, user: KeyUser, bind: &MwBind) -> Result<(), MemError> {
+        let target = self.0.regions.get(&bind.mr_lkey).map(|r| BindTarget {
+            pd: r.pd,
+            addr: r.iova,
+            len: r.len as u64,
+            access: r.access,
+        });
+        self.0.windows().bind(user, bind, target)
     }
 }

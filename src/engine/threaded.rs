@@ -796,7 +796,7 @@ impl Progress {
                 // a requester whose window is the peer's small socket
                 // buffer would otherwise stop and wait for every round.
                 acked_at = handled;
-                self.out.egress().transmit(qp, &mem, now, usize::MAX, TransmitOrder::ResponsesOnly);
+                self.out.egress().transmit(qp, &mut mem, now, usize::MAX, TransmitOrder::ResponsesOnly);
                 self.out.link.flush();
             }
             if let Some(answered) = answered {
@@ -1067,7 +1067,7 @@ fn transmit(
     order: TransmitOrder,
 ) -> usize {
     let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-    out.egress().transmit(qp, &RegistryAccess(&registry), now, limit, order)
+    out.egress().transmit(qp, &mut RegistryAccess(&registry), now, limit, order)
 }
 
 #[cfg(test)]

@@ -224,7 +224,7 @@ impl<L: Link> World<L> {
         let mut out = Egress { link: &mut self.net, locals: std::slice::from_ref(&host.addr), buf: &mut self.buf };
         let mut sent = false;
         for qp in host.qps.values_mut() {
-            sent |= out.transmit(qp, &host.mem, now, usize::MAX, TransmitOrder::ResponsesFirst) > 0;
+            sent |= out.transmit(qp, &mut host.mem, now, usize::MAX, TransmitOrder::ResponsesFirst) > 0;
         }
         sent
     }

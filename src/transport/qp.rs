@@ -22,7 +22,7 @@ use std::time::Duration;
 use tracing::debug;
 
 use super::attr::{check_modify, AttrMask, ModifyError, QpAttr, QpState};
-use super::memory::Memory;
+use super::memory::{KeyUser, Memory};
 use super::queue::{CqKind, Incoming, Transmit, Wqe, TRANSMIT_HEADROOM};
 use super::srq::{PostRecvError, Srq};
 use super::timer::{Timer, TimerTable};
@@ -381,6 +381,11 @@ impl Qp {
         self.cap
     }
 
+    /// Who this QP's keys are checked for.
+    fn key_user(&self) -> KeyUser {
+        KeyUser { pd: self.pd, qpn: self.qpn }
+    }
+
     /// Moves to `to`, doing what entering that state entails.
     fn enter(&mut self, to: QpState) {
         let from = self.attr.state;
@@ -468,8 +473,9 @@ impl Qp {
         }
         let supported = match self.qp_type {
             QpType::Rc => true,
-            // UC has no SEND_WITH_INVALIDATE opcodes.
-            QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::SendWithInv(_)),
+            // UC has no SEND_WITH_INVALIDATE opcodes, and binds windows but
+            // invalidates none (rxe's opcode table).
+            QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::SendWithInv(_) | SendOp::LocalInv(_)),
             QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)),
         };
         if !supported {
@@ -551,7 +557,7 @@ impl Qp {
     pub fn poll_transmit(
         &mut self,
         now: Duration,
-        mem: &dyn Memory,
+        mem: &mut dyn Memory,
         buf: &mut [u8],
         order: TransmitOrder,
     ) -> Option<Transmit> {

@@ -37,6 +37,11 @@ impl Access {
     pub const REMOTE_READ: Access = Access(1 << 2);
     /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics on it.
     pub const REMOTE_ATOMIC: Access = Access(1 << 3);
+    /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region
+    /// (IBTA C10-73); meaningless on a window itself.
+    pub const MW_BIND: Access = Access(1 << 4);
+    /// The rights a peer uses: READ, WRITE, atomics.
+    const REMOTE: Access = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0);
 
     /// The `ibv_access_flags` bits.
     pub const fn bits(self) -> u32 {
@@ -45,7 +50,7 @@ impl Access {
 
     /// Rights from `ibv_access_flags` bits; bits we do not know are refused.
     pub const fn from_bits(bits: u32) -> Option<Access> {
-        if bits & !0xf == 0 {
+        if bits & !0x1f == 0 {
             Some(Access(bits))
         } else {
             None
@@ -60,6 +65,12 @@ impl Access {
     /// Whether every right in `other` is granted.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
+    }
+
+    /// Whether a peer's request asks for this: only such accesses may name
+    /// a memory window, whose keys are remote keys only.
+    pub const fn is_remote(self) -> bool {
+        self.0 & Access::REMOTE.0 != 0
     }
 }
 
@@ -77,6 +88,7 @@ impl fmt::Debug for Access {
             (Access::REMOTE_WRITE, "REMOTE_WRITE"),
             (Access::REMOTE_READ, "REMOTE_READ"),
             (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+            (Access::MW_BIND, "MW_BIND"),
         ];
         let set: Vec<&str> = names.iter().filter(|(a, _)| self.contains(*a)).map(|(_, n)| *n).collect();
         write!(f, "Access({})", set.join("|"))
@@ -102,8 +114,15 @@ pub enum SendOp {
     /// `IBV_WR_SEND_WITH_IMM`: a SEND carrying this 32-bit immediate (ImmDt) to
     /// the receive completion.
     SendWithImm(u32),
-    /// SEND that invalidates the given R_Key at the responder.
+    /// `IBV_WR_SEND_WITH_INV`: a SEND that invalidates the given R_Key (a
+    /// type 2 memory window's) at the responder (RC only).
     SendWithInv(u32),
+    /// `IBV_WR_BIND_MW`: binds a memory window to a range of a local MR. A
+    /// local operation: it sends nothing and completes in send-queue order.
+    BindMw(MwBind),
+    /// `IBV_WR_LOCAL_INV`: invalidates a type 2 memory window bound through
+    /// this QP, by its R_Key (a local operation).
+    LocalInv(u32),
     /// `IBV_WR_RDMA_WRITE`: writes the data into the peer's memory; consumes no
     /// receive.
     RdmaWrite {
@@ -160,6 +179,12 @@ impl SendOp {
         matches!(self, SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
+    /// A bind or a local invalidate: done by the requester itself, never on
+    /// the wire.
+    pub const fn is_local(self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv(_))
+    }
+
     /// Compare-and-swap or fetch-and-add.
     pub const fn is_atomic(self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
@@ -173,8 +198,32 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
         }
     }
+}
+
+/// What `IBV_WR_BIND_MW` asks (`ibv_mw_bind_info` plus the keys): the
+/// window named by `mw_rkey` opens `[addr, addr + length)` of the MR named
+/// by `mr_lkey`, with `access`, and answers to `rkey` from then on. A type 1
+/// window bound with length 0 is unbound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window's R_Key as it stands: a bind naming an older key fails.
+    pub mw_rkey: u32,
+    /// The window's R_Key once bound: its index (upper 24 bits) stays, the
+    /// low byte is the consumer's (`ibv_inc_rkey` of the old one, usually).
+    pub rkey: u32,
+    /// Local key of the MR the window opens (ignored when `length` is 0).
+    pub mr_lkey: u32,
+    /// Address of the window's first byte, inside the MR.
+    pub addr: u64,
+    /// Length of the window in bytes.
+    pub length: u64,
+    /// The remote rights it grants; READ alone needs nothing of the MR,
+    /// WRITE and atomics need the MR's LOCAL_WRITE (IBTA C10-74).
+    pub access: Access,
 }
 
 /// Where a UD send goes: the address vector of an address handle plus the
@@ -291,6 +340,9 @@ pub enum WcStatus {
     /// `IBV_WC_WR_FLUSH_ERR`: the request was outstanding when the QP entered
     /// ERR, or was posted in ERR.
     WrFlushErr = 5,
+    /// `IBV_WC_MW_BIND_ERR`: a memory window bind broke a rule (window, MR,
+    /// protection domain, rights, bounds or state).
+    MwBindErr = 6,
     /// `IBV_WC_BAD_RESP_ERR`: a malformed response, e.g. a READ response of the
     /// wrong length.
     BadRespErr = 7,
@@ -327,6 +379,7 @@ impl WcStatus {
             WcStatus::LocQpOpErr => "local QP operation error",
             WcStatus::LocProtErr => "local protection error",
             WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
             WcStatus::BadRespErr => "bad response error",
             WcStatus::LocAccessErr => "local access error",
             WcStatus::RemInvReqErr => "remote invalid request error",
@@ -354,6 +407,10 @@ pub enum WcOpcode {
     CompSwap = 3,
     /// `IBV_WC_FETCH_ADD`.
     FetchAdd = 4,
+    /// `IBV_WC_BIND_MW`: a memory window bind.
+    BindMw = 5,
+    /// `IBV_WC_LOCAL_INV`: a local invalidate.
+    LocalInv = 6,
     /// `IBV_WC_RECV`: a receive consumed by a SEND.
     Recv = 128,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`: a receive consumed by a WRITE with immediate

@@ -221,7 +221,8 @@ impl Device {
             atomic_cap: AtomicCap::Hca,
             max_ee: 0,
             max_rdd: 0,
-            max_mw: 0,
+            // rxe's RXE_MAX_MW.
+            max_mw: 0x1000,
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
             // rxe offers 8192 groups; softroce has no multicast.
@@ -432,12 +433,16 @@ impl DeviceCapFlags {
     pub const RC_RNR_NAK_GEN: DeviceCapFlags = DeviceCapFlags(1 << 12);
     /// `IBV_DEVICE_SRQ_RESIZE`: SRQs can be resized.
     pub const SRQ_RESIZE: DeviceCapFlags = DeviceCapFlags(1 << 13);
+    /// `IBV_DEVICE_MEM_WINDOW`: memory windows.
+    pub const MEM_WINDOW: DeviceCapFlags = DeviceCapFlags(1 << 17);
     /// `IBV_DEVICE_MEM_MGT_EXTENSIONS`: fast registration, local invalidate and
     /// memory windows. rxe reports it; softroce does not.
     pub const MEM_MGT_EXTENSIONS: DeviceCapFlags = DeviceCapFlags(1 << 21);
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`: type 2 windows bound to one QP.
+    pub const MEM_WINDOW_TYPE_2B: DeviceCapFlags = DeviceCapFlags(1 << 24);
 
     /// Names in bit order, as `ibv_devinfo -v` lists them.
-    pub const NAMES: [(DeviceCapFlags, &'static str); 10] = [
+    pub const NAMES: [(DeviceCapFlags, &'static str); 12] = [
         (DeviceCapFlags::BAD_PKEY_CNTR, "BAD_PKEY_CNTR"),
         (DeviceCapFlags::BAD_QKEY_CNTR, "BAD_QKEY_CNTR"),
         (DeviceCapFlags::AUTO_PATH_MIG, "AUTO_PATH_MIG"),
@@ -447,13 +452,20 @@ impl DeviceCapFlags {
         (DeviceCapFlags::SYS_IMAGE_GUID, "SYS_IMAGE_GUID"),
         (DeviceCapFlags::RC_RNR_NAK_GEN, "RC_RNR_NAK_GEN"),
         (DeviceCapFlags::SRQ_RESIZE, "SRQ_RESIZE"),
+        (DeviceCapFlags::MEM_WINDOW, "MEM_WINDOW"),
         (DeviceCapFlags::MEM_MGT_EXTENSIONS, "MEM_MGT_EXTENSIONS"),
+        (DeviceCapFlags::MEM_WINDOW_TYPE_2B, "MEM_WINDOW_TYPE_2B"),
     ];
 
     /// What a softroce device reports: rxe's flags except
     /// MEM_MGT_EXTENSIONS, since softroce has no fast-registration MRs.
     pub const SOFTROCE: DeviceCapFlags = DeviceCapFlags(
-        Self::UD_AV_PORT_ENFORCE.0 | Self::PORT_ACTIVE_EVENT.0 | Self::SYS_IMAGE_GUID.0 | Self::RC_RNR_NAK_GEN.0,
+        Self::UD_AV_PORT_ENFORCE.0
+            | Self::PORT_ACTIVE_EVENT.0
+            | Self::SYS_IMAGE_GUID.0
+            | Self::RC_RNR_NAK_GEN.0
+            | Self::MEM_WINDOW.0
+            | Self::MEM_WINDOW_TYPE_2B.0,
     );
 
     /// The `ibv_device_cap_flags` bits.

@@ -14,6 +14,7 @@
 //! Device --Context::open--> Context: engine thread, UDP socket on the device's addresses
 //!                             |-- alloc_pd ------------> ProtectionDomain
 //!                             |                           |-- alloc_mr, reg_mr -> MemoryRegion (addr, lkey, rkey)
+//!                             |                           |-- alloc_mw --------> MemoryWindow (bound by a send WR)
 //!                             |                           |-- create_qp -------> QueuePair (on CQs, maybe an SRQ)
 //!                             |                           |-- create_srq ------> SharedReceiveQueue
 //!                             |                           '-- create_ah -------> AddressHandle (a UD destination)
@@ -43,6 +44,7 @@ mod error;
 pub mod gid;
 #[allow(unsafe_code)]
 mod mr;
+mod mw;
 #[allow(unsafe_code)]
 mod pd;
 mod qp;
@@ -58,6 +60,7 @@ pub use endpoint::Endpoint;
 pub use error::{Error, Result};
 pub use gid::Gid;
 pub use mr::{MemoryRegion, RemoteRegion};
+pub use mw::{MemoryWindow, WindowType};
 pub use pd::{ProtectionDomain, QpBuilder, GSI_QKEY, GSI_QPN};
 pub(crate) use qp::QpController;
 pub use qp::{AckTimeout, ConnectOptions, QueuePair};
@@ -65,7 +68,7 @@ pub use srq::SharedReceiveQueue;
 // The transport's value types that verbs calls take and return, so that a
 // program imports everything from here.
 pub use crate::transport::{
-    Access, AsyncEvent, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
-    WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+    Access, AsyncEvent, AttrMask, Mtu, MwBind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    UdDest, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
 };
 pub use crate::wire::Psn;

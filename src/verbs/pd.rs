@@ -1,6 +1,7 @@
 //! Protection domains (`ibv_pd`): what memory regions, queue pairs, SRQs
 //! and address handles are created in.
 
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 
 use memmap2::MmapMut;
@@ -8,7 +9,7 @@ use memmap2::MmapMut;
 use super::context::ContextInner;
 use super::error::{Error, Result};
 use super::gid::Gid;
-use super::{AddressHandle, CompletionQueue, MemoryRegion, QueuePair, SharedReceiveQueue};
+use super::{AddressHandle, CompletionQueue, MemoryRegion, MemoryWindow, QueuePair, SharedReceiveQueue};
 use crate::engine::threaded::{lock, QpCell};
 use crate::engine::RawRegion;
 use crate::random_u32;
@@ -17,6 +18,7 @@ use crate::random_u32;
 pub const GSI_QPN: u32 = 1;
 /// The Q_Key GSI MADs carry (IBTA 13.4.6.2).
 pub const GSI_QKEY: u32 = 0x8001_0000;
+use crate::transport::memory::{WindowTable, WindowType};
 use crate::transport::{Access, Qp, QpCap, QpType, Srq};
 use crate::wire::Psn;
 
@@ -80,7 +82,8 @@ impl ProtectionDomain {
         }
         let mut registry = self.ctx.engine.shared.registry.write().unwrap_or_else(|e| e.into_inner());
         let key = loop {
-            let k = random_u32();
+            // Window keys have the top bit, region keys never.
+            let k = random_u32() & !WindowTable::KEY_BIT;
             if k != 0 && !registry.contains(k) {
                 break k;
             }
@@ -89,6 +92,17 @@ impl ProtectionDomain {
         // is dropped, and `MemoryRegion::drop` removes the key first.
         unsafe { registry.insert(key, RawRegion { base: ptr, len, iova, pd: self.pd, access }) };
         Ok(MemoryRegion { ctx: Arc::clone(&self.ctx), key, base: ptr, iova, len, access, map: None })
+    }
+
+    /// `ibv_alloc_mw`: an unbound memory window of this domain.
+    pub fn alloc_mw(&self, kind: WindowType) -> Result<MemoryWindow> {
+        let max = self.ctx.device.query_device().max_mw;
+        let mut registry = self.ctx.engine.shared.registry.write().unwrap_or_else(|e| e.into_inner());
+        if registry.windows_mut().len() >= max as usize {
+            return Err(Error::Limit { what: "max_mw", max: max.into() });
+        }
+        let rkey = registry.windows_mut().alloc(self.pd, kind, random_u32);
+        Ok(MemoryWindow { ctx: Arc::clone(&self.ctx), kind, rkey: AtomicU32::new(rkey) })
     }
 
     /// `ibv_create_qp`: the start of a QP of `qp_type` whose send and receive

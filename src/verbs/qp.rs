@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use super::context::{add_counters, ContextInner};
 use super::error::{Error, Result};
-use super::Endpoint;
+use super::{Endpoint, MemoryWindow};
 use crate::engine::threaded::{lock, QpCell};
-use crate::transport::{Access, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendWr};
+use crate::transport::{
+    Access, AttrMask, Mtu, MwBind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
+};
 use crate::wire::Psn;
 
 /// A queue pair (`ibv_qp`).
@@ -94,6 +96,18 @@ impl QueuePair {
             self.ctx.engine.kick(&self.cell);
         }
         refused.map_or(Ok(()), Err)
+    }
+
+    /// `ibv_bind_mw`: posts `bind` (from [`MemoryWindow::bind_request`])
+    /// with `flags`; once posted, [`MemoryWindow::rkey`] is its new key,
+    /// which peers may use once the bind completes. The same request posted
+    /// with [`QueuePair::post_send`] leaves the window's key as it was, as
+    /// `ibv_post_send` does for type 2 windows.
+    pub fn bind_mw(&self, mw: &MemoryWindow, wr_id: u64, bind: MwBind, flags: SendFlags) -> Result<()> {
+        let wr = SendWr { flags, ..SendWr::new(wr_id, SendOp::BindMw(bind)) };
+        self.post_send(wr)?;
+        mw.rkey.store(bind.rkey, Ordering::Relaxed);
+        Ok(())
     }
 
     /// `ibv_post_recv`. A receive gives the engine nothing to send, so it

@@ -377,11 +377,11 @@ const HUGE_VA: u64 = 0x7f00_0000_0000;
 const HUGE_LEN: u64 = 1 << 31;
 
 impl Memory for Huge {
-    fn check(&self, key: u32, pd: u32, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
+    fn check(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
         if key != HUGE_KEY {
             return Err(MemError::InvalidKey(key));
         }
-        if pd != PD {
+        if user.pd != PD {
             return Err(MemError::WrongPd);
         }
         if !Access::REMOTE_READ.contains(access) {
@@ -390,23 +390,27 @@ impl Memory for Huge {
         offset_in(HUGE_VA, HUGE_LEN, addr, len).map(|_| ())
     }
 
-    fn read(&self, key: u32, pd: u32, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
-        self.check(key, pd, addr, out.len() as u64, access)?;
+    fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
+        self.check(key, user, addr, out.len() as u64, access)?;
         for (i, b) in out.iter_mut().enumerate() {
             *b = (addr - HUGE_VA + i as u64) as u8;
         }
         Ok(())
     }
 
-    fn write(&mut self, _: u32, _: u32, _: u64, _: &[u8], _: Access) -> Result<(), MemError> {
+    fn write(&mut self, _: u32, _: KeyUser, _: u64, _: &[u8], _: Access) -> Result<(), MemError> {
         Err(MemError::AccessDenied)
     }
 
-    fn atomic(&mut self, _: u32, _: u32, _: u64, _: AtomicOp) -> Result<u64, MemError> {
+    fn atomic(&mut self, _: u32, _: KeyUser, _: u64, _: AtomicOp) -> Result<u64, MemError> {
         Err(MemError::AccessDenied)
     }
 
-    fn invalidate(&mut self, _: u32, _: u32) -> Result<(), MemError> {
+    fn invalidate(&mut self, _: u32, _: KeyUser) -> Result<(), MemError> {
+        Err(MemError::AccessDenied)
+    }
+
+    fn bind_window(&mut self, _: KeyUser, _: &MwBind) -> Result<(), MemError> {
         Err(MemError::AccessDenied)
     }
 }
@@ -428,7 +432,7 @@ fn a_maximum_length_read_streams_and_a_retry_cuts_it_short() {
             None,
         );
     };
-    let mut next = |qp: &mut Qp, mem: &Huge| {
+    let mut next = |qp: &mut Qp, mem: &mut Huge| {
         let tx = qp.poll_transmit(now, mem, &mut buf, TransmitOrder::ResponsesFirst)?;
         let parsed = RoceRepr::parse(&buf[..tx.len]).unwrap();
         Some((parsed.header.bth.opcode.operation(), parsed.header.bth.psn.value(), parsed.payload.to_vec()))
@@ -440,7 +444,7 @@ fn a_maximum_length_read_streams_and_a_retry_cuts_it_short() {
     qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![] }).unwrap();
     feed(&mut qp, &mut mem, rc(Op::SendOnly, psn_plus(RQ_PSN, packets.into())).ack_req());
     for k in 0..256u32 {
-        let (op, psn, payload) = next(&mut qp, &mem).expect("the READ streams");
+        let (op, psn, payload) = next(&mut qp, &mut mem).expect("the READ streams");
         let expected_op = if k == 0 { Op::ReadResponseFirst } else { Op::ReadResponseMiddle };
         assert_eq!((op, psn), (expected_op, psn_plus(RQ_PSN, k.into())));
         assert!(payload.iter().enumerate().all(|(i, b)| *b == (k as usize * 4096 + i) as u8), "response {k}");
@@ -453,11 +457,11 @@ fn a_maximum_length_read_streams_and_a_retry_cuts_it_short() {
         &mut mem,
         rc(Op::ReadRequest, psn_plus(RQ_PSN, last.into())).reth(HUGE_VA + u64::from(last) * 4096, HUGE_KEY, tail),
     );
-    let (op, psn, payload) = next(&mut qp, &mem).unwrap();
+    let (op, psn, payload) = next(&mut qp, &mut mem).unwrap();
     assert_eq!((op, psn, payload.len()), (Op::ReadResponseOnly, psn_plus(RQ_PSN, last.into()), tail as usize));
     assert!(payload.iter().enumerate().all(|(i, b)| *b == (last as usize * 4096 + i) as u8));
-    let (op, psn, _) = next(&mut qp, &mem).unwrap();
+    let (op, psn, _) = next(&mut qp, &mut mem).unwrap();
     assert_eq!((op, psn), (Op::Acknowledge, psn_plus(RQ_PSN, packets.into())));
-    assert!(next(&mut qp, &mem).is_none());
+    assert!(next(&mut qp, &mut mem).is_none());
     assert_eq!(qp.state(), QpState::Rts);
 }

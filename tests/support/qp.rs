@@ -194,7 +194,7 @@ impl TestQp {
 
     /// The next packet the QP has to send, if any.
     pub fn transmit_one(&mut self) -> Option<Sent> {
-        let tx = self.qp.poll_transmit(self.now, &self.mem, &mut self.buf, TransmitOrder::ResponsesFirst)?;
+        let tx = self.qp.poll_transmit(self.now, &mut self.mem, &mut self.buf, TransmitOrder::ResponsesFirst)?;
         let parsed = RoceRepr::parse(&self.buf[..tx.len]).expect("the QP emits valid packets");
         Some(Sent { dest: tx.dest, header: parsed.header, payload: parsed.payload.to_vec() })
     }

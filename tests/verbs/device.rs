@@ -198,6 +198,8 @@ fn device_and_port_attributes_are_rxes() {
         DeviceCapFlags::PORT_ACTIVE_EVENT,
         DeviceCapFlags::SYS_IMAGE_GUID,
         DeviceCapFlags::RC_RNR_NAK_GEN,
+        DeviceCapFlags::MEM_WINDOW,
+        DeviceCapFlags::MEM_WINDOW_TYPE_2B,
     ] {
         assert!(flags.contains(flag), "{flags:?} lacks {flag:?}");
     }
@@ -214,7 +216,7 @@ fn device_and_port_attributes_are_rxes() {
     ] {
         assert!(!flags.contains(flag), "{flags:?} claims {flag:?}");
     }
-    assert_eq!(flags.bits(), 0x1c40);
+    assert_eq!(flags.bits(), 0x0102_1c40);
 
     let port = device.query_port(1).unwrap();
     assert_eq!(port.state, PortState::Active);

@@ -15,3 +15,4 @@ mod gsi;
 mod many_qps;
 mod progress;
 mod smoke;
+mod windows;

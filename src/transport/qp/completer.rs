@@ -81,6 +81,13 @@ impl Qp {
     /// PSN stops at its first missing response.
     fn retire_before(&mut self, now: Duration, psn: Psn) -> Retire {
         while let Some(wqe) = self.sq.front() {
+            if wqe.wr.op.is_local() {
+                if !wqe.sent {
+                    break;
+                }
+                self.complete_done_local_ops();
+                continue;
+            }
             let Some(range) = wqe.psn else { break };
             if wqe.wr.op.is_read_or_atomic() {
                 let target = if range.first.is_before(psn) { range.first } else { psn };
@@ -269,9 +276,9 @@ impl Qp {
             self.fail_front(WcStatus::BadRespErr);
             return;
         }
-        let pd = self.pd;
+        let user = self.key_user();
         let placed = for_each_piece(&wqe.wr.sg_list, offset, payload.len(), |sge, addr, at, n| {
-            mem.write(sge.lkey, pd, addr, &payload[at..at + n], Access::LOCAL_WRITE)
+            mem.write(sge.lkey, user, addr, &payload[at..at + n], Access::LOCAL_WRITE)
         });
         if placed.is_err() {
             self.fail_front(WcStatus::LocProtErr);
@@ -299,9 +306,9 @@ impl Qp {
             self.retry_lost();
             return;
         }
-        let (sge, pd) = (wqe.wr.sg_list[0], self.pd);
+        let (sge, user) = (wqe.wr.sg_list[0], self.key_user());
         let value = original.unwrap_or_default().to_ne_bytes();
-        if mem.write(sge.lkey, pd, sge.addr, &value, Access::LOCAL_WRITE).is_err() {
+        if mem.write(sge.lkey, user, sge.addr, &value, Access::LOCAL_WRITE).is_err() {
             self.fail_front(WcStatus::LocProtErr);
             return;
         }

@@ -95,9 +95,17 @@ struct Plan {
 }
 
 impl Qp {
-    pub(super) fn next_request(&mut self, now: Duration, mem: &dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
+    pub(super) fn next_request(&mut self, now: Duration, mem: &mut dyn Memory, buf: &mut [u8]) -> Option<Transmit> {
         if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) || self.timers.is_armed(Timer::RnrWait) {
             return None;
+        }
+        while let Some(wqe) = self.sq.get(self.req.next).filter(|w| w.wr.op.is_local()) {
+            // One done before a go-back is not done again.
+            if !wqe.sent && !self.run_local_op(self.req.next, mem) {
+                return None;
+            }
+            self.req.next += 1;
+            self.complete_done_local_ops();
         }
         let index = self.req.next;
         let wqe = self.sq.get(index)?;
@@ -217,6 +225,46 @@ impl Qp {
         Some(Transmit { dest, len: total })
     }
 
+    /// Binds or invalidates as the local operation at `index` asks (rxe's
+    /// `rxe_do_local_ops`), once fences let it start; says whether the send
+    /// queue goes on past it. It completes in send-queue order, when every
+    /// request before it has; a failure completes it at once and, as rxe
+    /// does, moves the QP to ERR.
+    fn run_local_op(&mut self, index: usize, mem: &mut dyn Memory) -> bool {
+        if !self.may_start(index) {
+            return false;
+        }
+        let user = self.key_user();
+        let result = match self.sq[index].wr.op {
+            SendOp::BindMw(bind) => mem.bind_window(user, &bind).map_err(|e| (e, WcStatus::MwBindErr)),
+            SendOp::LocalInv(rkey) => mem.invalidate(rkey, user).map_err(|e| (e, WcStatus::LocQpOpErr)),
+            _ => Ok(()),
+        };
+        if let Err((e, status)) = result {
+            debug!(qpn = self.qpn, error = %e, "local operation failed");
+            let wqe = self.sq.remove(index).expect("index checked by the caller");
+            self.complete_send(&wqe, status);
+            if self.qp_type == QpType::Rc {
+                self.fail(AsyncEvent::QpFatal { qpn: self.qpn });
+            } else {
+                self.send_queue_error();
+            }
+            return false;
+        }
+        self.sq[index].sent = true;
+        true
+    }
+
+    /// Completes the local operations done at the front of the send queue:
+    /// nothing before them is outstanding.
+    pub(super) fn complete_done_local_ops(&mut self) {
+        while self.sq.front().is_some_and(|w| w.wr.op.is_local() && w.sent) {
+            let wqe = self.sq.pop_front().expect("front exists");
+            self.req.next = self.req.next.saturating_sub(1);
+            self.complete_send(&wqe, WcStatus::Success);
+        }
+    }
+
     /// May the WQE at `index` start? Fences, max_rd_atomic, the PSN window
     /// and SQD all hold new work back.
     fn may_start(&self, index: usize) -> bool {
@@ -276,6 +324,7 @@ impl Qp {
             SendOp::RdmaRead { .. } => (ReadRequest, usize::MAX, true),
             SendOp::CompareSwap { .. } => (CompareSwap, usize::MAX, true),
             SendOp::FetchAdd { .. } => (FetchAdd, usize::MAX, true),
+            SendOp::BindMw(_) | SendOp::LocalInv(_) => unreachable!("local operations run before planning"),
         };
         let opcode = Opcode::new(transport, operation).expect("operation valid for the QP type");
         let payload_len = if payload_len == usize::MAX { 0 } else { (len - offset).min(mtu) as usize };
@@ -365,7 +414,7 @@ impl Qp {
             return Ok(());
         }
         for_each_piece(&wqe.wr.sg_list, offset, out.len(), |sge, addr, at, n| {
-            mem.read(sge.lkey, self.pd, addr, &mut out[at..at + n], Access::NONE)
+            mem.read(sge.lkey, self.key_user(), addr, &mut out[at..at + n], Access::NONE)
         })
     }
 
@@ -459,6 +508,9 @@ impl Qp {
             self.req.pieced_reads = PIECED_READS;
         }
         for (i, wqe) in self.sq.iter_mut().enumerate().skip(index) {
+            if wqe.wr.op.is_local() {
+                continue;
+            }
             let Some(range) = wqe.psn else { break };
             wqe.next_pkt = if i == index { psn.diff(range.first) as u32 } else { 0 };
             wqe.sent = false;

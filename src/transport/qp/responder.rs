@@ -319,9 +319,9 @@ impl Qp {
             self.complete_recv_error(WcStatus::LocLenErr);
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
-        let pd = self.pd;
+        let user = self.key_user();
         let placed = for_each_piece(&recv.sg_list, offset, pkt.payload.len(), |sge, addr, at, n| {
-            mem.write(sge.lkey, pd, addr, &pkt.payload[at..at + n], Access::LOCAL_WRITE)
+            mem.write(sge.lkey, user, addr, &pkt.payload[at..at + n], Access::LOCAL_WRITE)
         });
         if placed.is_err() {
             self.complete_recv_error(WcStatus::LocProtErr);
@@ -334,7 +334,7 @@ impl Qp {
         }
         let mut invalidated = None;
         if let Some(rkey) = hdr.ieth {
-            if mem.invalidate(rkey, self.pd).is_err() {
+            if mem.invalidate(rkey, self.key_user()).is_err() {
                 self.complete_recv_error(WcStatus::LocProtErr);
                 return Err(Refusal::Nak(NakCode::InvalidRequest));
             }
@@ -365,7 +365,7 @@ impl Qp {
             (None, Some(reth)) => {
                 let len = u64::from(reth.dma_len);
                 if len > 0 {
-                    mem.check(reth.rkey, self.pd, reth.va, len, Access::REMOTE_WRITE)
+                    mem.check(reth.rkey, self.key_user(), reth.va, len, Access::REMOTE_WRITE)
                         .map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
                 }
                 (reth.va, reth.rkey, len, len)
@@ -378,7 +378,7 @@ impl Qp {
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
         if len > 0 {
-            mem.write(rkey, self.pd, addr, pkt.payload, Access::REMOTE_WRITE)
+            mem.write(rkey, self.key_user(), addr, pkt.payload, Access::REMOTE_WRITE)
                 .map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
         }
         if !ends {
@@ -402,7 +402,7 @@ impl Qp {
         let reth = pkt.header.reth.ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
         let len = u64::from(reth.dma_len);
         if len > 0 {
-            mem.check(reth.rkey, self.pd, reth.va, len, Access::REMOTE_READ)
+            mem.check(reth.rkey, self.key_user(), reth.va, len, Access::REMOTE_READ)
                 .map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
         }
         let psn = pkt.header.bth.psn;
@@ -427,7 +427,7 @@ impl Qp {
             _ => AtomicOp::FetchAdd { add: eth.swap_add },
         };
         let original =
-            mem.atomic(eth.rkey, self.pd, eth.va, op).map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
+            mem.atomic(eth.rkey, self.key_user(), eth.va, op).map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
         let psn = pkt.header.bth.psn;
         self.remember(Resource::Atomic { psn, original });
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
@@ -470,7 +470,9 @@ impl Qp {
                 let within = reth.rkey == rkey
                     && reth.va >= addr
                     && reth.va.checked_add(asked).is_some_and(|end| end <= addr + len);
-                if !within || (asked > 0 && mem.check(rkey, self.pd, reth.va, asked, Access::REMOTE_READ).is_err()) {
+                if !within
+                    || (asked > 0 && mem.check(rkey, self.key_user(), reth.va, asked, Access::REMOTE_READ).is_err())
+                {
                     self.counters.dropped += 1;
                     return;
                 }
@@ -571,10 +573,10 @@ impl Qp {
             return;
         }
         let grh = grh_area(pkt.src, pkt.dst, hdr.wire_len(pkt.payload.len()));
-        let pd = self.pd;
+        let user = self.key_user();
         let mut scatter = |offset: u64, data: &[u8]| {
             for_each_piece(&recv.sg_list, offset, data.len(), |sge, addr, at, n| {
-                mem.write(sge.lkey, pd, addr, &data[at..at + n], Access::LOCAL_WRITE)
+                mem.write(sge.lkey, user, addr, &data[at..at + n], Access::LOCAL_WRITE)
             })
         };
         let placed = scatter(0, &grh).and_then(|()| scatter(GRH_LEN as u64, pkt.payload));
@@ -639,7 +641,7 @@ impl Qp {
                 let header_len = repr.header_len();
                 let total = repr.emit_headers(buf, n as usize).ok()?;
                 let payload = &mut buf[header_len..header_len + n as usize];
-                if n > 0 && mem.read(rkey, self.pd, addr, payload, Access::REMOTE_READ).is_err() {
+                if n > 0 && mem.read(rkey, self.key_user(), addr, payload, Access::REMOTE_READ).is_err() {
                     // The region went away under the READ.
                     self.nak_and_fail(psn, NakCode::RemoteAccessError);
                     return self.next_response(mem, buf);
