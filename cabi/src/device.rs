@@ -15,7 +15,7 @@ use softroce::verbs::{AsyncEvent, CaptureOptions, Context, ContextOptions, Devic
 use crate::errno::set_errno;
 use crate::guard::{guard, guard_int, guard_neg, guard_ptr, guard_void};
 use crate::sys::*;
-use crate::{cq, qp, srq};
+use crate::{cq, mw, qp, srq};
 
 /// Names the one address of a host this process's devices use (several,
 /// comma-separated, make several devices). A user's programs share a
@@ -368,6 +368,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         c.ops.post_send = Some(qp::post_send);
         c.ops.post_recv = Some(qp::post_recv);
         c.ops.post_srq_recv = Some(srq::post_srq_recv);
+        c.ops.alloc_mw = Some(mw::alloc_mw);
+        c.ops.dealloc_mw = Some(mw::dealloc_mw);
+        c.ops.bind_mw = Some(mw::bind_mw);
         let boxed = Box::new(Ctx {
             vctx,
             ctx: ctx.clone(),

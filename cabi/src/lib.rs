@@ -17,6 +17,7 @@ mod device;
 pub mod errno;
 mod fork;
 pub mod guard;
+mod mw;
 mod pd;
 mod private;
 mod qp;

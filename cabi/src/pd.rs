@@ -82,9 +82,16 @@ pub struct Mr {
     pd: &'static Pd,
 }
 
+impl Mr {
+    /// The region behind the C struct.
+    pub(crate) fn region(&self) -> &MemoryRegion {
+        &self.mr
+    }
+}
+
 /// Access bits that change nothing here: hints (relaxed ordering and the
-/// other optional bits, huge pages), and binding windows, which rxe allows.
-const IGNORED_ACCESS: c_uint = IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING | 0x3ff0_0000;
+/// other optional bits, huge pages).
+const IGNORED_ACCESS: c_uint = IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING | 0x3ff0_0000;
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {

@@ -12,6 +12,7 @@ use softroce::verbs::{
 use crate::cq::Cq;
 use crate::errno::set_errno;
 use crate::guard::{guard_int, guard_ptr};
+use crate::mw;
 use crate::pd::{Ah, Pd};
 use crate::srq::Srq;
 use crate::sys::*;
@@ -272,7 +273,9 @@ const SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
-    | IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
+    | IBV_QP_EX_WITH_SEND_WITH_INV
+    | IBV_QP_EX_WITH_BIND_MW
+    | IBV_QP_EX_WITH_LOCAL_INV) as u64;
 
 /// The requests between `ibv_wr_start` and `ibv_wr_complete`, and the
 /// first mistake made while building them, which fails the whole batch.
@@ -304,6 +307,8 @@ fn install_wr_functions(ibv: &mut ibv_qp_ex, ops: u64) {
         Some(if has(IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP) { wr_atomic_cmp_swp } else { refuse_cmp_swp });
     ibv.wr_atomic_fetch_add =
         Some(if has(IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) { wr_atomic_fetch_add } else { refuse_fetch_add });
+    ibv.wr_bind_mw = Some(if has(IBV_QP_EX_WITH_BIND_MW) { wr_bind_mw } else { refuse_bind_mw });
+    ibv.wr_local_inv = Some(if has(IBV_QP_EX_WITH_LOCAL_INV) { wr_local_inv } else { refuse_send_inv });
 }
 
 /// Runs `f` on the QP behind an `ibv_qp_ex` and its batch in progress.
@@ -396,7 +401,19 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_a
     unsafe { begin(qp, SendOp::FetchAdd { remote_addr, rkey, add }) }
 }
 
-/// Marks the batch failed: the operation is not among the QP's send ops.
+unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, info: *const ibv_mw_bind_info) {
+    // SAFETY: the program's window and bind description.
+    match unsafe { info.as_ref() }.map(|info| unsafe { mw::bind_request(mw, rkey, info) }) {
+        Some(Ok(bind)) => unsafe { begin(qp, SendOp::BindMw(bind)) },
+        _ => unsafe { refuse(qp) },
+    }
+}
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    unsafe { begin(qp, SendOp::LocalInv(invalidate_rkey)) }
+}
+
+/// Marks the batch failed: the operation is not among the QP's send ops,
+/// or its arguments are wrong.
 unsafe fn refuse(qp: *mut ibv_qp_ex) {
     unsafe { building(qp, |_, batch| _ = batch.error.get_or_insert(libc::EINVAL)) }
 }
@@ -407,6 +424,9 @@ unsafe extern "C" fn refuse_send_imm(qp: *mut ibv_qp_ex, _: __be32) {
     unsafe { refuse(qp) }
 }
 unsafe extern "C" fn refuse_send_inv(qp: *mut ibv_qp_ex, _: u32) {
+    unsafe { refuse(qp) }
+}
+unsafe extern "C" fn refuse_bind_mw(qp: *mut ibv_qp_ex, _: *mut ibv_mw, _: u32, _: *const ibv_mw_bind_info) {
     unsafe { refuse(qp) }
 }
 unsafe extern "C" fn refuse_rdma(qp: *mut ibv_qp_ex, _: u32, _: u64) {
@@ -669,6 +689,13 @@ unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Result<SendWr, c_int> {
         IBV_WR_ATOMIC_FETCH_AND_ADD => {
             SendOp::FetchAdd { remote_addr: atomic.remote_addr, rkey: atomic.rkey, add: atomic.compare_add }
         }
+        IBV_WR_BIND_MW => {
+            // SAFETY: as above; the window and region are the program's.
+            let bind = unsafe { wr.__bindgen_anon_2.bind_mw };
+            SendOp::BindMw(unsafe { mw::bind_request(bind.mw, bind.rkey, &bind.bind_info) }?)
+        }
+        // SAFETY: as above.
+        IBV_WR_LOCAL_INV => SendOp::LocalInv(unsafe { wr.__bindgen_anon_1.invalidate_rkey }),
         _ => return Err(libc::EINVAL),
     };
     let flags = SendFlags {
