@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr;
 
-use softroce::verbs::{Access, AddressHandle, Gid, MemoryRegion, ProtectionDomain};
+use softroce::verbs::{Access, AddressHandle, Gid, MemoryRegion, ProtectionDomain, Rereg};
 
 use crate::device::Ctx;
 use crate::errno::set_errno;
@@ -93,6 +93,16 @@ impl Mr {
 /// other optional bits, huge pages).
 const IGNORED_ACCESS: c_uint = IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING | 0x3ff0_0000;
 
+/// A region's rights from `ibv_access_flags`, or the errno refusing them.
+fn region_rights(access: c_uint) -> Result<Access, c_int> {
+    let rest = access & !IGNORED_ACCESS;
+    if rest & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED) != 0 {
+        // No paging on demand, and zero-based regions are for windows.
+        return Err(libc::EOPNOTSUPP);
+    }
+    Access::from_bits(rest).ok_or(libc::EINVAL)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
     unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
@@ -124,15 +134,12 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let rest = access & !IGNORED_ACCESS;
-        if rest & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED) != 0 {
-            // No paging on demand, and zero-based regions are for windows.
-            set_errno(libc::EOPNOTSUPP);
-            return ptr::null_mut();
-        }
-        let Some(rights) = Access::from_bits(rest) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
+        let rights = match region_rights(access) {
+            Ok(rights) => rights,
+            Err(errno) => {
+                set_errno(errno);
+                return ptr::null_mut();
+            }
         };
         // SAFETY: the program registered this memory and keeps it until
         // ibv_dereg_mr, as libibverbs requires; the engine reaches it only
@@ -170,6 +177,78 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 symver!(ibv_dereg_mr);
+
+/// Returns 0 or an `ibv_rereg_mr_err_code` (negative), with errno set:
+/// `IBV_REREG_MR_ERR_INPUT` for arguments libibverbs refuses itself,
+/// `IBV_REREG_MR_ERR_CMD` for those the device refuses. The keys stay.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    guard_neg(|| {
+        let flags = flags as c_uint;
+        let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+        let input_ok = !mr.is_null()
+            && flags & !IBV_REREG_MR_FLAGS_SUPPORTED == 0
+            && !(translation && (length == 0 || addr.is_null()))
+            && (access == 0 || flags & IBV_REREG_MR_CHANGE_ACCESS != 0);
+        if !input_ok {
+            set_errno(libc::EINVAL);
+            return IBV_REREG_MR_ERR_INPUT;
+        }
+        // SAFETY: ibv_mr is the first field of an Mr leaked by ibv_reg_mr,
+        // which the program does not use elsewhere during the call.
+        let found = unsafe { &mut *mr.cast::<Mr>() };
+        let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+            // SAFETY: the program's PD, made by this library.
+            match unsafe { Pd::from_ibv(pd) } {
+                Some(pd) => Some(pd),
+                None => {
+                    set_errno(libc::EINVAL);
+                    return IBV_REREG_MR_ERR_CMD;
+                }
+            }
+        } else {
+            None
+        };
+        let rights = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+            match region_rights(access as c_uint) {
+                Ok(rights) => Some(rights),
+                Err(errno) => {
+                    set_errno(errno);
+                    return IBV_REREG_MR_ERR_CMD;
+                }
+            }
+        } else {
+            None
+        };
+        let change =
+            Rereg { pd: new_pd.map(|p| &p.pd), memory: translation.then_some((addr.cast(), length)), access: rights };
+        // SAFETY: new memory is the program's, registered until ibv_dereg_mr
+        // as with ibv_reg_mr.
+        if let Err(e) = unsafe { found.mr.rereg(change) } {
+            set_errno(e.errno());
+            return IBV_REREG_MR_ERR_CMD;
+        }
+        if let Some(pd) = new_pd {
+            pd.users.hold();
+            found.pd.users.release();
+            // SAFETY: PDs outlive their regions (dealloc is EBUSY while any lives).
+            found.pd = unsafe { &*ptr::from_ref(pd) };
+            found.ibv.pd = pd.ibv();
+        }
+        if translation {
+            (found.ibv.addr, found.ibv.length) = (addr, length);
+        }
+        0
+    })
+}
+symver!(ibv_rereg_mr);
 
 /// An address handle as C sees it, with the attributes it was made from.
 #[repr(C)]

@@ -14,7 +14,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use crate::errno::{set_errno, unsupported_errno, unsupported_neg, unsupported_null};
 use crate::sys::{
     ibv_ah_attr, ibv_context, ibv_cq, ibv_dm, ibv_ece, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_rate,
-    ibv_wr_opcode, IBV_RATE_MAX, IBV_REREG_MR_ERR_INPUT,
+    ibv_wr_opcode, IBV_RATE_MAX,
 };
 
 #[no_mangle]
@@ -129,21 +129,6 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     unsupported_null()
 }
 symver!(ibv_reg_dmabuf_mr);
-
-/// Returns 0 or an `ibv_rereg_mr_err_code` (negative), with errno set.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
-) -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    IBV_REREG_MR_ERR_INPUT
-}
-symver!(ibv_rereg_mr);
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {

@@ -78,6 +78,10 @@ pub(crate) struct CqShared {
     pub channel: Option<Arc<ChannelShared>>,
     /// The application dropped the CQ: QPs that still point at it deliver nothing.
     pub destroyed: AtomicBool,
+    /// Pushes share it, [`CqShared::purge_qp`] takes it alone: a purge takes
+    /// the entries out and puts back the others, and a push in between
+    /// would overtake its QP's earlier completions.
+    pub gate: RwLock<()>,
 }
 
 impl CqShared {
@@ -86,6 +90,7 @@ impl CqShared {
         if self.destroyed.load(Ordering::Acquire) {
             return;
         }
+        let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
         let notable = wc.solicited || wc.status != crate::transport::WcStatus::Success;
         if let Err(TrySendError::Full(_)) = self.entries.0.try_send(wc) {
             self.overflowed.store(true, Ordering::Relaxed);
@@ -99,6 +104,19 @@ impl CqShared {
                 let _ = ch.events.0.send(self.id);
                 ch.fd.signal();
             }
+        }
+    }
+}
+
+impl CqShared {
+    /// Removes the completions of QP `qpn` not yet polled: the QP moved to
+    /// RESET, and they name work of its past (rxe-spec V-44).
+    pub fn purge_qp(&self, qpn: u32) {
+        let _gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        let others: Vec<WorkCompletion> = self.entries.1.try_iter().filter(|wc| wc.qp_num != qpn).collect();
+        for wc in others {
+            // Fewer than were taken out: there is room.
+            let _ = self.entries.0.try_send(wc);
         }
     }
 }

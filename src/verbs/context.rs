@@ -192,6 +192,7 @@ impl Context {
             overflowed: Default::default(),
             channel: channel.map(|c| Arc::clone(&c.shared)),
             destroyed: Default::default(),
+            gate: Default::default(),
         };
         Ok(CompletionQueue { ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
     }

@@ -59,7 +59,7 @@ pub use device::{Device, DeviceAttr, PortAttr};
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
 pub use gid::Gid;
-pub use mr::{MemoryRegion, RemoteRegion};
+pub use mr::{MemoryRegion, RemoteRegion, Rereg};
 pub use mw::{MemoryWindow, WindowType};
 pub use pd::{ProtectionDomain, QpBuilder, GSI_QKEY, GSI_QPN};
 pub(crate) use qp::QpController;

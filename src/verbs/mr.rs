@@ -7,6 +7,9 @@ use memmap2::MmapMut;
 
 use super::context::ContextInner;
 use super::error::{Error, Result};
+use super::pd::check_registration;
+use super::ProtectionDomain;
+use crate::engine::RawRegion;
 use crate::transport::{Access, Sge};
 
 /// A registered memory region (`ibv_mr`). The bytes are shared with the
@@ -145,6 +148,53 @@ impl RemoteRegion {
     pub fn from_bytes(b: &[u8; RemoteRegion::LEN]) -> RemoteRegion {
         let word = |at: usize| u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"));
         RemoteRegion { addr: word(0), rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]), len: word(12) }
+    }
+}
+
+/// What [`MemoryRegion::rereg`] changes (`ibv_rereg_mr`'s flags); `None`
+/// keeps it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rereg<'a> {
+    /// `IBV_REREG_MR_CHANGE_PD`: the domain it moves to, of the same context.
+    pub pd: Option<&'a ProtectionDomain>,
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`: other memory, as (pointer,
+    /// length); its address is its virtual address.
+    pub memory: Option<(*mut u8, usize)>,
+    /// `IBV_REREG_MR_CHANGE_ACCESS`: other rights.
+    pub access: Option<Access>,
+}
+
+impl MemoryRegion {
+    /// `ibv_rereg_mr`: changes the region in place, under the same keys.
+    /// Requests that name what it no longer has fail their checks from then
+    /// on (a receive posted on its old bytes, a peer of its old domain);
+    /// windows bound to it are unbound. Nothing changes if it fails.
+    ///
+    /// # Safety
+    /// New memory must be valid as for [`ProtectionDomain::reg_mr`]; memory
+    /// the region had from [`ProtectionDomain::alloc_mr`] is freed.
+    pub unsafe fn rereg(&mut self, change: Rereg<'_>) -> Result<()> {
+        if change.pd.is_some_and(|pd| !Arc::ptr_eq(&pd.ctx, &self.ctx)) {
+            return Err(Error::InvalidArgument("protection domain of another context".into()));
+        }
+        let (base, len, iova) = match change.memory {
+            Some((ptr, len)) => (ptr, len, ptr as u64),
+            None => (self.base, self.len, self.iova),
+        };
+        let access = change.access.unwrap_or(self.access);
+        check_registration(base, len, iova, access)?;
+        let mut registry = self.ctx.engine.shared.registry.write().unwrap_or_else(|e| e.into_inner());
+        let old = registry.remove(self.key).expect("a live region is registered");
+        let pd = change.pd.map_or(old.pd, ProtectionDomain::id);
+        // SAFETY: the caller's promise for new memory; the old memory is
+        // what was registered already.
+        unsafe { registry.insert(self.key, RawRegion { base, len, iova, pd, access }) };
+        drop(registry);
+        if change.memory.is_some() {
+            drop(self.map.take());
+        }
+        (self.base, self.len, self.iova, self.access) = (base, len, iova, access);
+        Ok(())
     }
 }
 

@@ -35,6 +35,11 @@ impl ProtectionDomain {
         ProtectionDomain { ctx, pd }
     }
 
+    /// The number the transport knows the domain by.
+    pub(super) fn id(&self) -> u32 {
+        self.pd
+    }
+
     /// Allocates `len` zeroed, page-aligned bytes and registers them.
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
         if len == 0 {
@@ -69,17 +74,7 @@ impl ProtectionDomain {
     /// # Safety
     /// As for [`ProtectionDomain::reg_mr`].
     pub unsafe fn reg_mr_iova(&self, ptr: *mut u8, len: usize, iova: u64, access: Access) -> Result<MemoryRegion> {
-        if iova.checked_add(len as u64).is_none() {
-            return Err(Error::InvalidArgument(format!("{len} bytes at iova {iova:#x} wrap around 2^64")));
-        }
-        if ptr.is_null() || len == 0 {
-            return Err(Error::InvalidArgument("null or empty memory region".into()));
-        }
-        // libibverbs: remote write or atomic rights need local write.
-        let remote_writes = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
-        if remote_writes && !access.contains(Access::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE".into()));
-        }
+        check_registration(ptr, len, iova, access)?;
         let mut registry = self.ctx.engine.shared.registry.write().unwrap_or_else(|e| e.into_inner());
         let key = loop {
             // Window keys have the top bit, region keys never.
@@ -186,6 +181,22 @@ impl ProtectionDomain {
     pub fn create_ah(&self, gid: Gid) -> AddressHandle {
         AddressHandle { dest: gid.to_ip() }
     }
+}
+
+/// The rules of `ibv_reg_mr` (and of `ibv_rereg_mr`'s new values).
+pub(super) fn check_registration(ptr: *mut u8, len: usize, iova: u64, access: Access) -> Result<()> {
+    if iova.checked_add(len as u64).is_none() {
+        return Err(Error::InvalidArgument(format!("{len} bytes at iova {iova:#x} wrap around 2^64")));
+    }
+    if ptr.is_null() || len == 0 {
+        return Err(Error::InvalidArgument("null or empty memory region".into()));
+    }
+    // libibverbs: remote write or atomic rights need local write.
+    let remote_writes = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+    if remote_writes && !access.contains(Access::LOCAL_WRITE) {
+        return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE".into()));
+    }
+    Ok(())
 }
 
 /// What a QP is created with (`ibv_qp_init_attr`), from

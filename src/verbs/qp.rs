@@ -53,8 +53,10 @@ impl QueuePair {
     }
 
     /// `ibv_modify_qp`.
+    /// A move to RESET also removes the QP's completions not yet polled
+    /// from its CQs (rxe-spec V-44).
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
-        lock(&self.cell.qp).modify(attr, mask)?;
+        modify_cell(&self.cell, attr, mask)?;
         self.ctx.engine.shared.mark_ready(&self.cell);
         Ok(())
     }
@@ -217,12 +219,24 @@ impl QpController {
         if !live {
             return Err(gone());
         }
-        lock(&cell.qp).modify(attr, mask)?;
+        modify_cell(&cell, attr, mask)?;
         // The engine visits the QP: a move to ERR has flush completions
         // for its CQs, and nothing else may bring the engine to it.
         ctx.engine.shared.mark_ready(&cell);
         Ok(())
     }
+}
+
+/// `ibv_modify_qp` on the shared QP; a move to RESET purges its CQs of
+/// its completions once its queues are gone.
+fn modify_cell(cell: &QpCell, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+    let mut qp = lock(&cell.qp);
+    qp.modify(attr, mask)?;
+    if mask.contains(AttrMask::STATE) && attr.state == QpState::Reset {
+        cell.send_cq.purge_qp(cell.qpn);
+        cell.recv_cq.purge_qp(cell.qpn);
+    }
+    Ok(())
 }
 
 impl Drop for QueuePair {

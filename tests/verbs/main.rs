@@ -14,5 +14,6 @@ mod errors;
 mod gsi;
 mod many_qps;
 mod progress;
+mod rereg;
 mod smoke;
 mod windows;
