@@ -110,7 +110,7 @@ impl CqShared {
 
 impl CqShared {
     /// Removes the completions of QP `qpn` not yet polled: the QP moved to
-    /// RESET, and they name work of its past (rxe-spec V-44).
+    /// RESET, and they name work of its past (rxe-spec V-19).
     pub fn purge_qp(&self, qpn: u32) {
         let _gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
         let others: Vec<WorkCompletion> = self.entries.1.try_iter().filter(|wc| wc.qp_num != qpn).collect();

@@ -54,7 +54,7 @@ impl QueuePair {
 
     /// `ibv_modify_qp`.
     /// A move to RESET also removes the QP's completions not yet polled
-    /// from its CQs (rxe-spec V-44).
+    /// from its CQs (rxe-spec V-19).
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         modify_cell(&self.cell, attr, mask)?;
         self.ctx.engine.shared.mark_ready(&self.cell);

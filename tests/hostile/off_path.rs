@@ -193,7 +193,7 @@ fn rkeys_and_initial_psns_are_random() {
         (0..bits).map(|b| values.iter().filter(|v| *v >> b & 1 == 1).count()).collect()
     };
     let in_range = |counts: &[usize]| counts.iter().all(|c| (4500..=5500).contains(c));
-    // The top bit marks a memory window's key (rxe-spec V-40); the other
+    // The top bit marks a memory window's key (rxe-spec V-16); the other
     // 31 are random.
     let key_bits = bit_counts(&keys, 32);
     assert!(in_range(&key_bits[..31]) && key_bits[31] == 0, "key bits: {key_bits:?}");

@@ -1,5 +1,5 @@
 //! `ibv_rereg_mr` and a QP's move to RESET over loopback UDP (rxe-spec
-//! V-44, V-45): a region changes in place under its keys, and a reset QP's
+//! V-18, V-19): a region changes in place under its keys, and a reset QP's
 //! old completions leave its CQ.
 
 use crate::support::verbs::*;

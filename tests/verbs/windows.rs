@@ -1,4 +1,4 @@
-//! Memory windows over loopback UDP (rxe-spec/verbs.md V-40..V-43): binds
+//! Memory windows over loopback UDP (rxe-spec/verbs.md V-16, V-17): binds
 //! through the send queue, remote access through a window's key with its
 //! range and rights only, remote and local invalidation, and what fails.
 
