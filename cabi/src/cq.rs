@@ -158,6 +158,23 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     })
 }
 
+/// `EINVAL` if more completions are queued than `cqe`, as rxe says.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard_int(|| {
+        // SAFETY: the program's CQ, made by this library.
+        let Some(found) = (unsafe { Cq::from_ibv(cq) }) else { return libc::EINVAL };
+        let Ok(wanted) = usize::try_from(cqe) else { return libc::EINVAL };
+        if let Err(e) = found.cq.resize(wanted) {
+            return e.errno();
+        }
+        // SAFETY: the program reads `cqe` from its CQ; only its own calls change it.
+        unsafe { (*cq).cqe = cqe };
+        0
+    })
+}
+symver!(ibv_resize_cq);
+
 unsafe fn create(
     context: *mut ibv_context,
     cqe: u32,

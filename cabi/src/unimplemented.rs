@@ -13,8 +13,8 @@ use std::os::raw::{c_char, c_int, c_void};
 
 use crate::errno::{set_errno, unsupported_errno, unsupported_neg, unsupported_null};
 use crate::sys::{
-    ibv_ah_attr, ibv_context, ibv_cq, ibv_dm, ibv_ece, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_rate,
-    ibv_wr_opcode, IBV_RATE_MAX,
+    ibv_ah_attr, ibv_context, ibv_dm, ibv_ece, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_rate, ibv_wr_opcode,
+    IBV_RATE_MAX,
 };
 
 #[no_mangle]
@@ -129,12 +129,6 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     unsupported_null()
 }
 symver!(ibv_reg_dmabuf_mr);
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
-    unsupported_errno()
-}
-symver!(ibv_resize_cq);
 
 /// `eth_mac` is `uint8_t[6]`.
 #[no_mangle]

@@ -67,32 +67,66 @@ pub(crate) struct ChannelShared {
     pub events: (Sender<u32>, Receiver<u32>),
 }
 
+/// The entries of a completion queue: a bounded channel, replaced whole
+/// by a resize.
+#[derive(Debug)]
+struct Entries {
+    tx: Sender<WorkCompletion>,
+    rx: Receiver<WorkCompletion>,
+    capacity: usize,
+}
+
+impl Entries {
+    fn new(capacity: usize) -> Entries {
+        let (tx, rx) = crossbeam_channel::bounded(capacity);
+        Entries { tx, rx, capacity }
+    }
+}
+
 /// A completion queue's shared half.
 #[derive(Debug)]
 pub(crate) struct CqShared {
     pub id: u32,
-    pub entries: (Sender<WorkCompletion>, Receiver<WorkCompletion>),
+    /// Pushes and polls share the lock; a purge or a resize, which take the
+    /// entries out and put them back, takes it alone, so that no push
+    /// overtakes a QP's earlier completions meanwhile.
+    entries: RwLock<Entries>,
     /// An [`Arm`].
     pub arm: AtomicU8,
     pub overflowed: AtomicBool,
     pub channel: Option<Arc<ChannelShared>>,
     /// The application dropped the CQ: QPs that still point at it deliver nothing.
     pub destroyed: AtomicBool,
-    /// Pushes share it, [`CqShared::purge_qp`] takes it alone: a purge takes
-    /// the entries out and puts back the others, and a push in between
-    /// would overtake its QP's earlier completions.
-    pub gate: RwLock<()>,
 }
 
 impl CqShared {
+    /// A queue of `capacity` entries, raising its events on `channel`.
+    pub fn new(id: u32, capacity: usize, channel: Option<Arc<ChannelShared>>) -> CqShared {
+        CqShared {
+            id,
+            entries: RwLock::new(Entries::new(capacity)),
+            arm: AtomicU8::new(Arm::Off as u8),
+            overflowed: AtomicBool::new(false),
+            channel,
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    fn entries(&self) -> std::sync::RwLockReadGuard<'_, Entries> {
+        self.entries.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn entries_alone(&self) -> std::sync::RwLockWriteGuard<'_, Entries> {
+        self.entries.write().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Adds a completion and raises the channel event if the CQ is armed for it.
     pub fn push(&self, wc: WorkCompletion) {
         if self.destroyed.load(Ordering::Acquire) {
             return;
         }
-        let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
         let notable = wc.solicited || wc.status != crate::transport::WcStatus::Success;
-        if let Err(TrySendError::Full(_)) = self.entries.0.try_send(wc) {
+        if let Err(TrySendError::Full(_)) = self.entries().tx.try_send(wc) {
             self.overflowed.store(true, Ordering::Relaxed);
             return;
         }
@@ -106,18 +140,64 @@ impl CqShared {
             }
         }
     }
-}
 
-impl CqShared {
+    /// The oldest completion, if any.
+    pub fn pop(&self) -> Option<WorkCompletion> {
+        self.entries().rx.try_recv().ok()
+    }
+
+    /// Whether no completion is queued.
+    pub fn is_empty(&self) -> bool {
+        self.entries().rx.is_empty()
+    }
+
+    /// How many completions are queued.
+    pub fn len(&self) -> usize {
+        self.entries().rx.len()
+    }
+
+    /// The receiving end, to block on outside the lock: after a resize it
+    /// is disconnected, and the waiter takes the new one.
+    pub fn receiver(&self) -> Receiver<WorkCompletion> {
+        self.entries().rx.clone()
+    }
+
+    /// How many completions it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.entries().capacity
+    }
+
+    /// Drops every queued completion.
+    pub fn clear(&self) {
+        while self.pop().is_some() {}
+    }
+
     /// Removes the completions of QP `qpn` not yet polled: the QP moved to
     /// RESET, and they name work of its past (rxe-spec V-19).
     pub fn purge_qp(&self, qpn: u32) {
-        let _gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
-        let others: Vec<WorkCompletion> = self.entries.1.try_iter().filter(|wc| wc.qp_num != qpn).collect();
+        let entries = self.entries_alone();
+        let others: Vec<WorkCompletion> = entries.rx.try_iter().filter(|wc| wc.qp_num != qpn).collect();
         for wc in others {
             // Fewer than were taken out: there is room.
-            let _ = self.entries.0.try_send(wc);
+            let _ = entries.tx.try_send(wc);
         }
+    }
+
+    /// `ibv_resize_cq`: room for `capacity` completions from now on, with
+    /// those queued kept in order; refused (with how many are queued) if
+    /// they would not fit.
+    pub fn resize(&self, capacity: usize) -> Result<(), usize> {
+        let mut entries = self.entries_alone();
+        let queued = entries.rx.len();
+        if queued > capacity {
+            return Err(queued);
+        }
+        let resized = Entries::new(capacity);
+        for wc in entries.rx.try_iter() {
+            let _ = resized.tx.try_send(wc);
+        }
+        *entries = resized;
+        Ok(())
     }
 }
 
@@ -392,7 +472,7 @@ impl Engine {
     /// engine thread to wake.
     pub fn poll_progress(&self, cq: &CqShared) {
         let Some(mut p) = try_lock(&self.progress) else { return };
-        p.iterate(&self.shared, Some(&|| !cq.entries.1.is_empty()));
+        p.iterate(&self.shared, Some(&|| !cq.is_empty()));
         self.release(p);
     }
 
@@ -445,20 +525,20 @@ impl Engine {
     /// so a completion reaches it without a hand-off from the engine thread
     /// (one wake-up per message, as for a plain UDP receive).
     pub fn wait_completion(&self, cq: &CqShared, timeout: Duration) -> Option<WorkCompletion> {
-        if let Ok(wc) = cq.entries.1.try_recv() {
+        if let Some(wc) = cq.pop() {
             return Some(wc);
         }
         let deadline = Instant::now() + timeout;
         loop {
-            if !self.drive_until(&|| !cq.entries.1.is_empty(), deadline) {
+            if !self.drive_until(&|| !cq.is_empty(), deadline) {
                 // Someone else drives: they hand completions over. Look
                 // again soon, in case they stop.
                 let left = deadline.saturating_duration_since(Instant::now());
-                if let Ok(wc) = cq.entries.1.recv_timeout(left.min(self.tuning.handover)) {
+                if let Ok(wc) = cq.receiver().recv_timeout(left.min(self.tuning.handover)) {
                     return Some(wc);
                 }
             }
-            if let Ok(wc) = cq.entries.1.try_recv() {
+            if let Some(wc) = cq.pop() {
                 return Some(wc);
             }
             if Instant::now() >= deadline {

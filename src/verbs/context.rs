@@ -1,7 +1,7 @@
 //! Contexts (`ibv_context`): an open device, its engine and its counters.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::device::Device;
@@ -9,7 +9,7 @@ use super::error::{Error, Result};
 use super::stats::Publisher;
 use super::{CompletionChannel, CompletionQueue, ProtectionDomain};
 use crate::capture::LiveCapture;
-use crate::engine::threaded::{lock, Arm, ChannelShared, CqShared, Engine, EngineShared};
+use crate::engine::threaded::{lock, ChannelShared, CqShared, Engine, EngineShared};
 use crate::engine::EventFd;
 use crate::net::share::{Member, ShareHandle};
 use crate::net::{LinkStats, UdpLink};
@@ -185,15 +185,7 @@ impl Context {
         if cqe == 0 || cqe > max_cqe as usize {
             return Err(Error::Limit { what: "cqe", max: u64::from(max_cqe) });
         }
-        let shared = CqShared {
-            id: self.inner.id(),
-            entries: crossbeam_channel::bounded(cqe),
-            arm: AtomicU8::new(Arm::Off as u8),
-            overflowed: Default::default(),
-            channel: channel.map(|c| Arc::clone(&c.shared)),
-            destroyed: Default::default(),
-            gate: Default::default(),
-        };
+        let shared = CqShared::new(self.inner.id(), cqe, channel.map(|c| Arc::clone(&c.shared)));
         Ok(CompletionQueue { ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::context::ContextInner;
+use super::error::{Error, Result};
 use crate::engine::threaded::{Arm, ChannelShared, CqShared};
 use crate::transport::WorkCompletion;
 
@@ -22,24 +23,24 @@ impl Drop for CompletionQueue {
         // and no event fires for it.
         self.shared.destroyed.store(true, Ordering::Release);
         self.shared.arm.store(Arm::Off as u8, Ordering::Release);
-        while self.shared.entries.1.try_recv().is_ok() {}
+        self.shared.clear();
     }
 }
 
 impl CompletionQueue {
     /// Moves up to `out.len()` completions into `out`; returns how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        if self.shared.entries.1.is_empty() {
+        if self.shared.is_empty() {
             self.ctx.engine.poll_progress(&self.shared);
         }
         let mut n = 0;
         while n < out.len() {
-            match self.shared.entries.1.try_recv() {
-                Ok(wc) => {
+            match self.shared.pop() {
+                Some(wc) => {
                     out[n] = wc;
                     n += 1;
                 }
-                Err(_) => break,
+                None => break,
             }
         }
         n
@@ -47,10 +48,10 @@ impl CompletionQueue {
 
     /// The next completion, if one is queued.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
-        if self.shared.entries.1.is_empty() {
+        if self.shared.is_empty() {
             self.ctx.engine.poll_progress(&self.shared);
         }
-        self.shared.entries.1.try_recv().ok()
+        self.shared.pop()
     }
 
     /// The next completion already queued, without driving progress: for a
@@ -58,7 +59,36 @@ impl CompletionQueue {
     /// the engine and to the threads that wait in their CQs (a poll that
     /// drives keeps the engine thread off the sockets for a while).
     pub(crate) fn poll_queued(&self) -> Option<WorkCompletion> {
-        self.shared.entries.1.try_recv().ok()
+        self.shared.pop()
+    }
+
+    /// `ibv_resize_cq`: room for `cqe` completions (within the device's
+    /// `max_cqe`), keeping those queued; fewer than are queued is refused.
+    pub fn resize(&self, cqe: usize) -> Result<()> {
+        let max_cqe = self.ctx.device.query_device().max_cqe;
+        if cqe == 0 || cqe > max_cqe as usize {
+            return Err(Error::Limit { what: "cqe", max: u64::from(max_cqe) });
+        }
+        // Completions owed now are counted: sends already on the wire.
+        self.ctx.engine.poll_progress(&self.shared);
+        self.shared
+            .resize(cqe)
+            .map_err(|queued| Error::InvalidArgument(format!("{queued} completions queued, more than {cqe}")))
+    }
+
+    /// How many completions are queued, not yet polled.
+    pub fn len(&self) -> usize {
+        self.shared.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.shared.is_empty()
+    }
+
+    /// How many completions it holds at most (`ibv_cq.cqe`).
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity()
     }
 
     /// Waits up to `timeout` for a completion (blocking mode).

@@ -15,5 +15,6 @@ mod gsi;
 mod many_qps;
 mod progress;
 mod rereg;
+mod resize;
 mod smoke;
 mod windows;
