@@ -495,6 +495,9 @@ unsafe extern "C" fn query_device_ex_op(
             return rc;
         }
         ex.phys_port_cnt_ex = ex.orig_attr.phys_port_cnt.into();
+        // The classic flags, and the kernel's IB_UVERBS_DEVICE_FLUSH_GLOBAL,
+        // _FLUSH_PERSISTENT and _ATOMIC_WRITE (bits 38 to 40), as rxe 6.2.
+        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags) | 0x7 << 38;
         // SAFETY: the caller's struct is attr_size bytes.
         unsafe {
             ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);

@@ -275,7 +275,8 @@ const SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_SEND_WITH_INV
     | IBV_QP_EX_WITH_BIND_MW
-    | IBV_QP_EX_WITH_LOCAL_INV) as u64;
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_ATOMIC_WRITE) as u64;
 
 /// The requests between `ibv_wr_start` and `ibv_wr_complete`, and the
 /// first mistake made while building them, which fails the whole batch.
@@ -309,6 +310,7 @@ fn install_wr_functions(ibv: &mut ibv_qp_ex, ops: u64) {
         Some(if has(IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) { wr_atomic_fetch_add } else { refuse_fetch_add });
     ibv.wr_bind_mw = Some(if has(IBV_QP_EX_WITH_BIND_MW) { wr_bind_mw } else { refuse_bind_mw });
     ibv.wr_local_inv = Some(if has(IBV_QP_EX_WITH_LOCAL_INV) { wr_local_inv } else { refuse_send_inv });
+    ibv.wr_atomic_write = Some(if has(IBV_QP_EX_WITH_ATOMIC_WRITE) { wr_atomic_write } else { refuse_atomic_write });
 }
 
 /// Runs `f` on the QP behind an `ibv_qp_ex` and its batch in progress.
@@ -411,6 +413,22 @@ unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, 
 unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
     unsafe { begin(qp, SendOp::LocalInv(invalidate_rkey)) }
 }
+/// The 8 bytes at `atomic_wr` are copied now, as inline data.
+unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, atomic_wr: *const c_void) {
+    if atomic_wr.is_null() {
+        return unsafe { refuse(qp) };
+    }
+    // SAFETY: the program's 8 bytes of data.
+    let data = unsafe { std::slice::from_raw_parts(atomic_wr.cast::<u8>(), 8) }.to_vec();
+    unsafe { begin(qp, SendOp::AtomicWrite { remote_addr, rkey }) };
+    unsafe {
+        amend(qp, |_, wr| {
+            wr.flags.inline = true;
+            wr.inline_data = data;
+            Ok(())
+        })
+    }
+}
 
 /// Marks the batch failed: the operation is not among the QP's send ops,
 /// or its arguments are wrong.
@@ -424,6 +442,9 @@ unsafe extern "C" fn refuse_send_imm(qp: *mut ibv_qp_ex, _: __be32) {
     unsafe { refuse(qp) }
 }
 unsafe extern "C" fn refuse_send_inv(qp: *mut ibv_qp_ex, _: u32) {
+    unsafe { refuse(qp) }
+}
+unsafe extern "C" fn refuse_atomic_write(qp: *mut ibv_qp_ex, _: u32, _: u64, _: *const c_void) {
     unsafe { refuse(qp) }
 }
 unsafe extern "C" fn refuse_bind_mw(qp: *mut ibv_qp_ex, _: *mut ibv_mw, _: u32, _: *const ibv_mw_bind_info) {
@@ -696,6 +717,8 @@ unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Result<SendWr, c_int> {
         }
         // SAFETY: as above.
         IBV_WR_LOCAL_INV => SendOp::LocalInv(unsafe { wr.__bindgen_anon_1.invalidate_rkey }),
+        // Its 8 bytes come from its one SGE, or inline.
+        IBV_WR_ATOMIC_WRITE => SendOp::AtomicWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
         _ => return Err(libc::EINVAL),
     };
     let flags = SendFlags {

@@ -349,13 +349,24 @@ impl Memory for Audited<'_> {
 
     fn atomic(&mut self, key: u32, user: KeyUser, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
         let original = self.table.atomic(key, user, addr, op)?;
-        let header = &self.current().header;
-        let eth = header.atomic_eth.expect("an atomic runs only for an atomic request");
-        let asked = match header.bth.opcode.operation() {
-            Operation::CompareSwap => AtomicOp::CompareSwap { compare: eth.compare, swap: eth.swap_add },
-            _ => AtomicOp::FetchAdd { add: eth.swap_add },
+        let current = self.current();
+        let header = &current.header;
+        let (rkey, va, asked) = match header.bth.opcode.operation() {
+            Operation::AtomicWrite => {
+                let reth = header.reth.expect("an ATOMIC WRITE has a RETH");
+                let value = u64::from_ne_bytes(current.payload[..].try_into().expect("8 bytes stored"));
+                (reth.rkey, reth.va, AtomicOp::Store { value })
+            }
+            operation => {
+                let eth = header.atomic_eth.expect("an atomic runs only for an atomic request");
+                let asked = match operation {
+                    Operation::CompareSwap => AtomicOp::CompareSwap { compare: eth.compare, swap: eth.swap_add },
+                    _ => AtomicOp::FetchAdd { add: eth.swap_add },
+                };
+                (eth.rkey, eth.va, asked)
+            }
         };
-        assert_eq!((key, addr, op), (eth.rkey, eth.va, asked), "the atomic the request asked for");
+        assert_eq!((key, addr, op), (rkey, va, asked), "the atomic the request asked for");
         self.grants.changed = true;
         Ok(original)
     }
@@ -370,6 +381,11 @@ impl Memory for Audited<'_> {
 
     fn bind_window(&mut self, _: KeyUser, _: &MwBind) -> Result<(), MemError> {
         panic!("a QP that posts no sends binds no window")
+    }
+
+    fn flush(&mut self, key: u32, user: KeyUser, range: Option<(u64, u64)>, access: Access) -> Result<(), MemError> {
+        assert_eq!(self.current().header.bth.opcode.operation(), Operation::Flush, "a flush no FLUSH asked for");
+        self.table.flush(key, user, range, access)
     }
 }
 

@@ -603,7 +603,11 @@ impl Model {
                 self.0[DATA][op.remote..op.remote + 8].copy_from_slice(&original.wrapping_add(add).to_ne_bytes());
                 self.scatter(&op.local, &original.to_ne_bytes());
             }
-            SendOp::SendWithInv(_) | SendOp::BindMw(_) | SendOp::LocalInv(_) => unreachable!("not generated"),
+            SendOp::SendWithInv(_)
+            | SendOp::BindMw(_)
+            | SendOp::LocalInv(_)
+            | SendOp::AtomicWrite { .. }
+            | SendOp::Flush { .. } => unreachable!("not generated"),
         }
     }
 }

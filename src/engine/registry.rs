@@ -132,7 +132,7 @@ impl Memory for RegistryAccess<'_> {
         if !addr.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
-        let ptr = self.0.locate(key, user, addr, 8, Access::REMOTE_ATOMIC)?;
+        let ptr = self.0.locate(key, user, addr, 8, op.access())?;
         if !(ptr as usize).is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
@@ -146,6 +146,7 @@ impl Memory for RegistryAccess<'_> {
                 }
             }
             AtomicOp::FetchAdd { add } => word.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::Store { value } => word.swap(value, Ordering::SeqCst),
         })
     }
 
@@ -167,5 +168,31 @@ impl Memory for RegistryAccess<'_> {
             access: r.access,
         });
         self.0.windows().bind(user, bind, target)
+    }
+
+    /// Global visibility: a full fence, after which every store the engine
+    /// made is visible to every thread. Persistence: `msync(MS_SYNC)` of
+    /// the pages, which writes a file-backed region's bytes to its file
+    /// (anonymous memory has nowhere more lasting to go: only the fence).
+    fn flush(&mut self, key: u32, user: KeyUser, range: Option<(u64, u64)>, access: Access) -> Result<(), MemError> {
+        let (addr, len) = match range {
+            Some(range) => range,
+            None => self.0.regions.get(&key).map(|r| (r.iova, r.len as u64)).ok_or(MemError::InvalidKey(key))?,
+        };
+        let start = self.0.locate(key, user, addr, len, access)?;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if access.contains(Access::FLUSH_PERSISTENT) && len > 0 {
+            // SAFETY: sysconf has no memory effects.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+            let first = start as usize / page * page;
+            let end = start as usize + len as usize;
+            // SAFETY: msync reads the page tables of registered memory and
+            // writes nothing the program sees; a failure (pages not mapped
+            // any more) is a refusal, not a fault.
+            if unsafe { libc::msync(first as *mut libc::c_void, end - first, libc::MS_SYNC) } != 0 {
+                return Err(MemError::AccessDenied);
+            }
+        }
+        Ok(())
     }
 }

@@ -58,6 +58,22 @@ pub enum AtomicOp {
         /// Value added.
         add: u64,
     },
+    /// Stores `value` whole (ATOMIC WRITE); it needs REMOTE_WRITE, not
+    /// REMOTE_ATOMIC.
+    Store {
+        /// The word's new value.
+        value: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The right the operation needs.
+    pub const fn access(self) -> Access {
+        match self {
+            AtomicOp::Store { .. } => Access::REMOTE_WRITE,
+            _ => Access::REMOTE_ATOMIC,
+        }
+    }
 }
 
 /// Who uses a key: the protection domain and the QP of the request. A
@@ -95,6 +111,11 @@ pub trait Memory {
 
     /// Binds a memory window as `bind` asks, for `user`'s QP.
     fn bind_window(&mut self, user: KeyUser, bind: &MwBind) -> Result<(), MemError>;
+
+    /// FLUSH: makes what was placed in `[addr, addr + len)` of `key` (or in
+    /// the whole region it names, when `range` is `None`) reach
+    /// `placement`, once `access` (its FLUSH rights) is checked.
+    fn flush(&mut self, key: u32, user: KeyUser, range: Option<(u64, u64)>, access: Access) -> Result<(), MemError>;
 }
 
 /// Memory window types (`ibv_mw_type`).
@@ -453,7 +474,7 @@ impl Memory for MemoryTable {
         if !addr.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
-        let (key, range) = self.locate(key, user, addr, 8, Access::REMOTE_ATOMIC)?;
+        let (key, range) = self.locate(key, user, addr, 8, op.access())?;
         let word = &mut self.regions.get_mut(&key).expect("located").data[range];
         let original = u64::from_ne_bytes(word.try_into().expect("8-byte range"));
         let new = match op {
@@ -465,6 +486,7 @@ impl Memory for MemoryTable {
                 }
             }
             AtomicOp::FetchAdd { add } => original.wrapping_add(add),
+            AtomicOp::Store { value } => value,
         };
         word.copy_from_slice(&new.to_ne_bytes());
         Ok(original)
@@ -485,6 +507,15 @@ impl Memory for MemoryTable {
             access: r.access,
         });
         self.windows.bind(user, bind, target)
+    }
+
+    /// Owned buffers are as placed as they will ever be: only the checks.
+    fn flush(&mut self, key: u32, user: KeyUser, range: Option<(u64, u64)>, access: Access) -> Result<(), MemError> {
+        let (addr, len) = match range {
+            Some(range) => range,
+            None => self.regions.get(&key).map(|r| (r.addr, r.data.len() as u64)).ok_or(MemError::InvalidKey(key))?,
+        };
+        self.locate(key, user, addr, len, access).map(|_| ())
     }
 }
 

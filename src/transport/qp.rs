@@ -92,6 +92,13 @@ pub enum PostSendError {
     },
     /// An atomic needs one SGE of exactly 8 bytes for the original value.
     AtomicSge,
+    /// ATOMIC WRITE carries exactly 8 bytes, FLUSH none.
+    DataLength {
+        /// The operation.
+        op: WcOpcode,
+        /// The bytes it carries.
+        len: u64,
+    },
 }
 
 impl std::fmt::Display for PostSendError {
@@ -113,6 +120,7 @@ impl std::fmt::Display for PostSendError {
                 write!(f, "{len}-byte UD message exceeds the path MTU of {max}")
             }
             PostSendError::AtomicSge => write!(f, "atomics need one 8-byte scatter/gather element"),
+            PostSendError::DataLength { op, len } => write!(f, "{op:?} carries {len} bytes of data"),
         }
     }
 }
@@ -468,14 +476,17 @@ impl Qp {
         if wr.sg_list.len() > self.cap.max_send_sge as usize {
             return Err(PostSendError::TooManySge { given: wr.sg_list.len(), max: self.cap.max_send_sge });
         }
-        if wr.flags.inline && wr.inline_data.len() > self.cap.max_inline_data as usize {
+        // An ATOMIC WRITE's 8 bytes may ride inline whatever the cap
+        // (`ibv_wr_atomic_write` copies them at post, as rxe's provider does).
+        let capped = !matches!(wr.op, SendOp::AtomicWrite { .. });
+        if capped && wr.flags.inline && wr.inline_data.len() > self.cap.max_inline_data as usize {
             return Err(PostSendError::InlineTooLong { given: wr.inline_data.len(), max: self.cap.max_inline_data });
         }
         let supported = match self.qp_type {
             QpType::Rc => true,
             // UC has no SEND_WITH_INVALIDATE opcodes, and binds windows but
             // invalidates none (rxe's opcode table).
-            QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::SendWithInv(_) | SendOp::LocalInv(_)),
+            QpType::Uc => !wr.op.counts_rd_atomic() && !matches!(wr.op, SendOp::SendWithInv(_) | SendOp::LocalInv(_)),
             QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)),
         };
         if !supported {
@@ -490,6 +501,14 @@ impl Qp {
         }
         if wr.op.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
             return Err(PostSendError::AtomicSge);
+        }
+        let data_len = match wr.op {
+            SendOp::AtomicWrite { .. } => Some(8),
+            SendOp::Flush { .. } => Some(0),
+            _ => None,
+        };
+        if let Some(len) = data_len.filter(|&len| wr.length() != len) {
+            return Err(PostSendError::DataLength { op: wr.op.wc_opcode(), len });
         }
         Ok(())
     }

@@ -40,8 +40,20 @@ impl Access {
     /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region
     /// (IBTA C10-73); meaningless on a window itself.
     pub const MW_BIND: Access = Access(1 << 4);
-    /// The rights a peer uses: READ, WRITE, atomics.
-    const REMOTE: Access = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0);
+    /// `IBV_ACCESS_FLUSH_GLOBAL` (rdma-core 45): peers may FLUSH the region
+    /// to global visibility.
+    pub const FLUSH_GLOBAL: Access = Access(1 << 8);
+    /// `IBV_ACCESS_FLUSH_PERSISTENT` (rdma-core 45): peers may FLUSH the
+    /// region to persistence.
+    pub const FLUSH_PERSISTENT: Access = Access(1 << 9);
+    /// The rights a peer uses: READ, WRITE, atomics, FLUSH.
+    const REMOTE: Access = Access(
+        Access::REMOTE_WRITE.0
+            | Access::REMOTE_READ.0
+            | Access::REMOTE_ATOMIC.0
+            | Access::FLUSH_GLOBAL.0
+            | Access::FLUSH_PERSISTENT.0,
+    );
 
     /// The `ibv_access_flags` bits.
     pub const fn bits(self) -> u32 {
@@ -50,7 +62,7 @@ impl Access {
 
     /// Rights from `ibv_access_flags` bits; bits we do not know are refused.
     pub const fn from_bits(bits: u32) -> Option<Access> {
-        if bits & !0x1f == 0 {
+        if bits & !0x31f == 0 {
             Some(Access(bits))
         } else {
             None
@@ -89,6 +101,8 @@ impl fmt::Debug for Access {
             (Access::REMOTE_READ, "REMOTE_READ"),
             (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
             (Access::MW_BIND, "MW_BIND"),
+            (Access::FLUSH_GLOBAL, "FLUSH_GLOBAL"),
+            (Access::FLUSH_PERSISTENT, "FLUSH_PERSISTENT"),
         ];
         let set: Vec<&str> = names.iter().filter(|(a, _)| self.contains(*a)).map(|(_, n)| *n).collect();
         write!(f, "Access({})", set.join("|"))
@@ -117,6 +131,31 @@ pub enum SendOp {
     /// `IBV_WR_SEND_WITH_INV`: a SEND that invalidates the given R_Key (a
     /// type 2 memory window's) at the responder (RC only).
     SendWithInv(u32),
+    /// `IBV_WR_ATOMIC_WRITE` (IBTA annex A19): writes the request's 8 bytes
+    /// of data (one 8-byte SGE or inline) to the peer's 8-byte aligned
+    /// word at once, never torn (RC only).
+    AtomicWrite {
+        /// Peer virtual address of the word, 8-byte aligned (RETH VA).
+        remote_addr: u64,
+        /// R_Key of the peer's region; it must grant REMOTE_WRITE.
+        rkey: u32,
+    },
+    /// FLUSH (IBTA annex A19): makes what earlier requests placed in the
+    /// peer's region globally visible, or persistent, before it completes
+    /// (RC only; no data).
+    Flush {
+        /// Peer virtual address of the range (RETH VA).
+        remote_addr: u64,
+        /// R_Key of the peer's region; it must grant the FLUSH rights the
+        /// placement asks for.
+        rkey: u32,
+        /// Bytes of the range; ignored when `whole_region`.
+        len: u32,
+        /// The whole region the key names, not the range (FETH selectivity).
+        whole_region: bool,
+        /// What the flush guarantees.
+        placement: FlushPlacement,
+    },
     /// `IBV_WR_BIND_MW`: binds a memory window to a range of a local MR. A
     /// local operation: it sends nothing and completes in send-queue order.
     BindMw(MwBind),
@@ -172,11 +211,54 @@ pub enum SendOp {
     },
 }
 
+/// The FETH placement type of a FLUSH: bit 0 global visibility, bit 1
+/// persistence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushPlacement {
+    /// Visible to every reader of the memory (`IB_FLUSH_GLOBAL`).
+    Global = 1,
+    /// Written to where it survives a power loss (`IB_FLUSH_PERSISTENT`).
+    Persistent = 2,
+    /// Both.
+    GlobalAndPersistent = 3,
+}
+
+impl FlushPlacement {
+    /// The placement of FETH bits, if they ask for one.
+    pub const fn from_bits(bits: u8) -> Option<FlushPlacement> {
+        match bits & 0x3 {
+            1 => Some(FlushPlacement::Global),
+            2 => Some(FlushPlacement::Persistent),
+            3 => Some(FlushPlacement::GlobalAndPersistent),
+            _ => None,
+        }
+    }
+
+    /// The region rights it needs.
+    pub const fn rights(self) -> Access {
+        match self {
+            FlushPlacement::Global => Access::FLUSH_GLOBAL,
+            FlushPlacement::Persistent => Access::FLUSH_PERSISTENT,
+            FlushPlacement::GlobalAndPersistent => Access::FLUSH_GLOBAL.union(Access::FLUSH_PERSISTENT),
+        }
+    }
+}
+
 impl SendOp {
-    /// READ, compare-and-swap or fetch-and-add: the operations that count
-    /// against `max_rd_atomic` and a fence waits for.
+    /// READ, compare-and-swap, fetch-and-add or FLUSH: the operations a
+    /// response of their own answers (READ response, atomic ACK).
     pub const fn is_read_or_atomic(self) -> bool {
-        matches!(self, SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+        matches!(
+            self,
+            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::Flush { .. }
+        )
+    }
+
+    /// The operations that take a responder resource: those of
+    /// [`SendOp::is_read_or_atomic`] and ATOMIC WRITE. They count against
+    /// `max_rd_atomic`, and a fence waits for them.
+    pub const fn counts_rd_atomic(self) -> bool {
+        self.is_read_or_atomic() || matches!(self, SendOp::AtomicWrite { .. })
     }
 
     /// A bind or a local invalidate: done by the requester itself, never on
@@ -198,6 +280,8 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            SendOp::Flush { .. } => WcOpcode::Flush,
             SendOp::BindMw(_) => WcOpcode::BindMw,
             SendOp::LocalInv(_) => WcOpcode::LocalInv,
         }
@@ -411,6 +495,10 @@ pub enum WcOpcode {
     BindMw = 5,
     /// `IBV_WC_LOCAL_INV`: a local invalidate.
     LocalInv = 6,
+    /// `IBV_WC_FLUSH` (rdma-core 45).
+    Flush = 8,
+    /// `IBV_WC_ATOMIC_WRITE`.
+    AtomicWrite = 9,
     /// `IBV_WC_RECV`: a receive consumed by a SEND.
     Recv = 128,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`: a receive consumed by a WRITE with immediate

@@ -111,16 +111,20 @@ enum Outcome {
 }
 
 /// The outcome softroce must give each opcode byte (every extended header
-/// present, 16 bytes of payload, RETH and AtomicETH aimed at the region).
+/// present, 16 bytes of payload (8 for ATOMIC_WRITE), RETH and AtomicETH
+/// aimed at the region).
 fn expected_outcome(byte: u8) -> Outcome {
     use Outcome::*;
     match byte {
-        0x04 | 0x05 | 0x0a | 0x0b => Executed(Op::Acknowledge),
+        // ATOMIC_WRITE carries its 8 bytes (`packet_with_opcode`).
+        0x04 | 0x05 | 0x0a | 0x0b | 0x1d => Executed(Op::Acknowledge),
         0x0c => Executed(Op::ReadResponseOnly),
         0x13 | 0x14 => Executed(Op::AtomicAcknowledge),
+        // The region grants no FLUSH right.
+        0x1c => Refused(NakCode::RemoteAccessError),
         // FIRST with less than an MTU, MIDDLE/LAST without FIRST, SEND with
-        // invalidate of a key that is not there, FLUSH, ATOMIC_WRITE.
-        0x00..=0x03 | 0x06..=0x09 | 0x16 | 0x17 | 0x1c | 0x1d => Refused(NakCode::InvalidRequest),
+        // invalidate of a key that is not there.
+        0x00..=0x03 | 0x06..=0x09 | 0x16 | 0x17 => Refused(NakCode::InvalidRequest),
         // Responses at a QP that asked for nothing.
         0x0d..=0x12 => Dropped,
         // UC and UD opcodes at an RC QP.

@@ -413,6 +413,10 @@ impl Memory for Huge {
     fn bind_window(&mut self, _: KeyUser, _: &MwBind) -> Result<(), MemError> {
         Err(MemError::AccessDenied)
     }
+
+    fn flush(&mut self, _: u32, _: KeyUser, _: Option<(u64, u64)>, _: Access) -> Result<(), MemError> {
+        Err(MemError::AccessDenied)
+    }
 }
 
 #[test]

@@ -626,6 +626,8 @@ fn opcode_name(opcode: WcOpcode) -> &'static str {
         WcOpcode::FetchAdd => "FETCH_ADD",
         WcOpcode::BindMw => "BIND_MW",
         WcOpcode::LocalInv => "LOCAL_INV",
+        WcOpcode::Flush => "FLUSH",
+        WcOpcode::AtomicWrite => "ATOMIC_WRITE",
         WcOpcode::Recv => "RECV",
         WcOpcode::RecvRdmaWithImm => "RECV_RDMA_WITH_IMM",
     }

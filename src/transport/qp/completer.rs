@@ -101,6 +101,8 @@ impl Qp {
             }
             let wqe = self.sq.pop_front().expect("front exists");
             self.req.next = self.req.next.saturating_sub(1);
+            // An ATOMIC WRITE held a responder resource until its ACK.
+            self.req.rd_atomic = self.req.rd_atomic.saturating_sub(wqe.rd_atomic_counted);
             self.complete_send(&wqe, WcStatus::Success);
         }
         if psn.is_after(self.comp.psn) {
@@ -252,7 +254,7 @@ impl Qp {
             return;
         }
         let Some(wqe) = self.sq.front() else { return };
-        let (Some(range), SendOp::RdmaRead { .. }) = (wqe.psn, wqe.wr.op) else {
+        let (Some(range), SendOp::RdmaRead { .. } | SendOp::Flush { .. }) = (wqe.psn, wqe.wr.op) else {
             // A READ response for a WQE that is not a READ: the responses
             // before it were lost or the peer is confused. Retry.
             self.retry_lost();

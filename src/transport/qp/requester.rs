@@ -19,7 +19,9 @@ use crate::transport::memory::{for_each_piece, MemError, Memory};
 use crate::transport::queue::{Transmit, TRANSMIT_HEADROOM};
 use crate::transport::timer::Timer;
 use crate::transport::types::{Access, AsyncEvent, PsnRange, QpType, SendOp, WcStatus};
-use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, Headers, Opcode, Operation, Psn, RethRepr, RoceRepr, Transport};
+use crate::wire::{
+    AtomicEthRepr, BthRepr, DethRepr, FethRepr, Headers, Opcode, Operation, Psn, RethRepr, RoceRepr, Transport,
+};
 
 /// Unacknowledged PSNs a requester may have in flight when it starts, and
 /// again after every go-back (rxe's `RXE_MAX_UNACKED_PSNS`, its fixed window).
@@ -120,7 +122,7 @@ impl Qp {
             let count = if wqe.wr.op.is_atomic() { 1 } else { packets };
             let first = self.req.psn;
             self.req.psn = first.wrapping_add(count);
-            let counts_rd_atomic = wqe.wr.op.is_read_or_atomic();
+            let counts_rd_atomic = wqe.wr.op.counts_rd_atomic();
             // Responses beyond the buffer are dropped if the receiver falls
             // behind, and asked for again: once that has happened, such
             // READs go in pieces of half the buffer, two in flight at a time.
@@ -278,7 +280,7 @@ impl Qp {
         if wr.flags.fence && self.req.rd_atomic > 0 {
             return false;
         }
-        if wr.op.is_read_or_atomic() && self.req.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
+        if wr.op.counts_rd_atomic() && self.req.rd_atomic >= u32::from(self.attr.max_rd_atomic.max(1)) {
             return false;
         }
         let in_flight = self.req.psn.diff(self.comp.psn);
@@ -324,6 +326,8 @@ impl Qp {
             SendOp::RdmaRead { .. } => (ReadRequest, usize::MAX, true),
             SendOp::CompareSwap { .. } => (CompareSwap, usize::MAX, true),
             SendOp::FetchAdd { .. } => (FetchAdd, usize::MAX, true),
+            SendOp::AtomicWrite { .. } => (AtomicWrite, 0, true),
+            SendOp::Flush { .. } => (Flush, usize::MAX, true),
             SendOp::BindMw(_) | SendOp::LocalInv(_) => unreachable!("local operations run before planning"),
         };
         let opcode = Opcode::new(transport, operation).expect("operation valid for the QP type");
@@ -335,7 +339,7 @@ impl Qp {
         let resend = psn.is_before(self.req.sent_end);
         let ends_asking = is_last
             && (wqe.wr.flags.signaled
-                || op.is_read_or_atomic()
+                || op.counts_rd_atomic()
                 || resend
                 || self.req.noack_msgs + 1 >= (self.cap.max_send_wr / 4).max(1));
         let needs_ack = self.qp_type == QpType::Rc
@@ -387,6 +391,13 @@ impl Qp {
             }
             SendOp::FetchAdd { remote_addr, rkey, add } => {
                 repr.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: add, compare: 0 });
+            }
+            SendOp::AtomicWrite { remote_addr, rkey } => {
+                repr.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: 8 });
+            }
+            SendOp::Flush { remote_addr, rkey, len, whole_region, placement } => {
+                repr.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: len });
+                repr.feth = Some(FethRepr { selectivity: u8::from(whole_region), placement_type: placement as u8 });
             }
             _ => {}
         }

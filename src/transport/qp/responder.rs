@@ -15,7 +15,7 @@ use crate::transport::attr::QpState;
 use crate::transport::memory::{for_each_piece, AtomicOp, Memory};
 use crate::transport::queue::{CqKind, Incoming, Transmit};
 use crate::transport::srq::Srq;
-use crate::transport::types::{Access, AsyncEvent, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::transport::types::{Access, AsyncEvent, FlushPlacement, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::opcode::Position;
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Psn, RoceRepr, Syndrome, Transport,
@@ -114,7 +114,7 @@ impl Qp {
                 && hdr.bth.psn.is_before(self.resp.psn)
                 && !matches!(
                     hdr.bth.opcode.operation(),
-                    Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd
+                    Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd | Operation::Flush
                 );
             if resent {
                 self.duplicate(pkt, mem);
@@ -231,17 +231,17 @@ impl Qp {
             _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
         }
 
-        // The QP must allow the operation.
-        let needed = if is_write {
+        // The QP must allow the operation (FLUSH asks the region's rights
+        // only, as in rxe).
+        let needed = if is_write || op == AtomicWrite {
             Access::REMOTE_WRITE
         } else if op == ReadRequest {
             Access::REMOTE_READ
         } else if matches!(op, CompareSwap | FetchAdd) {
             Access::REMOTE_ATOMIC
-        } else if is_send {
+        } else if is_send || op == Flush {
             Access::NONE
         } else {
-            // FLUSH and ATOMIC_WRITE: not supported, like a pre-6.2 rxe.
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         };
         if !self.attr.access_flags.contains(needed) {
@@ -260,7 +260,8 @@ impl Qp {
                 return Err(Refusal::Rnr);
             }
         }
-        if matches!(op, ReadRequest | CompareSwap | FetchAdd) && self.attr.max_dest_rd_atomic == 0 {
+        if matches!(op, ReadRequest | CompareSwap | FetchAdd | Flush | AtomicWrite) && self.attr.max_dest_rd_atomic == 0
+        {
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
 
@@ -281,6 +282,11 @@ impl Qp {
         } else if op == ReadRequest {
             self.read(pkt, mem)?;
             return Ok(());
+        } else if op == Flush {
+            self.flush_request(pkt, mem)?;
+            return Ok(());
+        } else if op == AtomicWrite {
+            self.atomic_write(pkt, mem)?;
         } else {
             self.atomic(pkt, mem)?;
         }
@@ -435,6 +441,43 @@ impl Qp {
         Ok(())
     }
 
+    /// ATOMIC WRITE (IBTA annex A19): the packet's 8 bytes stored at once
+    /// at an 8-byte aligned address. A duplicate is acknowledged as a
+    /// WRITE's is, not stored again.
+    fn atomic_write(&mut self, pkt: Incoming<'_>, mem: &mut dyn Memory) -> Result<(), Refusal> {
+        let reth = pkt.header.reth.ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
+        let bytes = <[u8; 8]>::try_from(pkt.payload).map_err(|_| Refusal::Nak(NakCode::InvalidRequest))?;
+        if reth.dma_len != 8 || !reth.va.is_multiple_of(8) {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        let store = AtomicOp::Store { value: u64::from_ne_bytes(bytes) };
+        mem.atomic(reth.rkey, self.key_user(), reth.va, store).map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
+        Ok(())
+    }
+
+    /// FLUSH (IBTA annex A19): what was placed in the range (or the whole
+    /// region) reaches the placement asked for, then a READ response of no
+    /// data answers, as in rxe; a duplicate gets that answer again.
+    fn flush_request(&mut self, pkt: Incoming<'_>, mem: &mut dyn Memory) -> Result<(), Refusal> {
+        let invalid = Refusal::Nak(NakCode::InvalidRequest);
+        let (Some(reth), Some(feth)) = (pkt.header.reth, pkt.header.feth) else { return Err(invalid) };
+        let placement = FlushPlacement::from_bits(feth.placement_type).ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
+        let range = match feth.selectivity {
+            0 => Some((reth.va, u64::from(reth.dma_len))),
+            1 => None,
+            _ => return Err(invalid),
+        };
+        mem.flush(reth.rkey, self.key_user(), range, placement.rights())
+            .map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
+        let psn = pkt.header.bth.psn;
+        self.remember(Resource::Read { first: psn, last: psn, addr: reth.va, rkey: reth.rkey, len: 0 });
+        self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+        self.resp.psn = psn.wrapping_add(1);
+        let msn = self.resp.msn;
+        self.push_response(Response::Read { psn, addr: reth.va, rkey: reth.rkey, remaining: 0, first: true, msn });
+        Ok(())
+    }
+
     /// Keeps a READ/atomic for duplicate replay; the oldest goes when
     /// max_dest_rd_atomic are kept (a peer exceeding the limit only loses
     /// replays of its oldest requests).
@@ -486,6 +529,18 @@ impl Qp {
                 match queued {
                     Some(queued) => *queued = replay,
                     None => self.push_response(replay),
+                }
+            }
+            Operation::Flush => {
+                let flushed =
+                    self.resp.resources.iter().any(|r| matches!(*r, Resource::Read { first, .. } if first == psn));
+                match (flushed, hdr.reth) {
+                    (true, Some(reth)) => {
+                        let replay =
+                            Response::Read { psn, addr: reth.va, rkey: reth.rkey, remaining: 0, first: true, msn };
+                        self.push_response(replay);
+                    }
+                    _ => self.counters.dropped += 1,
                 }
             }
             Operation::CompareSwap | Operation::FetchAdd => {
