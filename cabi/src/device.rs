@@ -15,7 +15,7 @@ use softroce::verbs::{AsyncEvent, CaptureOptions, Context, ContextOptions, Devic
 use crate::errno::set_errno;
 use crate::guard::{guard, guard_int, guard_neg, guard_ptr, guard_void};
 use crate::sys::*;
-use crate::{cq, mw, qp, srq};
+use crate::{cq, mw, pd, qp, srq};
 
 /// Names the one address of a host this process's devices use (several,
 /// comma-separated, make several devices). A user's programs share a
@@ -348,6 +348,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         vctx.query_port = Some(query_port_op);
         vctx.create_cq_ex = Some(cq::create_cq_ex);
         vctx.query_device_ex = Some(query_device_ex_op);
+        vctx.advise_mr = Some(pd::advise_mr);
         vctx.create_qp_ex = Some(qp::create_qp_ex);
         let c = &mut vctx.context;
         c.device = device;
@@ -498,6 +499,21 @@ unsafe extern "C" fn query_device_ex_op(
         // The classic flags, and the kernel's IB_UVERBS_DEVICE_FLUSH_GLOBAL,
         // _FLUSH_PERSISTENT and _ATOMIC_WRITE (bits 38 to 40), as rxe 6.2.
         ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags) | 0x7 << 38;
+        // Every region is reached page by page as it is used: on-demand
+        // paging is how a userspace device works anyway (V-22). Implicit
+        // regions (the whole address space) are not offered.
+        ex.odp_caps.general_caps = IBV_ODP_SUPPORT.into();
+        let rc = IBV_ODP_SUPPORT_SEND
+            | IBV_ODP_SUPPORT_RECV
+            | IBV_ODP_SUPPORT_WRITE
+            | IBV_ODP_SUPPORT_READ
+            | IBV_ODP_SUPPORT_ATOMIC
+            | IBV_ODP_SUPPORT_SRQ_RECV;
+        ex.odp_caps.per_transport_caps = ibv_odp_caps__bindgen_ty_1 {
+            rc_odp_caps: rc,
+            uc_odp_caps: IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV,
+            ud_odp_caps: IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV,
+        };
         // SAFETY: the caller's struct is attr_size bytes.
         unsafe {
             ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);

@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr;
 
-use softroce::verbs::{Access, AddressHandle, Gid, MemoryRegion, ProtectionDomain, Rereg};
+use softroce::verbs::{Access, AddressHandle, Advice, Gid, MemoryRegion, ProtectionDomain, Rereg};
 
 use crate::device::Ctx;
 use crate::errno::set_errno;
@@ -96,8 +96,8 @@ const IGNORED_ACCESS: c_uint = IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING 
 /// A region's rights from `ibv_access_flags`, or the errno refusing them.
 fn region_rights(access: c_uint) -> Result<Access, c_int> {
     let rest = access & !IGNORED_ACCESS;
-    if rest & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED) != 0 {
-        // No paging on demand, and zero-based regions are for windows.
+    if rest & IBV_ACCESS_ZERO_BASED != 0 {
+        // Zero-based regions are for device memory and windows.
         return Err(libc::EOPNOTSUPP);
     }
     Access::from_bits(rest).ok_or(libc::EINVAL)
@@ -249,6 +249,43 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     })
 }
 symver!(ibv_rereg_mr);
+
+/// The uapi's `IB_UVERBS_ADVISE_MR_FLAG_FLUSH` (synchronous advice), which
+/// the generated bindings do not carry.
+const ADVISE_MR_FLAG_FLUSH: u32 = 1;
+
+/// `verbs_context::advise_mr`, behind `ibv_advise_mr`: prefetches are done
+/// when it returns, with or without `IBV_ADVISE_MR_FLAG_FLUSH`.
+pub(crate) unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: ib_uverbs_advise_mr_advice,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sges: u32,
+) -> c_int {
+    guard_int(|| {
+        // SAFETY: the program's PD, made by this library.
+        let Some(found) = (unsafe { Pd::from_ibv(pd) }) else { return libc::EINVAL };
+        let advice = match advice {
+            IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH => Advice::Prefetch,
+            IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE => Advice::PrefetchWrite,
+            IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT => Advice::PrefetchNoFault,
+            _ => return libc::EOPNOTSUPP,
+        };
+        if flags & !ADVISE_MR_FLAG_FLUSH != 0 || num_sges == 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: the program's list of `num_sges` SGEs.
+        let sges = match unsafe { crate::qp::sges(sg_list, num_sges as c_int) } {
+            Ok(sges) => sges,
+            Err(errno) => return errno,
+        };
+        match found.pd.advise_mr(advice, &sges) {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        }
+    })
+}
 
 /// An address handle as C sees it, with the attributes it was made from.
 #[repr(C)]

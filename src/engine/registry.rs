@@ -85,6 +85,19 @@ impl Registry {
     /// Where `[addr, addr + len)` of the memory `key` names is, checked for
     /// `user` and `access`.
     fn locate(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<*mut u8, MemError> {
+        self.locate_paged(key, user, addr, len, access).map(|(ptr, _)| ptr)
+    }
+
+    /// As [`Registry::locate`], and whether the region is on demand: its
+    /// pages are reached only by [`copy_unfaulting`].
+    fn locate_paged(
+        &self,
+        key: u32,
+        user: KeyUser,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(*mut u8, bool), MemError> {
         let region = if WindowTable::is_window_key(key) && access.is_remote() {
             let region_key = self.windows().resolve(key, user, addr, len, access)?;
             self.regions.get(&region_key).ok_or(MemError::InvalidKey(key))?
@@ -93,7 +106,62 @@ impl Registry {
             permit(region.pd, region.access, user.pd, access)?;
             region
         };
-        region.range(addr, len)
+        Ok((region.range(addr, len)?, region.access.contains(Access::ON_DEMAND)))
+    }
+
+    /// `ibv_advise_mr`'s prefetch of `[addr, addr + len)` of an on-demand
+    /// region of `pd`: its pages are brought in (for writing, with
+    /// `write`), or with `fault` false only checked.
+    pub(crate) fn prefetch(
+        &self,
+        key: u32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        fault: bool,
+        write: bool,
+    ) -> Result<(), MemError> {
+        let region = self.regions.get(&key).ok_or(MemError::InvalidKey(key))?;
+        permit(region.pd, region.access, pd, if write { Access::LOCAL_WRITE } else { Access::NONE })?;
+        if !region.access.contains(Access::ON_DEMAND) {
+            return Err(MemError::AccessDenied);
+        }
+        let start = region.range(addr, len)? as usize;
+        if !fault || len == 0 {
+            return Ok(());
+        }
+        // SAFETY: sysconf has no memory effects.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+        let first = start / page * page;
+        let advice = if write { libc::MADV_POPULATE_WRITE } else { libc::MADV_POPULATE_READ };
+        // SAFETY: populating changes no byte the program sees; unmapped
+        // pages make it fail with EFAULT or ENOMEM, a kernel older than 5.14
+        // with EINVAL, when the pages simply come on first use.
+        let rc = unsafe { libc::madvise(first as *mut libc::c_void, start + len as usize - first, advice) };
+        if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(MemError::Unmapped);
+        }
+        Ok(())
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst`, both in this process, through
+/// `process_vm_readv`: a page of either that is not mapped makes it fail
+/// instead of faulting the process, as a NIC's page fault on an on-demand
+/// region that finds nothing ends in an access error.
+fn copy_unfaulting(dst: *mut u8, src: *const u8, len: usize) -> Result<(), MemError> {
+    if len == 0 {
+        return Ok(());
+    }
+    let local = libc::iovec { iov_base: dst.cast(), iov_len: len };
+    let remote = libc::iovec { iov_base: src.cast_mut().cast(), iov_len: len };
+    // SAFETY: the kernel checks both ranges against this process's mappings
+    // and copies nothing through a page that is not there.
+    let copied = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if copied == len as isize {
+        Ok(())
+    } else {
+        Err(MemError::Unmapped)
     }
 }
 
@@ -107,7 +175,10 @@ impl Memory for RegistryAccess<'_> {
     }
 
     fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
-        let src = self.0.locate(key, user, addr, out.len() as u64, access)?;
+        let (src, on_demand) = self.0.locate_paged(key, user, addr, out.len() as u64, access)?;
+        if on_demand {
+            return copy_unfaulting(out.as_mut_ptr(), src, out.len());
+        }
         // SAFETY: `src` has `out.len()` registered bytes. The application may
         // write them concurrently, as with any RDMA device: bytes, not Rust
         // references, are shared.
@@ -116,7 +187,10 @@ impl Memory for RegistryAccess<'_> {
     }
 
     fn write(&mut self, key: u32, user: KeyUser, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {
-        let dst = self.0.locate(key, user, addr, data.len() as u64, access)?;
+        let (dst, on_demand) = self.0.locate_paged(key, user, addr, data.len() as u64, access)?;
+        if on_demand {
+            return copy_unfaulting(dst, data.as_ptr(), data.len());
+        }
         let Some((&last, body)) = data.split_last() else { return Ok(()) };
         // SAFETY: as in `read`. The last byte is stored after the rest, with
         // release ordering: programs such as `ib_write_lat` poll the last
@@ -132,9 +206,14 @@ impl Memory for RegistryAccess<'_> {
         if !addr.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
-        let ptr = self.0.locate(key, user, addr, 8, op.access())?;
+        let (ptr, on_demand) = self.0.locate_paged(key, user, addr, 8, op.access())?;
         if !(ptr as usize).is_multiple_of(8) {
             return Err(MemError::Misaligned);
+        }
+        if on_demand {
+            // The word's page must be there: a page that goes in the
+            // moment between is the application's race, as with a NIC.
+            copy_unfaulting([0u8; 8].as_mut_ptr(), ptr, 8)?;
         }
         // SAFETY: 8 aligned registered bytes; a real atomic, so the
         // application's own atomics on the word stay coherent with ours.

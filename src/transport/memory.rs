@@ -26,6 +26,9 @@ pub enum MemError {
     /// The memory window is not in a state that allows this: a type 2
     /// window bound already or not bound, a type 1 window invalidated.
     WrongState,
+    /// An on-demand region's page is not mapped (the page fault found
+    /// nothing).
+    Unmapped,
 }
 
 impl fmt::Display for MemError {
@@ -37,6 +40,7 @@ impl fmt::Display for MemError {
             MemError::OutOfBounds => write!(f, "access outside the memory region"),
             MemError::Misaligned => write!(f, "atomic address not 8-byte aligned"),
             MemError::WrongState => write!(f, "memory window not in a state that allows this"),
+            MemError::Unmapped => write!(f, "page of an on-demand region not mapped"),
         }
     }
 }

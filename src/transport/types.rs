@@ -40,6 +40,11 @@ impl Access {
     /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region
     /// (IBTA C10-73); meaningless on a window itself.
     pub const MW_BIND: Access = Access(1 << 4);
+    /// `IBV_ACCESS_ON_DEMAND`: the region is not pinned and its pages are
+    /// reached as they come: a page no longer mapped is an access error,
+    /// never a fault of the process (on-demand paging; a registration
+    /// flag, not a right).
+    pub const ON_DEMAND: Access = Access(1 << 6);
     /// `IBV_ACCESS_FLUSH_GLOBAL` (rdma-core 45): peers may FLUSH the region
     /// to global visibility.
     pub const FLUSH_GLOBAL: Access = Access(1 << 8);
@@ -62,7 +67,7 @@ impl Access {
 
     /// Rights from `ibv_access_flags` bits; bits we do not know are refused.
     pub const fn from_bits(bits: u32) -> Option<Access> {
-        if bits & !0x31f == 0 {
+        if bits & !0x35f == 0 {
             Some(Access(bits))
         } else {
             None
@@ -101,6 +106,7 @@ impl fmt::Debug for Access {
             (Access::REMOTE_READ, "REMOTE_READ"),
             (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
             (Access::MW_BIND, "MW_BIND"),
+            (Access::ON_DEMAND, "ON_DEMAND"),
             (Access::FLUSH_GLOBAL, "FLUSH_GLOBAL"),
             (Access::FLUSH_PERSISTENT, "FLUSH_PERSISTENT"),
         ];

@@ -61,7 +61,7 @@ pub use error::{Error, Result};
 pub use gid::Gid;
 pub use mr::{MemoryRegion, RemoteRegion, Rereg};
 pub use mw::{MemoryWindow, WindowType};
-pub use pd::{ProtectionDomain, QpBuilder, GSI_QKEY, GSI_QPN};
+pub use pd::{Advice, ProtectionDomain, QpBuilder, GSI_QKEY, GSI_QPN};
 pub(crate) use qp::QpController;
 pub use qp::{AckTimeout, ConnectOptions, QueuePair};
 pub use srq::SharedReceiveQueue;

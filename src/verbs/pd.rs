@@ -19,7 +19,7 @@ pub const GSI_QPN: u32 = 1;
 /// The Q_Key GSI MADs carry (IBTA 13.4.6.2).
 pub const GSI_QKEY: u32 = 0x8001_0000;
 use crate::transport::memory::{WindowTable, WindowType};
-use crate::transport::{Access, Qp, QpCap, QpType, Srq};
+use crate::transport::{Access, MemError, Qp, QpCap, QpType, Sge, Srq};
 use crate::wire::Psn;
 
 /// A protection domain (`ibv_pd`).
@@ -87,6 +87,27 @@ impl ProtectionDomain {
         // is dropped, and `MemoryRegion::drop` removes the key first.
         unsafe { registry.insert(key, RawRegion { base: ptr, len, iova, pd: self.pd, access }) };
         Ok(MemoryRegion { ctx: Arc::clone(&self.ctx), key, base: ptr, iova, len, access, map: None })
+    }
+
+    /// `ibv_advise_mr`: brings in the pages of on-demand regions of this
+    /// domain that `sges` name ([`Advice`]), before traffic needs them; it
+    /// is done when this returns (the asynchronous advice too). A key of a
+    /// region that is not on demand, of another domain, or bytes outside it
+    /// are `EINVAL`; pages that are not mapped, `EFAULT`.
+    pub fn advise_mr(&self, advice: Advice, sges: &[Sge]) -> Result<()> {
+        let registry = self.ctx.engine.shared.registry.read().unwrap_or_else(|e| e.into_inner());
+        let (fault, write) = match advice {
+            Advice::Prefetch => (true, false),
+            Advice::PrefetchWrite => (true, true),
+            Advice::PrefetchNoFault => (false, false),
+        };
+        for sge in sges {
+            registry.prefetch(sge.lkey, self.pd, sge.addr, sge.length.into(), fault, write).map_err(|e| match e {
+                MemError::Unmapped => Error::Io(std::io::Error::from_raw_os_error(libc::EFAULT)),
+                e => Error::InvalidArgument(format!("advise_mr on key {:#x}: {e}", sge.lkey)),
+            })?;
+        }
+        Ok(())
     }
 
     /// `ibv_alloc_mw`: an unbound memory window of this domain.
@@ -181,6 +202,18 @@ impl ProtectionDomain {
     pub fn create_ah(&self, gid: Gid) -> AddressHandle {
         AddressHandle { dest: gid.to_ip() }
     }
+}
+
+/// What [`ProtectionDomain::advise_mr`] is asked (`ibv_advise_mr_advice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH`: bring the pages in for reading.
+    Prefetch,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE`: bring them in writable.
+    PrefetchWrite,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT`: only those already there
+    /// (nothing to do here but the checks).
+    PrefetchNoFault,
 }
 
 /// The rules of `ibv_reg_mr` (and of `ibv_rereg_mr`'s new values).

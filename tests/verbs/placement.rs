@@ -1,6 +1,7 @@
-//! ATOMIC WRITE and FLUSH (IBTA annex A19) over loopback UDP (rxe-spec
-//! V-21): an 8-byte store that is never torn, and a flush that completes
-//! once what was placed is visible, or in the file behind the region.
+//! Where data lands, over loopback UDP: ATOMIC WRITE and FLUSH (IBTA annex
+//! A19, rxe-spec V-21), an 8-byte store that is never torn and a flush that
+//! completes once what was placed is visible, or in the file behind the
+//! region; and on-demand regions (V-22), whose missing pages are errors.
 
 use std::io::Write as _;
 
@@ -74,4 +75,63 @@ fn a_persistent_flush_puts_a_write_in_the_file_behind_the_region() {
     drop(map);
     assert_eq!(&std::fs::read(&path).unwrap()[100..110], b"persistent");
     std::fs::remove_file(&path).unwrap();
+}
+
+/// Two pages mapped for an on-demand region, and the region.
+fn on_demand_region(pair: &NodePair) -> (*mut u8, usize, softroce::verbs::MemoryRegion) {
+    // SAFETY: sysconf and an anonymous mapping of our own.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    // SAFETY: the mapping is ours; the test unmaps it only as the scenario asks.
+    let mr = unsafe { pair.b.pd.reg_mr(base.cast(), 2 * page, ALL_ACCESS | Access::ON_DEMAND) }.unwrap();
+    (base.cast(), page, mr)
+}
+
+#[test]
+fn an_on_demand_region_whose_page_went_away_refuses_the_access_instead_of_faulting() {
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let (base, page, mr) = on_demand_region(&pair);
+    let write = |offset: usize, id| {
+        let op = SendOp::RdmaWrite { remote_addr: mr.addr() + offset as u64, rkey: mr.rkey() };
+        pair.qp_a.post_send(SendWr::new(id, op).with_sge(pair.mr_a.sge(0, 64))).unwrap();
+        next_wc(&pair.a.cq).status
+    };
+    pair.mr_a.write(0, &[0x5a; 64]).unwrap();
+    assert_eq!(write(page + 8, 1), WcStatus::Success);
+    // SAFETY: the second page is ours; the region stays registered over it,
+    // as on-demand paging allows.
+    assert_eq!(unsafe { libc::munmap(base.add(page).cast(), page) }, 0);
+    assert_eq!(write(page + 8, 2), WcStatus::RemAccessErr);
+    drop(mr);
+    // SAFETY: the first page is still ours.
+    unsafe { libc::munmap(base.cast(), page) };
+}
+
+#[test]
+fn advice_is_for_on_demand_regions_of_the_domain() {
+    use softroce::verbs::Advice;
+    let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
+    let (base, page, mr) = on_demand_region(&pair);
+    for advice in [Advice::Prefetch, Advice::PrefetchWrite, Advice::PrefetchNoFault] {
+        pair.b.pd.advise_mr(advice, &[mr.sge(0, 2 * page)]).unwrap();
+    }
+    let error = |sge| pair.b.pd.advise_mr(Advice::Prefetch, &[sge]).unwrap_err().errno();
+    assert_eq!(error(pair.mr_b.sge(0, 64)), libc::EINVAL, "not on demand");
+    assert_eq!(error(mr.sge(page, page + 1)), libc::EINVAL, "past its end");
+    // SAFETY: the second page is ours.
+    assert_eq!(unsafe { libc::munmap(base.add(page).cast(), page) }, 0);
+    assert_eq!(error(mr.sge(page, 64)), libc::EFAULT, "not mapped");
+    drop(mr);
+    // SAFETY: the first page is still ours.
+    unsafe { libc::munmap(base.cast(), page) };
 }
