@@ -12,7 +12,8 @@
 //!   PSN changes memory or consumes a receive twice;
 //! - every packet the QP sends parses and is an RC response to the peer (UC
 //!   and UD never answer), a full drain yields at most the responses the
-//!   queue can hold, and in ERR the QP sends only the NAK that put it there;
+//!   queue can hold, and in ERR the QP sends what it owed the requests
+//!   before the error, then the NAK that put it there, then nothing;
 //! - the QP is in RTS, or ERR (RC only) with every receive flushed, and
 //!   receives complete once each, in the order they were posted.
 //!
@@ -314,6 +315,10 @@ impl Memory for Audited<'_> {
         self.table.check(key, user, addr, len, access)
     }
 
+    fn resolve(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<u32, MemError> {
+        self.table.resolve(key, user, addr, len, access)
+    }
+
     fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
         self.table.read(key, user, addr, out, access)?;
         assert_eq!(access, Access::REMOTE_READ, "a QP that posts no sends reads only for READ responses");
@@ -415,7 +420,7 @@ struct Responder {
     executed: HashSet<Psn>,
     /// Every request delivered, with where it came from.
     history: Vec<(IpAddr, Vec<u8>)>,
-    sent_in_err: usize,
+    nak_sent_in_err: bool,
     events: usize,
 }
 
@@ -477,7 +482,7 @@ impl Responder {
             deregistered: Vec::new(),
             executed: HashSet::new(),
             history: Vec::new(),
-            sent_in_err: 0,
+            nak_sent_in_err: false,
             events: 0,
         }
     }
@@ -670,9 +675,9 @@ impl Responder {
             assert_eq!(bth.opcode.transport(), Transport::Rc);
             assert!(!bth.opcode.operation().is_request(), "a responder sends only responses: {bth:?}");
             if self.qp.state() == QpState::Err {
-                self.sent_in_err += 1;
+                assert!(!self.nak_sent_in_err, "in ERR the QP sends nothing after the NAK that put it there");
                 let nak = matches!(packet.header.aeth, Some(AethRepr { syndrome: Syndrome::Nak(_), .. }));
-                assert!(self.sent_in_err == 1 && nak, "in ERR the QP sends only the NAK that put it there");
+                self.nak_sent_in_err = nak;
             }
         }
     }

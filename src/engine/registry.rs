@@ -174,6 +174,14 @@ impl Memory for RegistryAccess<'_> {
         self.0.locate(key, user, addr, len, access).map(|_| ())
     }
 
+    fn resolve(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<u32, MemError> {
+        self.check(key, user, addr, len, access)?;
+        if WindowTable::is_window_key(key) && access.is_remote() {
+            return self.0.windows().resolve(key, user, addr, len, access);
+        }
+        Ok(key)
+    }
+
     fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
         let (src, on_demand) = self.0.locate_paged(key, user, addr, out.len() as u64, access)?;
         if on_demand {

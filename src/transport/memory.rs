@@ -100,6 +100,14 @@ pub trait Memory {
     /// holds `[addr, addr + len)`.
     fn check(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<(), MemError>;
 
+    /// Checks as [`Memory::check`] does and returns the key of the region
+    /// `key` reaches: `key` itself, or the region a window is bound to. A
+    /// READ's responses, built later, read through it with no right asked
+    /// again, so that an invalidate that overtakes them (the request after
+    /// the READ, executed before the READ's responses are all sent) does
+    /// not take back what the READ was granted.
+    fn resolve(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<u32, MemError>;
+
     /// Copies `out.len()` bytes from `addr`.
     fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError>;
 
@@ -460,6 +468,10 @@ impl MemoryTable {
 impl Memory for MemoryTable {
     fn check(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
         self.locate(key, user, addr, len, access).map(|_| ())
+    }
+
+    fn resolve(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<u32, MemError> {
+        self.locate(key, user, addr, len, access).map(|(key, _)| key)
     }
 
     fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {

@@ -390,6 +390,10 @@ impl Memory for Huge {
         offset_in(HUGE_VA, HUGE_LEN, addr, len).map(|_| ())
     }
 
+    fn resolve(&self, key: u32, user: KeyUser, addr: u64, len: u64, access: Access) -> Result<u32, MemError> {
+        self.check(key, user, addr, len, access).map(|()| key)
+    }
+
     fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
         self.check(key, user, addr, out.len() as u64, access)?;
         for (i, b) in out.iter_mut().enumerate() {

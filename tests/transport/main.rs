@@ -24,6 +24,7 @@ mod fuzz_stack;
 
 mod fuzz_regressions;
 mod messages;
+mod placement;
 mod qp_states;
 mod requester;
 mod responder;

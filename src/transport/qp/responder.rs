@@ -47,11 +47,15 @@ pub(super) enum Response {
         syndrome: Syndrome,
         msn: u32,
     },
-    /// READ response packets still to send, from `psn` on.
+    /// READ response packets still to send, from `psn` on, read through
+    /// `rkey` with `access`: the READ's own key and REMOTE_READ, or for a
+    /// READ through a window the region behind it, with no right asked
+    /// again ([`Memory::resolve`]).
     Read {
         psn: Psn,
         addr: u64,
         rkey: u32,
+        access: Access,
         remaining: u64,
         first: bool,
         msn: u32,
@@ -407,10 +411,14 @@ impl Qp {
     fn read(&mut self, pkt: Incoming<'_>, mem: &mut dyn Memory) -> Result<(), Refusal> {
         let reth = pkt.header.reth.ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
         let len = u64::from(reth.dma_len);
-        if len > 0 {
-            mem.check(reth.rkey, self.key_user(), reth.va, len, Access::REMOTE_READ)
+        let (source, access) = if len > 0 {
+            let region = mem
+                .resolve(reth.rkey, self.key_user(), reth.va, len, Access::REMOTE_READ)
                 .map_err(|_| Refusal::Nak(NakCode::RemoteAccessError))?;
-        }
+            read_source(reth.rkey, region)
+        } else {
+            (reth.rkey, Access::REMOTE_READ)
+        };
         let psn = pkt.header.bth.psn;
         let mtu = self.attr.path_mtu.bytes() as u64;
         let packets = len.div_ceil(mtu).max(1) as u32;
@@ -419,7 +427,8 @@ impl Qp {
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.psn = last.wrapping_add(1);
         let msn = self.resp.msn;
-        self.push_response(Response::Read { psn, addr: reth.va, rkey: reth.rkey, remaining: len, first: true, msn });
+        let read = Response::Read { psn, addr: reth.va, rkey: source, access, remaining: len, first: true, msn };
+        self.push_response(read);
         Ok(())
     }
 
@@ -474,7 +483,16 @@ impl Qp {
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.psn = psn.wrapping_add(1);
         let msn = self.resp.msn;
-        self.push_response(Response::Read { psn, addr: reth.va, rkey: reth.rkey, remaining: 0, first: true, msn });
+        let access = Access::REMOTE_READ;
+        self.push_response(Response::Read {
+            psn,
+            addr: reth.va,
+            rkey: reth.rkey,
+            access,
+            remaining: 0,
+            first: true,
+            msn,
+        });
         Ok(())
     }
 
@@ -513,15 +531,19 @@ impl Qp {
                 let within = reth.rkey == rkey
                     && reth.va >= addr
                     && reth.va.checked_add(asked).is_some_and(|end| end <= addr + len);
-                if !within
-                    || (asked > 0 && mem.check(rkey, self.key_user(), reth.va, asked, Access::REMOTE_READ).is_err())
-                {
+                let resolved = match asked {
+                    0 => Ok(rkey),
+                    _ => mem.resolve(rkey, self.key_user(), reth.va, asked, Access::REMOTE_READ),
+                };
+                let (Ok(region), true) = (resolved, within) else {
                     self.counters.dropped += 1;
                     return;
-                }
+                };
+                let (source, access) = read_source(rkey, region);
                 // A newer replay of the same READ replaces a queued one where
                 // it stands, so responses stay in PSN order.
-                let replay = Response::Read { psn, addr: reth.va, rkey, remaining: asked, first: true, msn };
+                let replay =
+                    Response::Read { psn, addr: reth.va, rkey: source, access, remaining: asked, first: true, msn };
                 let queued =
                     self.resp.responses.iter_mut().find(
                         |r| matches!(r, Response::Read { psn: p, .. } if !p.is_before(first) && !p.is_after(last)),
@@ -536,8 +558,16 @@ impl Qp {
                     self.resp.resources.iter().any(|r| matches!(*r, Resource::Read { first, .. } if first == psn));
                 match (flushed, hdr.reth) {
                     (true, Some(reth)) => {
-                        let replay =
-                            Response::Read { psn, addr: reth.va, rkey: reth.rkey, remaining: 0, first: true, msn };
+                        let access = Access::REMOTE_READ;
+                        let replay = Response::Read {
+                            psn,
+                            addr: reth.va,
+                            rkey: reth.rkey,
+                            access,
+                            remaining: 0,
+                            first: true,
+                            msn,
+                        };
                         self.push_response(replay);
                     }
                     _ => self.counters.dropped += 1,
@@ -578,11 +608,14 @@ impl Qp {
         self.resp.responses.push_back(resp);
     }
 
-    /// Class B/C errors: NAK the request and move the QP to ERR.
+    /// Class B/C errors: NAK the request and move the QP to ERR. The
+    /// answers still queued for the requests before it go first, as in rxe,
+    /// whose responder has sent them before it looks at the next request: a
+    /// READ's responses, an atomic's ACK, the ACK of the last SEND. Nothing
+    /// follows the NAK.
     fn nak_and_fail(&mut self, psn: Psn, code: NakCode) {
         debug!(qpn = self.qpn, psn = psn.value(), ?code, "NAK");
         self.counters.fatal_naks_sent.count(code);
-        self.resp.responses.clear();
         self.resp.responses.push_back(Response::Ack { psn, syndrome: Syndrome::Nak(code), msn: self.resp.msn });
         let event = match code {
             NakCode::RemoteAccessError => AsyncEvent::QpAccessError { qpn: self.qpn },
@@ -679,7 +712,7 @@ impl Qp {
                 self.resp.responses.pop_front();
                 repr.emit(buf, &[]).ok()?
             }
-            Response::Read { psn, addr, rkey, remaining, first, msn } => {
+            Response::Read { psn, addr, rkey, access, remaining, first, msn } => {
                 let mtu = self.attr.path_mtu.bytes() as u64;
                 let n = remaining.min(mtu);
                 let last = remaining <= mtu;
@@ -696,8 +729,10 @@ impl Qp {
                 let header_len = repr.header_len();
                 let total = repr.emit_headers(buf, n as usize).ok()?;
                 let payload = &mut buf[header_len..header_len + n as usize];
-                if n > 0 && mem.read(rkey, self.key_user(), addr, payload, Access::REMOTE_READ).is_err() {
-                    // The region went away under the READ.
+                if n > 0 && mem.read(rkey, self.key_user(), addr, payload, access).is_err() {
+                    // The region went away under the READ: it fails, and
+                    // what was queued after it answers nothing any more.
+                    self.resp.responses.clear();
                     self.nak_and_fail(psn, NakCode::RemoteAccessError);
                     return self.next_response(mem, buf);
                 }
@@ -709,6 +744,7 @@ impl Qp {
                         psn: psn.wrapping_add(1),
                         addr: addr + n,
                         rkey,
+                        access,
                         remaining: remaining - n,
                         first: false,
                         msn,
@@ -718,6 +754,16 @@ impl Qp {
             }
         };
         Some(Transmit { dest, len })
+    }
+}
+
+/// The key and right a READ's responses read through: its own key with
+/// REMOTE_READ, or the region a window of it reached, checked already.
+fn read_source(rkey: u32, region: u32) -> (u32, Access) {
+    if region == rkey {
+        (rkey, Access::REMOTE_READ)
+    } else {
+        (region, Access::NONE)
     }
 }
 
