@@ -202,6 +202,11 @@ pub struct Args {
     /// Report in Gb/sec instead of MB/sec.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
+    /// Peers reach our buffer through a type 2 memory window per QP, bound
+    /// over a region that grants no remote right of its own (softroce only;
+    /// RC WRITE, READ and atomics).
+    #[arg(long)]
+    mw: bool,
     #[command(flatten)]
     peer: PeerArgs,
     /// Bytes of socket buffer to ask for, each way, instead of 8 MiB:
@@ -238,6 +243,8 @@ pub struct Params {
     /// `-D`: the run's length and the margin before and after the sample.
     duration: Option<(Duration, Duration)>,
     timeout: Option<Duration>,
+    /// `--mw`: the buffer is reached through memory windows.
+    windows: bool,
 }
 
 impl Params {
@@ -256,6 +263,9 @@ impl Params {
                 return fail(format!(" {} is not supported with {} tests", args.conn.name(), verb.name()));
             }
             _ => {}
+        }
+        if args.mw && (verb == Verb::Send || args.conn != Conn::Rc) {
+            return fail(" Memory windows (--mw) are for RC WRITE, READ and atomic tests");
         }
         if args.atomic_type.is_some() && verb != Verb::Atomic {
             return fail(" -A/--atomic_type is an option of atomic tests only");
@@ -366,6 +376,7 @@ impl Params {
             duplex: args.bidirectional,
             duration,
             timeout: args.peer.timeout,
+            windows: args.mw,
         })
     }
 

@@ -15,7 +15,7 @@ int main(void)
 
     /* Memory registration. */
     CHECK_NULL_ERRNO(ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_REMOTE_WRITE), EINVAL);
-    CHECK_NULL_ERRNO(ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND), EOPNOTSUPP);
+    CHECK_NULL_ERRNO(ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ZERO_BASED), EOPNOTSUPP);
     CHECK_NULL_ERRNO(ibv_reg_mr(pd, buf, 0, IBV_ACCESS_LOCAL_WRITE), EINVAL);
     struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf,
                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
@@ -24,6 +24,22 @@ int main(void)
     struct ibv_mr *relaxed = ibv_reg_mr(pd, buf, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
     CHECK(relaxed != NULL, "ibv_reg_mr with IBV_ACCESS_RELAXED_ORDERING");
     CHECK_RC(ibv_dereg_mr(relaxed), 0);
+    /* Re-registration: flags libibverbs refuses, a domain it is not. */
+    CHECK(ibv_rereg_mr(mr, 8, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "rereg: unknown flag");
+    CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT,
+          "rereg: new memory of no length");
+    CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE) == IBV_REREG_MR_ERR_CMD &&
+              errno == EINVAL,
+          "rereg: remote write without local write");
+    CHECK_RC(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE), 0);
+    /* Windows: types 1 and 2 only; advice for on-demand regions only. */
+    CHECK_NULL_ERRNO(ibv_alloc_mw(pd, 3), EINVAL);
+    struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+    CHECK(mw != NULL && mw->type == IBV_MW_TYPE_1, "ibv_alloc_mw type 1");
+    CHECK(ibv_dealloc_pd(pd) == EBUSY, "a PD with a window is busy");
+    CHECK_RC(ibv_dealloc_mw(mw), 0);
+    struct ibv_sge not_on_demand = {.addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey};
+    CHECK_RC(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &not_on_demand, 1), EINVAL);
 
     /* Queries out of range. */
     union ibv_gid gid;
@@ -49,6 +65,8 @@ int main(void)
     void *ev_ctx;
     errno = 0;
     CHECK(ibv_get_cq_event(channel, &ev_cq, &ev_ctx) == -1 && errno == EAGAIN, "a non-blocking channel: EAGAIN");
+    CHECK_RC(ibv_resize_cq(cq, 0), EINVAL);
+    CHECK(ibv_resize_cq(cq, 128) == 0 && cq->cqe == 128, "ibv_resize_cq to 128");
 
     /* QPs: types, capacities, transitions, masks. */
     struct ibv_qp_init_attr init = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,

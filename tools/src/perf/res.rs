@@ -12,10 +12,12 @@
 use std::time::{Duration, Instant};
 
 use softroce::transport::{
-    Access, AttrMask, Mtu, QpAttr, QpCap, QpState, QpType, RecvWr, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
+    Access, AttrMask, Mtu, MwBind, QpAttr, QpCap, QpState, QpType, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use softroce::verbs::{
-    CompletionQueue, Context, ContextOptions, Device, Gid, MemoryRegion, ProtectionDomain, QueuePair,
+    CompletionQueue, Context, ContextOptions, Device, Gid, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair,
+    WindowType,
 };
 use softroce::wire::Psn;
 
@@ -55,6 +57,9 @@ pub struct Res {
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
     qps: Vec<QueuePair>,
+    /// `--mw`: QP i's window over the whole buffer, and its bind, posted
+    /// once the QP is in RTS; its key is the one the peer gets.
+    windows: Vec<(MemoryWindow, MwBind)>,
     /// `BUFF_SIZE(size, cycle_buffer)`: one slot of the buffer.
     slot: usize,
     /// The cycle buffer (page) and cache line sizes both sides agreed on.
@@ -87,13 +92,14 @@ impl Res {
         if p.conn == Conn::Ud {
             len += cache_line;
         }
-        let access = Access::LOCAL_WRITE
-            | match p.verb {
-                Verb::Write => Access::REMOTE_WRITE,
-                Verb::Read => Access::REMOTE_READ,
-                Verb::Atomic => Access::REMOTE_ATOMIC,
-                Verb::Send => Access::NONE,
-            };
+        let remote = match p.verb {
+            Verb::Write => Access::REMOTE_WRITE,
+            Verb::Read => Access::REMOTE_READ,
+            Verb::Atomic => Access::REMOTE_ATOMIC,
+            Verb::Send => Access::NONE,
+        };
+        // With windows the region grants no remote right: they do.
+        let access = Access::LOCAL_WRITE | if p.windows { Access::MW_BIND } else { remote };
         let mr = pd.alloc_mr(len, access).map_err(|e| Fail(format!("Couldn't allocate MR: {e}")))?;
         // perftest fills the buffer with rand(), except for write_lat, whose
         // ping-pong polls the last byte of each message and needs zeros.
@@ -149,6 +155,14 @@ impl Res {
             qp.modify(&attr, mask).map_err(|e| Fail(format!("Failed to modify QP to INIT, {e}")))?;
             qps.push(qp);
         }
+        let mut windows = Vec::new();
+        if p.windows {
+            for _ in 0..n {
+                let mw = pd.alloc_mw(WindowType::Type2).map_err(|e| Fail(format!("Couldn't allocate MW: {e}")))?;
+                let bind = mw.bind_request(Some(&mr), mr.addr(), len as u64, remote);
+                windows.push((mw, bind));
+            }
+        }
         Ok(Res {
             _ctx: ctx,
             pd,
@@ -156,6 +170,7 @@ impl Res {
             send_cq,
             recv_cq,
             qps,
+            windows,
             slot,
             cycle,
             cache_line,
@@ -177,7 +192,7 @@ impl Res {
                 qpn: qp.qpn(),
                 // Random, as the QP's own first PSN is.
                 psn: qp.endpoint(0)?.psn.value(),
-                rkey: self.mr.rkey(),
+                rkey: self.windows.get(i).map_or(self.mr.rkey(), |(_, bind)| bind.rkey),
                 vaddr: self.mr.addr() + ((n + i) * self.slot) as u64,
                 gid: gid.to_bytes(),
                 srqn: 0,
@@ -227,9 +242,18 @@ impl Res {
             };
             qp.modify(&QpAttr { state: QpState::Rtr, ..attr }, AttrMask::STATE | rtr)
                 .map_err(|e| Fail(format!("Failed to modify QP {} to RTR: {e}", qp.qpn())))?;
-            if rts {
+            // A window is bound through its QP's send queue: RTS.
+            if rts || p.windows {
                 qp.modify(&QpAttr { state: QpState::Rts, ..attr }, AttrMask::STATE | rts_mask)
                     .map_err(|e| Fail(format!("Failed to modify QP to RTS: {e}")))?;
+            }
+            if let Some(&(_, bind)) = self.windows.get(i) {
+                qp.post_send(SendWr::new(u64::MAX, SendOp::BindMw(bind)))
+                    .map_err(|e| Fail(format!("Couldn't bind MW: {e}")))?;
+                let done = self.send_cq.wait_one(Duration::from_secs(5));
+                if !done.is_some_and(|wc| wc.status == WcStatus::Success && wc.opcode == WcOpcode::BindMw) {
+                    return Err(Fail(format!("Couldn't bind MW: {done:?}")));
+                }
             }
             if p.conn == Conn::Ud && rts {
                 let ah = self.pd.create_ah(Gid::from_ip(dest));
