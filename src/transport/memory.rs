@@ -240,6 +240,15 @@ impl WindowTable {
         }
     }
 
+    /// Frees every type 2 window bound through QP `qpn`, which goes away.
+    pub fn unbind_qp(&mut self, qpn: u32) {
+        for w in self.windows.values_mut() {
+            if w.kind == WindowType::Type2 && w.binding.is_some_and(|b| b.qpn == qpn) {
+                w.binding = None;
+            }
+        }
+    }
+
     fn get(&self, rkey: u32) -> Result<&Window, MemError> {
         self.windows.get(&(rkey >> 8)).filter(|w| w.rkey == rkey).ok_or(MemError::InvalidKey(rkey))
     }

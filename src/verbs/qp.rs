@@ -260,6 +260,9 @@ impl Drop for QueuePair {
         lock(&shared.closing).push(Arc::clone(&self.cell));
         drop(qps);
         shared.qps_version.fetch_add(1, Ordering::Release);
+        // Type 2 windows bound through it are free again: no later QP that
+        // gets its number inherits them.
+        shared.registry.write().unwrap_or_else(|e| e.into_inner()).windows_mut().unbind_qp(self.qpn);
         // Sent from here if this thread can: a thread that just took the
         // last completion may have left the ACK of its message unsent.
         self.ctx.engine.progress_now();

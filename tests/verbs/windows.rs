@@ -155,3 +155,22 @@ fn a_bind_completes_after_the_requests_before_it() {
     let ids: Vec<(u64, WcOpcode)> = (0..2).map(|_| next_wc(&pair.b.cq)).map(|w| (w.wr_id, w.opcode)).collect();
     assert_eq!(ids, [(1, WcOpcode::Send), (2, WcOpcode::BindMw)]);
 }
+
+#[test]
+fn a_destroyed_qp_takes_its_type_2_windows_with_it() {
+    let (pair, mr, mw) = setup(WindowType::Type2);
+    let rkey = bound(&pair, &mr, &mw, Access::REMOTE_WRITE);
+    let NodePair { a, b, qp_a, qp_b, mr_a, .. } = pair;
+    drop(qp_b);
+    // Free again: it binds through another QP.
+    let (qp_a2, qp_b2) = (a.qp(QpType::Rc), b.qp(QpType::Rc));
+    connect(&qp_a2, &qp_b2, &options(Mtu::Mtu1024), &options(Mtu::Mtu1024));
+    let bind = mw.bind_request(Some(&mr), mr.addr() + AT, LEN, Access::REMOTE_WRITE);
+    qp_b2.bind_mw(&mw, 9, bind, SendFlags { signaled: true, ..SendFlags::default() }).unwrap();
+    assert_eq!(next_wc(&b.cq), wc(9, qp_b2.qpn(), WcStatus::Success, WcOpcode::BindMw));
+    assert_ne!(bind.rkey, rkey);
+    let op = SendOp::RdmaWrite { remote_addr: mr.addr() + AT, rkey: bind.rkey };
+    qp_a2.post_send(SendWr::new(1, op).with_sge(mr_a.sge(0, 8))).unwrap();
+    assert_eq!(next_wc(&a.cq).status, WcStatus::Success);
+    drop(qp_a);
+}
