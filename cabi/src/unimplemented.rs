@@ -13,15 +13,9 @@ use std::os::raw::{c_char, c_int, c_void};
 
 use crate::errno::{set_errno, unsupported_errno, unsupported_neg, unsupported_null};
 use crate::sys::{
-    ibv_ah_attr, ibv_context, ibv_dm, ibv_ece, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_rate, ibv_wr_opcode,
+    ibv_ah_attr, ibv_context, ibv_dm, ibv_ece, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_rate, ibv_wr_opcode,
     IBV_RATE_MAX,
 };
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    unsupported_errno()
-}
-symver!(ibv_attach_mcast);
 
 /// `src` is a `struct ib_uverbs_ah_attr`.
 #[no_mangle]
@@ -42,12 +36,6 @@ symver!(ibv_copy_path_rec_to_kern);
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(_dst: *mut ibv_qp_attr, _src: *mut c_void) {}
 symver!(ibv_copy_qp_attr_from_kern);
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    unsupported_errno()
-}
-symver!(ibv_detach_mcast);
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {

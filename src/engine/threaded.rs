@@ -40,7 +40,7 @@ use crate::net::{wait_readable, Link, LinkStats};
 use crate::transport::{
     AsyncEvent, Counters, CqKind, Qp, QpType, Srq, TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
 };
-use crate::wire::RoceRepr;
+use crate::wire::{BthRepr, RoceRepr};
 
 /// Locks a mutex, recovering it if a thread panicked while holding it: the
 /// state inside stays consistent because every critical section is a single
@@ -346,6 +346,13 @@ pub(crate) struct EngineShared {
     /// The link's receive buffer, which RC windows keep within
     /// ([`Qp::set_peer_buffer`]).
     pub receive_buffer: Option<usize>,
+    /// The QPs attached to each multicast group, by group address.
+    pub mcast: Mutex<HashMap<IpAddr, Vec<u32>>>,
+    /// Held across an attach or detach, so that joining and leaving a
+    /// group at the link keep step with `mcast` (never held by the engine).
+    mcast_changes: Mutex<()>,
+    /// Bumped when the link's descriptors change (a group joined or left).
+    link_version: AtomicU64,
 }
 
 /// The engine thread, stopped and joined on drop.
@@ -386,6 +393,63 @@ impl EngineShared {
 }
 
 impl Engine {
+    /// Attaches QP `qpn` to multicast group `group`: the link joins the
+    /// group with the first QP (rxe-spec V-23). Says whether the QP was
+    /// attached already.
+    pub fn attach_mcast(&self, group: IpAddr, qpn: u32, max_qps: usize) -> std::io::Result<bool> {
+        let _serial = lock(&self.shared.mcast_changes);
+        let known = lock(&self.shared.mcast).get(&group).map(|qps| (qps.contains(&qpn), qps.len()));
+        match known {
+            Some((true, _)) => return Ok(true),
+            Some((false, n)) if n >= max_qps => {
+                return Err(std::io::Error::new(std::io::ErrorKind::OutOfMemory, "the group has its most QPs"))
+            }
+            Some(_) => {}
+            None => self.change_link(|link| link.join_group(group))?,
+        }
+        lock(&self.shared.mcast).entry(group).or_default().push(qpn);
+        Ok(false)
+    }
+
+    /// Detaches QP `qpn` from `group` (from every group with `None`); the
+    /// link leaves a group its last QP left. Says whether it was attached.
+    pub fn detach_mcast(&self, group: Option<IpAddr>, qpn: u32) -> bool {
+        let _serial = lock(&self.shared.mcast_changes);
+        let mut left = Vec::new();
+        let mut found = false;
+        for (&g, qps) in lock(&self.shared.mcast).iter_mut().filter(|(g, _)| group.is_none_or(|x| x == **g)) {
+            if let Some(at) = qps.iter().position(|&q| q == qpn) {
+                qps.remove(at);
+                found = true;
+                if qps.is_empty() {
+                    left.push(g);
+                }
+            }
+        }
+        lock(&self.shared.mcast).retain(|_, qps| !qps.is_empty());
+        for g in left {
+            let _ = self.change_link(|link| {
+                link.leave_group(g);
+                Ok(())
+            });
+        }
+        found
+    }
+
+    /// Changes the link under the progress lock, and has the engine thread
+    /// wait on its descriptors as they now are.
+    fn change_link(&self, change: impl FnOnce(&mut dyn Link) -> std::io::Result<()>) -> std::io::Result<()> {
+        let mut p = lock(&self.progress);
+        change(&mut *p.out.link)?;
+        let mut fds = p.out.link.raw_fds();
+        fds.extend(self.shared.handover.doorbell_fd());
+        p.fds = fds;
+        drop(p);
+        self.shared.link_version.fetch_add(1, Ordering::Release);
+        self.shared.handover.ring();
+        Ok(())
+    }
+
     /// Starts the engine thread over `link`. With `busy_poll`, application
     /// threads that wait for a completion or an event poll instead of
     /// sleeping (lowest latency, a core spent per waiting thread); the
@@ -869,6 +933,11 @@ impl Progress {
                 continue;
             };
             let qpn = pkt.header.bth.dest_qpn;
+            if qpn == BthRepr::MULTICAST_QPN {
+                drop(held.take());
+                deliver_multicast(&self.by_qpn, &mut self.active, shared, now, &r, &pkt, &mut mem);
+                continue;
+            }
             let (cell, lingering) = match (self.by_qpn.get(&qpn), self.lingering.cells.get(&qpn)) {
                 (Some(cell), _) => (cell, false),
                 (None, Some(cell)) => (cell, true),
@@ -1068,10 +1137,11 @@ impl Lingering {
 /// something (or the next timer is due). While an application thread drives
 /// progress, the engine keeps off ([`Handover::engine_keeps_off`]).
 fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
-    let (fds, start) = {
+    let (mut fds, start) = {
         let p = lock(progress);
         (p.fds.clone(), p.start)
     };
+    let mut link_version = shared.link_version.load(Ordering::Acquire);
     let handover = &shared.handover;
     let doorbell: Vec<RawFd> = handover.doorbell_fd().into_iter().collect();
     let mut last_busy = Duration::ZERO;
@@ -1121,6 +1191,11 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
             lax_slack = false;
         }
         shared.sleeps.fetch_add(1, Ordering::Relaxed);
+        let version = shared.link_version.load(Ordering::Acquire);
+        if version != link_version {
+            link_version = version;
+            fds = lock(progress).fds.clone();
+        }
         let ready = wait_readable(&fds, wait);
         handover.engine_wakes();
         handover.drain_doorbell(&fds, ready);
@@ -1152,6 +1227,36 @@ fn set_timer_slack(slack: Duration) {
     let ns = libc::c_ulong::try_from(slack.as_nanos()).unwrap_or(libc::c_ulong::MAX);
     // SAFETY: PR_SET_TIMERSLACK takes a value and changes only this thread's slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns, 0, 0, 0) };
+}
+
+/// A packet to a multicast group: a copy to each QP of `by_qpn` attached to
+/// the group it was sent to (rxe's `rxe_rcv_mcast_pkt`), which then go on
+/// the `active` list.
+fn deliver_multicast(
+    by_qpn: &HashMap<u32, Arc<QpCell>>,
+    active: &mut Vec<Arc<QpCell>>,
+    shared: &EngineShared,
+    now: Duration,
+    r: &crate::net::Received,
+    pkt: &crate::wire::roce::RocePacket<'_>,
+    mem: &mut RegistryAccess<'_>,
+) {
+    let members = lock(&shared.mcast).get(&r.dst).cloned().unwrap_or_default();
+    if members.is_empty() {
+        shared.unknown_qp.fetch_add(1, Ordering::Relaxed);
+    }
+    for qpn in members {
+        let Some(cell) = by_qpn.get(&qpn) else { continue };
+        let mut qp = lock(&cell.qp);
+        let mut srq = cell.srq.as_ref().map(|s| lock(s));
+        dispatch::deliver(&mut qp, now, r, pkt, mem, srq.as_deref_mut());
+        drop(srq);
+        cell.drain(&mut qp, &shared.events);
+        drop(qp);
+        if !cell.marks.active.swap(true, Ordering::Relaxed) {
+            active.push(Arc::clone(cell));
+        }
+    }
 }
 
 /// Hands up to `limit` of the QP's packets to the link, under a registry

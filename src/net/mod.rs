@@ -128,6 +128,18 @@ pub trait Link {
     /// Makes `addr` one of the link's local addresses.
     fn attach(&mut self, addr: IpAddr) -> io::Result<()>;
 
+    /// Receives the datagrams sent to multicast group `group` from now on;
+    /// links without multicast refuse.
+    fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
+        let _ = group;
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this link has no multicast"))
+    }
+
+    /// Stops receiving the group's datagrams.
+    fn leave_group(&mut self, group: IpAddr) {
+        let _ = group;
+    }
+
     /// Sends one packet, filling in its ICRC.
     fn transmit(&mut self, now: Duration, out: Outgoing<'_>) -> io::Result<()>;
 

@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::net::UnixDatagram;
@@ -633,6 +633,68 @@ fn member_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
     }
     socket.set_nonblocking(true)?;
     Ok(socket)
+}
+
+/// A socket on `group:port` that receives the datagrams sent to the IPv4
+/// multicast group on the interface of `local`: every process that opens
+/// one gets a copy of each (multicast delivery ignores reuseport groups).
+/// `SO_REUSEPORT`, never `SO_REUSEADDR`, as for member sockets.
+#[allow(unsafe_code)]
+pub(super) fn group_socket(group: Ipv4Addr, local: Ipv4Addr, port: u16) -> io::Result<UdpSocket> {
+    // SAFETY: plain socket(2); the descriptor is owned by the UdpSocket at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket nobody else owns.
+    let socket = unsafe { UdpSocket::from_raw_fd(fd) };
+    set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    let (storage, len) = sockaddr(SocketAddr::new(IpAddr::V4(group), port));
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes.
+    if unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let request = libc::ip_mreq {
+        imr_multiaddr: libc::in_addr { s_addr: u32::from_ne_bytes(group.octets()) },
+        imr_interface: libc::in_addr { s_addr: u32::from_ne_bytes(local.octets()) },
+    };
+    // SAFETY: a pointer to an ip_mreq of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_ADD_MEMBERSHIP,
+            (&request as *const libc::ip_mreq).cast(),
+            size_of::<libc::ip_mreq>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+/// Makes datagrams `socket` sends to multicast groups leave on the
+/// interface of `local`, the device's own, never the host's default route;
+/// one hop only.
+#[allow(unsafe_code)]
+pub(super) fn send_multicast_from(socket: &UdpSocket, local: Ipv4Addr) -> io::Result<()> {
+    let interface = libc::in_addr { s_addr: u32::from_ne_bytes(local.octets()) };
+    // SAFETY: a pointer to an in_addr of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_IF,
+            (&interface as *const libc::in_addr).cast(),
+            size_of::<libc::in_addr>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    set_int(socket.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 1)
 }
 
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {

@@ -42,6 +42,8 @@ use crate::wire::ROCE_UDP_PORT;
 pub struct UdpLink {
     port: u16,
     sockets: BTreeMap<IpAddr, (Arc<UdpSocket>, SendBatch)>,
+    /// Sockets of the multicast groups joined, by group address.
+    groups: BTreeMap<IpAddr, UdpSocket>,
     /// The link's place among the processes sharing its port, once joined.
     share: Option<Member>,
     /// A packet another member forwarded, and its length.
@@ -68,6 +70,7 @@ impl UdpLink {
         UdpLink {
             port,
             sockets: BTreeMap::new(),
+            groups: BTreeMap::new(),
             share: None,
             forwarded: Vec::new(),
             rx: RecvBatch::default(),
@@ -136,8 +139,9 @@ impl UdpLink {
     }
 
     fn add_socket(&mut self, addr: IpAddr, socket: Arc<UdpSocket>) -> io::Result<()> {
-        if addr.is_ipv4() {
+        if let IpAddr::V4(local) = addr {
             set_pmtudisc_do(&socket)?;
+            super::share::send_multicast_from(&socket, local)?;
         } else {
             // Kernel rxe sends IPv6 UDP with a zero checksum (RFC 6935 allows
             // it for tunnels); Linux drops such datagrams unless asked not to.
@@ -157,6 +161,31 @@ impl UdpLink {
         let _ = set_int_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1);
         self.sockets.insert(addr, (socket, SendBatch::new(gso)));
         Ok(())
+    }
+
+    /// Receives the datagrams of IPv4 multicast group `group` (rxe-spec
+    /// V-23), on the interface of the link's IPv4 address; joining again is
+    /// nothing.
+    pub fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
+        if self.groups.contains_key(&group) {
+            return Ok(());
+        }
+        let IpAddr::V4(v4) = group else {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "IPv6 multicast groups are not supported"));
+        };
+        let local = self.sockets.keys().find_map(|a| match a {
+            IpAddr::V4(a) => Some(*a),
+            IpAddr::V6(_) => None,
+        });
+        let local = local.ok_or_else(|| io::Error::new(io::ErrorKind::AddrNotAvailable, "no IPv4 address"))?;
+        let socket = super::share::group_socket(v4, local, self.port)?;
+        self.groups.insert(group, socket);
+        Ok(())
+    }
+
+    /// Stops receiving the group's datagrams.
+    pub fn leave_group(&mut self, group: IpAddr) {
+        self.groups.remove(&group);
     }
 
     /// Whether the socket of `addr` still sends GSO trains: false before
@@ -179,7 +208,8 @@ impl UdpLink {
                         self.stats.malformed += 1;
                         continue;
                     };
-                    if let Some(member) = &mut self.share {
+                    // Every process that joined a group has its own copy.
+                    if let Some(member) = self.share.as_mut().filter(|_| !local.is_multicast()) {
                         let roce = self.rx.bytes(at.clone());
                         if let Some(owner) = member.owner_elsewhere(local, roce) {
                             match member.forward(owner, src, local, roce) {
@@ -231,6 +261,16 @@ impl UdpLink {
                 Ok(0) => {}
                 Ok(_) => {
                     self.rx_local = Some(local);
+                    return true;
+                }
+                Err(_) => self.stats.malformed += 1,
+            }
+        }
+        for (&group, socket) in &self.groups {
+            match self.rx.fill(socket.as_raw_fd()) {
+                Ok(0) => {}
+                Ok(_) => {
+                    self.rx_local = Some(group);
                     return true;
                 }
                 Err(_) => self.stats.malformed += 1,
@@ -440,6 +480,14 @@ impl Link for UdpLink {
         self.bind(addr)
     }
 
+    fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
+        UdpLink::join_group(self, group)
+    }
+
+    fn leave_group(&mut self, group: IpAddr) {
+        UdpLink::leave_group(self, group);
+    }
+
     fn transmit(&mut self, _now: Duration, out: Outgoing<'_>) -> io::Result<()> {
         check(out.src, out.dst, out.roce.len())?;
         let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| no_socket(out.src))?;
@@ -533,7 +581,8 @@ impl Link for UdpLink {
 
     fn raw_fds(&self) -> Vec<RawFd> {
         let inbox = self.share.as_ref().map(Member::inbox_fd);
-        self.sockets.values().map(|(s, _)| s.as_raw_fd()).chain(inbox).collect()
+        let groups = self.groups.values().map(UdpSocket::as_raw_fd);
+        self.sockets.values().map(|(s, _)| s.as_raw_fd()).chain(groups).chain(inbox).collect()
     }
 
     fn stats(&self) -> LinkStats {

@@ -225,10 +225,10 @@ impl Device {
             max_mw: 0x1000,
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
-            // rxe offers 8192 groups; softroce has no multicast.
-            max_mcast_grp: 0,
-            max_mcast_qp_attach: 0,
-            max_total_mcast_qp_attach: 0,
+            // rxe's RXE_MAX_MCAST_GRP, _QP_ATTACH and _TOTAL_MCAST_QP_ATTACH.
+            max_mcast_grp: 8192,
+            max_mcast_qp_attach: 56,
+            max_total_mcast_qp_attach: 0x70000,
             max_ah: 100,
             max_fmr: 0,
             max_map_per_fmr: 0,

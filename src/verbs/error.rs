@@ -87,6 +87,7 @@ impl Error {
                 io::ErrorKind::PermissionDenied => libc::EACCES,
                 io::ErrorKind::NotFound => libc::ENOENT,
                 io::ErrorKind::OutOfMemory => libc::ENOMEM,
+                io::ErrorKind::Unsupported => libc::EOPNOTSUPP,
                 io::ErrorKind::InvalidInput => libc::EINVAL,
                 _ => libc::EIO,
             }),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::context::{add_counters, ContextInner};
 use super::error::{Error, Result};
-use super::{Endpoint, MemoryWindow};
+use super::{Endpoint, Gid, MemoryWindow};
 use crate::engine::threaded::{lock, QpCell};
 use crate::transport::{
     Access, AttrMask, Mtu, MwBind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
@@ -110,6 +110,39 @@ impl QueuePair {
         self.post_send(wr)?;
         mw.rkey.store(bind.rkey, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// `ibv_attach_mcast`: the UD QP receives what is sent to multicast
+    /// group `gid` (an IPv4-mapped multicast address, 224.0.0.0/4), with
+    /// destination QP 0xffffff and the QP's Q_Key (rxe-spec V-23). Up to
+    /// `max_mcast_qp_attach` QPs of a context per group; attaching twice is
+    /// nothing.
+    pub fn attach_mcast(&self, gid: Gid) -> Result<()> {
+        let group = self.multicast_group(gid)?;
+        let max = self.ctx.device.query_device().max_mcast_qp_attach as usize;
+        self.ctx.engine.attach_mcast(group, self.qpn, max)?;
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: the QP leaves the group (`EINVAL` if it was not
+    /// attached).
+    pub fn detach_mcast(&self, gid: Gid) -> Result<()> {
+        let group = self.multicast_group(gid)?;
+        if !self.ctx.engine.detach_mcast(Some(group), self.qpn) {
+            return Err(Error::InvalidArgument(format!("QP {:#x} is not attached to {gid}", self.qpn)));
+        }
+        Ok(())
+    }
+
+    fn multicast_group(&self, gid: Gid) -> Result<std::net::IpAddr> {
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::InvalidArgument("only UD QPs join multicast groups".into()));
+        }
+        let group = gid.to_ip();
+        if !group.is_multicast() {
+            return Err(Error::InvalidArgument(format!("{gid} is not a multicast GID")));
+        }
+        Ok(group)
     }
 
     /// `ibv_post_recv`. A receive gives the engine nothing to send, so it
@@ -260,6 +293,8 @@ impl Drop for QueuePair {
         lock(&shared.closing).push(Arc::clone(&self.cell));
         drop(qps);
         shared.qps_version.fetch_add(1, Ordering::Release);
+        // It leaves its multicast groups, as in rxe.
+        self.ctx.engine.detach_mcast(None, self.qpn);
         // Type 2 windows bound through it are free again: no later QP that
         // gets its number inherits them.
         shared.registry.write().unwrap_or_else(|e| e.into_inner()).windows_mut().unbind_qp(self.qpn);

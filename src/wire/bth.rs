@@ -170,6 +170,9 @@ pub struct BthRepr {
 impl BthRepr {
     /// The default partition key, full membership.
     pub const DEFAULT_PKEY: u16 = 0xffff;
+    /// The destination QP of a UD packet to a multicast group: every QP
+    /// attached to the group receives it (IBTA 10.5.2.5).
+    pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
     /// Reads a BTH, refusing a short buffer, a version other than 0 and an
     /// opcode outside the RC/UC/UD table.

@@ -13,6 +13,7 @@ mod device;
 mod errors;
 mod gsi;
 mod many_qps;
+mod multicast;
 mod placement;
 mod progress;
 mod rereg;

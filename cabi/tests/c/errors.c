@@ -80,6 +80,20 @@ int main(void)
     struct ibv_qp *a = ibv_create_qp(pd, &init);
     struct ibv_qp *b = ibv_create_qp(pd, &init);
     CHECK(a && b && a->qp_num != b->qp_num && a->state == IBV_QPS_RESET, "two QPs in RESET");
+    /* Multicast: UD QPs and multicast GIDs only (::ffff:239.77.0.9 here). */
+    union ibv_gid mgid = {.raw = {[10] = 0xff, [11] = 0xff, [12] = 239, [13] = 77, [15] = 9}};
+    CHECK_RC(ibv_attach_mcast(a, &mgid, 0), EINVAL); /* an RC QP */
+    struct ibv_qp_init_attr ud_init = init;
+    ud_init.qp_type = IBV_QPT_UD;
+    struct ibv_qp *u = ibv_create_qp(pd, &ud_init);
+    CHECK(u != NULL, "a UD QP");
+    CHECK_RC(ibv_detach_mcast(u, &mgid, 0), EINVAL); /* not attached */
+    CHECK_RC(ibv_attach_mcast(u, &mgid, 0), 0);
+    CHECK_RC(ibv_detach_mcast(u, &mgid, 0), 0);
+    union ibv_gid unicast = mgid;
+    unicast.raw[12] = 127;
+    CHECK_RC(ibv_attach_mcast(u, &unicast, 0), EINVAL);
+    CHECK_RC(ibv_destroy_qp(u), 0);
 
     struct ibv_qp_attr attr = {.qp_state = IBV_QPS_RTR};
     CHECK_RC(ibv_modify_qp(a, &attr, IBV_QP_STATE), EINVAL); /* RESET -> RTR */
