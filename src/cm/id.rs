@@ -2,7 +2,7 @@
 //! connects, with the QP it moves through its states as librdmacm over the
 //! kernel's rdma_cm does.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use crate::transport::{Access, AttrMask, Mtu, QpAttr, QpState, QpType};
 use crate::verbs::{Context, Error, Gid, QpBuilder, QpController, QueuePair, Result, GSI_QPN};
 use crate::wire::cm::{RejReason, ReqRepr, SidrReqRepr, SidrStatus, REP_PRIVATE_DATA_LEN, SIDR_REP_PRIVATE_DATA_LEN};
 use crate::wire::cma::{CmaHeader, CmaHeaderRepr, CMA_HEADER_LEN, MAX_REQ_USER_DATA, MAX_SIDR_REQ_USER_DATA};
+use crate::wire::BthRepr;
 use crate::wire::Psn;
 
 /// The local ACK timeout of a connection's QPs, and the one a REQ's path
@@ -92,6 +93,8 @@ struct IdState {
     listening: Option<u64>,
     qp: Option<(QpController, QpType)>,
     link: Option<Link>,
+    /// Multicast groups joined.
+    groups: Vec<IpAddr>,
 }
 
 /// What the two sides agreed on for the QPs.
@@ -295,6 +298,10 @@ impl CmId {
             controller.modify(&QpAttr { state: QpState::Rtr, ..attr }, AttrMask::STATE)?;
             let rts = QpAttr { state: QpState::Rts, sq_psn: Psn::new(0), ..attr };
             controller.modify(&rts, AttrMask::STATE | AttrMask::SQ_PSN)?;
+            // Groups joined before the QP came.
+            for &group in &state.groups {
+                controller.multicast(group, true)?;
+            }
         }
         state.qp = Some((controller, qp_type));
         Ok(())
@@ -549,6 +556,52 @@ impl CmId {
     fn service(&self) -> Result<Arc<Service>> {
         let state = self.state();
         state.services.first().cloned().ok_or_else(|| Error::InvalidArgument("the id has no device yet".into()))
+    }
+
+    /// `rdma_join_multicast`: joins IPv4 multicast group `group` on the id's
+    /// device and attaches the id's UD QP to it (rxe-spec M-72). RoCE has no
+    /// subnet administrator to ask: as the kernel's `cma_iboe_join_multicast`,
+    /// the group's GID is its IPv4-mapped address and its Q_Key
+    /// RDMA_UDP_QKEY. MULTICAST_JOIN, with the address handle, QPN 0xffffff
+    /// and Q_Key to send to the group, is queued before this returns.
+    pub fn join_multicast(&self, group: IpAddr) -> Result<()> {
+        if !group.is_ipv4() || !group.is_multicast() {
+            return Err(Error::InvalidArgument(format!("{group} is no IPv4 multicast group")));
+        }
+        let mut state = self.state();
+        expect_phase(&state, &[Phase::AddrBound, Phase::AddrResolved, Phase::RouteResolved], "join_multicast")?;
+        if state.services.is_empty() {
+            return Err(Error::InvalidArgument("join_multicast on an id with no device".into()));
+        }
+        if let Some((qp, _)) = &state.qp {
+            qp.multicast(group, true)?;
+        }
+        if !state.groups.contains(&group) {
+            state.groups.push(group);
+        }
+        drop(state);
+        let ud = UdParam {
+            private_data: Vec::new(),
+            dgid: Gid::from_ip(group),
+            qp_num: BthRepr::MULTICAST_QPN,
+            qkey: RDMA_UDP_QKEY,
+        };
+        self.inner.deliver(CmEvent { ud: Some(ud), ..self.event(CmEventKind::MulticastJoin, 0) });
+        Ok(())
+    }
+
+    /// `rdma_leave_multicast`: detaches the id's QP from a group it joined.
+    pub fn leave_multicast(&self, group: IpAddr) -> Result<()> {
+        let mut state = self.state();
+        let Some(at) = state.groups.iter().position(|g| *g == group) else {
+            return Err(Error::InvalidArgument(format!("the id has not joined {group}")));
+        };
+        state.groups.remove(at);
+        if let Some((qp, _)) = &state.qp {
+            // A QP destroyed meanwhile left its groups already.
+            let _ = qp.multicast(group, false);
+        }
+        Ok(())
     }
 
     fn event(&self, kind: CmEventKind, status: i32) -> CmEvent {

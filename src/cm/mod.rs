@@ -118,9 +118,10 @@ pub enum CmEventKind {
     Disconnected = 10,
     /// The device went away (not raised: softroce devices stay).
     DeviceRemoval = 11,
-    /// Multicast join done (not raised: no multicast).
+    /// A multicast join is done: the UD parameters say how to send to the
+    /// group.
     MulticastJoin = 12,
-    /// Multicast join failed (not raised: no multicast).
+    /// Multicast join failed (not raised: a join fails at once instead).
     MulticastError = 13,
     /// The address changed (not raised).
     AddrChange = 14,

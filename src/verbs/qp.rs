@@ -258,6 +258,23 @@ impl QpController {
         ctx.engine.shared.mark_ready(&cell);
         Ok(())
     }
+
+    /// [`QueuePair::attach_mcast`] (`attach`) or `detach_mcast` on the QP,
+    /// which must be a live UD QP; `group` is a multicast address.
+    pub(crate) fn multicast(&self, group: std::net::IpAddr, attach: bool) -> Result<()> {
+        let gone = || Error::InvalidArgument(format!("QP {:#x} was destroyed", self.qpn));
+        let (ctx, cell) = (self.ctx.upgrade().ok_or_else(gone)?, self.cell.upgrade().ok_or_else(gone)?);
+        if lock(&cell.qp).qp_type() != QpType::Ud || !group.is_multicast() {
+            return Err(Error::InvalidArgument(format!("QP {:#x} joins no group {group}", self.qpn)));
+        }
+        if attach {
+            let max = ctx.device.query_device().max_mcast_qp_attach as usize;
+            ctx.engine.attach_mcast(group, self.qpn, max)?;
+        } else {
+            ctx.engine.detach_mcast(Some(group), self.qpn);
+        }
+        Ok(())
+    }
 }
 
 /// `ibv_modify_qp` on the shared QP; a move to RESET purges its CQs of

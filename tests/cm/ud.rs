@@ -1,7 +1,7 @@
 //! UD by SIDR: the UDP port space resolves the peer's QP and Q_Key, and a
-//! datagram follows.
+//! datagram follows; and UD multicast groups joined through the CM.
 
-use softroce::cm::{CmEventKind, ConnParam, PortSpace, RDMA_UDP_QKEY};
+use softroce::cm::{CmEventKind, CmId, ConnParam, PortSpace, RDMA_UDP_QKEY};
 use softroce::verbs::*;
 
 use crate::api::expect;
@@ -71,4 +71,31 @@ fn a_sidr_request_nobody_listens_to_is_unreachable() {
     let event = client.channel.get_event(Some(WAIT)).unwrap();
     assert_eq!((event.kind, event.status), (CmEventKind::Unreachable, 1), "SIDR status: unsupported service ID");
     assert!(server.channel.try_get_event().is_none());
+}
+
+#[test]
+fn a_datagram_to_a_joined_multicast_group_reaches_every_member() {
+    let port = free_port(&[IP_A, IP_B]);
+    let (sender, receiver) = (Side::open("cm_mc_sender", IP_A, port), Side::open("cm_mc_receiver", IP_B, port));
+    let group = std::net::SocketAddr::new(std::net::Ipv4Addr::new(239, 77, 2, 1).into(), 0);
+    // Each side: an id bound to its address, a UD QP, a join.
+    let join = |side: &Side, ip| {
+        let id = CmId::new(&side.channel, PortSpace::Udp).unwrap();
+        id.bind_addr(std::net::SocketAddr::new(ip, 0)).unwrap();
+        let qp = side.qp(&id, QpType::Ud);
+        id.join_multicast(group.ip()).unwrap();
+        let joined = expect(&side.channel, CmEventKind::MulticastJoin).ud.unwrap();
+        assert_eq!((joined.dgid, joined.qp_num, joined.qkey), (Gid::from_ip(group.ip()), 0xff_ffff, RDMA_UDP_QKEY));
+        (id, qp, joined)
+    };
+    let (_rid, rqp, _) = join(&receiver, IP_B);
+    let (sid, sqp, joined) = join(&sender, IP_A);
+    assert!(sid.join_multicast(std::net::Ipv4Addr::new(10, 0, 0, 1).into()).is_err(), "a unicast address");
+    receiver.post_recv(&rqp, 0);
+    let ah = sender.pd.create_ah(joined.dgid);
+    sender.send(&sqp, b"to all", Some(ah.ud_dest(joined.qp_num, joined.qkey)));
+    let wc = next_wc(&receiver.cq);
+    assert_eq!((wc.status, wc.byte_len, wc.src_qp), (WcStatus::Success, 40 + 6, sqp.qpn()));
+    sid.leave_multicast(group.ip()).unwrap();
+    assert!(sid.leave_multicast(group.ip()).is_err(), "left already");
 }

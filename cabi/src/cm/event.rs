@@ -137,8 +137,11 @@ fn deliver(found: CmEvent) -> Option<*mut rdma_cm_event> {
 /// global, from the GID of the id's source address.
 pub(super) fn ah_attr_to(id: &Id, dgid: Gid) -> ibv_ah_attr {
     let route = id.id.route();
-    let sgid_index = route
-        .and_then(|r| id.id.context().and_then(|c| c.device().gid_table().iter().position(|g| *g == r.sgid)))
+    // The route's source GID, or (a multicast join needs no route) the
+    // bound address's.
+    let sgid = route.map(|r| r.sgid).or_else(|| id.id.local_addr().map(|a| Gid::from_ip(a.ip())));
+    let sgid_index = sgid
+        .and_then(|sgid| id.id.context().and_then(|c| c.device().gid_table().iter().position(|g| *g == sgid)))
         .unwrap_or(0);
     let mut ah = ibv_ah_attr { is_global: 1, port_num: 1, ..Default::default() };
     ah.grh.dgid.raw = dgid.into();

@@ -399,6 +399,47 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
 }
 symver!(rdma_bind_addr);
 
+/// Joins the IPv4 multicast group at `addr` (rxe-spec M-72). The join is
+/// done before this returns: MULTICAST_JOIN waits on the channel, with no
+/// private data (librdmacm puts `context` there; it is not kept).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut sockaddr,
+    _context: *mut std::os::raw::c_void,
+) -> c_int {
+    with_id(id, |found| {
+        // SAFETY: the caller's address.
+        let Some(addr) = (unsafe { socket_addr::read(addr) }) else { return fail(libc::EINVAL) };
+        result(found.id.join_multicast(addr.ip()))
+    })
+}
+symver!(rdma_join_multicast);
+
+/// As [`rdma_join_multicast`]; a send-only join is a full join here.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    context: *mut std::os::raw::c_void,
+) -> c_int {
+    // SAFETY: the caller's attributes.
+    let Some(attr) = (unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
+    // SAFETY: as rdma_join_multicast's.
+    unsafe { rdma_join_multicast(id, attr.addr, context) }
+}
+symver!(rdma_join_multicast_ex);
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
+    with_id(id, |found| {
+        // SAFETY: the caller's address.
+        let Some(addr) = (unsafe { socket_addr::read(addr) }) else { return fail(libc::EINVAL) };
+        result(found.id.leave_multicast(addr.ip()))
+    })
+}
+symver!(rdma_leave_multicast);
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_resolve_addr(
     id: *mut rdma_cm_id,

@@ -80,36 +80,3 @@ pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
     guard_void(|| unsafe { libc::free(list.cast()) })
 }
 symver!(rdma_free_devices);
-
-/// Multicast is not provided: joins and leaves fail with `ENOSYS` (-1, errno), before anything
-/// is sent.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut sockaddr,
-    _context: *mut std::os::raw::c_void,
-) -> c_int {
-    no_multicast()
-}
-symver!(rdma_join_multicast);
-
-#[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast_ex(
-    _id: *mut rdma_cm_id,
-    _attr: *mut rdma_cm_join_mc_attr_ex,
-    _context: *mut std::os::raw::c_void,
-) -> c_int {
-    no_multicast()
-}
-symver!(rdma_join_multicast_ex);
-
-#[no_mangle]
-pub unsafe extern "C" fn rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
-    no_multicast()
-}
-symver!(rdma_leave_multicast);
-
-fn no_multicast() -> c_int {
-    set_errno(libc::ENOSYS);
-    -1
-}
