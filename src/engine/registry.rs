@@ -78,6 +78,12 @@ impl Registry {
         self.windows.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Frees the type 2 windows bound through QP `qpn`, which goes away;
+    /// the registry's read lock is enough (windows have a lock of their own).
+    pub(crate) fn unbind_qp(&self, qpn: u32) {
+        self.windows().unbind_qp(qpn);
+    }
+
     fn windows(&self) -> MutexGuard<'_, WindowTable> {
         self.windows.lock().unwrap_or_else(|e| e.into_inner())
     }

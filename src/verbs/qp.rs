@@ -314,7 +314,7 @@ impl Drop for QueuePair {
         self.ctx.engine.detach_mcast(None, self.qpn);
         // Type 2 windows bound through it are free again: no later QP that
         // gets its number inherits them.
-        shared.registry.write().unwrap_or_else(|e| e.into_inner()).windows_mut().unbind_qp(self.qpn);
+        shared.registry.read().unwrap_or_else(|e| e.into_inner()).unbind_qp(self.qpn);
         // Sent from here if this thread can: a thread that just took the
         // last completion may have left the ACK of its message unsent.
         self.ctx.engine.progress_now();
