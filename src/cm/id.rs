@@ -568,6 +568,9 @@ impl CmId {
         if !group.is_ipv4() || !group.is_multicast() {
             return Err(Error::InvalidArgument(format!("{group} is no IPv4 multicast group")));
         }
+        if self.inner.ps == PortSpace::Tcp {
+            return Err(Error::InvalidArgument("multicast groups are for datagram port spaces".into()));
+        }
         let mut state = self.state();
         expect_phase(&state, &[Phase::AddrBound, Phase::AddrResolved, Phase::RouteResolved], "join_multicast")?;
         if state.services.is_empty() {

@@ -411,7 +411,10 @@ pub unsafe extern "C" fn rdma_join_multicast(
     with_id(id, |found| {
         // SAFETY: the caller's address.
         let Some(addr) = (unsafe { socket_addr::read(addr) }) else { return fail(libc::EINVAL) };
-        result(found.id.join_multicast(addr.ip()))
+        match found.id.join_multicast(addr.ip()) {
+            Ok(()) => found.complete(),
+            Err(e) => fail(e.errno()),
+        }
     })
 }
 symver!(rdma_join_multicast);
