@@ -13,7 +13,8 @@
 //! - every packet the QP sends parses and is an RC response to the peer (UC
 //!   and UD never answer), a full drain yields at most the responses the
 //!   queue can hold, and in ERR the QP sends what it owed the requests
-//!   before the error, then the NAK that put it there, then nothing;
+//!   before the error (a sequence NAK included), then the fatal NAK that put
+//!   it there, then nothing;
 //! - the QP is in RTS, or ERR (RC only) with every receive flushed, and
 //!   receives complete once each, in the order they were posted.
 //!
@@ -33,8 +34,8 @@ use softroce::transport::{
 };
 use softroce::wire::opcode::{Position, OPERATIONS};
 use softroce::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Headers, Opcode, Operation, Psn, RethRepr,
-    RoceRepr, Syndrome, Transport, ROCE_UDP_PORT,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Headers, NakCode, Opcode, Operation, Psn,
+    RethRepr, RoceRepr, Syndrome, Transport, ROCE_UDP_PORT,
 };
 
 const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
@@ -676,8 +677,13 @@ impl Responder {
             assert!(!bth.opcode.operation().is_request(), "a responder sends only responses: {bth:?}");
             if self.qp.state() == QpState::Err {
                 assert!(!self.nak_sent_in_err, "in ERR the QP sends nothing after the NAK that put it there");
-                let nak = matches!(packet.header.aeth, Some(AethRepr { syndrome: Syndrome::Nak(_), .. }));
-                self.nak_sent_in_err = nak;
+                // A sequence NAK queued before the fatal one goes first, as
+                // in rxe, which sent it before it saw the next request.
+                let fatal = matches!(
+                    packet.header.aeth,
+                    Some(AethRepr { syndrome: Syndrome::Nak(code), .. }) if code != NakCode::PsnSequenceError
+                );
+                self.nak_sent_in_err = fatal;
             }
         }
     }

@@ -545,3 +545,24 @@ fn ud_responder_checks_the_qkey_and_writes_the_grh() {
     assert_eq!(node.bytes(0x8000 + GRH_LEN as u64, data.len()), data);
     assert!(node.transmit().is_empty());
 }
+
+#[test]
+fn a_fatal_nak_goes_after_the_answers_owed_before_it_and_nothing_after() {
+    let mut node = responder_with_receives(attr());
+    // Queued, not yet sent: a READ's response, a sequence NAK for a request
+    // from the future, then a WRITE with a wrong R_Key at the expected PSN.
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY, 16), &[]);
+    node.feed(rc(Operation::WriteOnly, RQ_PSN + 5).ack_req().reth(VA, KEY, 16), &[0xab; 16]);
+    node.feed(rc(Operation::WriteOnly, RQ_PSN + 1).ack_req().reth(VA, KEY + 7, 16), &[0xab; 16]);
+    let sent: Vec<(Operation, u32, Option<Syndrome>)> =
+        node.transmit().iter().map(|s| (s.op(), s.psn(), s.header.aeth.map(|a| a.syndrome))).collect();
+    assert_eq!(
+        sent,
+        [
+            (Operation::ReadResponseOnly, RQ_PSN, Some(Syndrome::Ack { credits: Syndrome::INVALID_CREDITS })),
+            (Operation::Acknowledge, RQ_PSN + 1, Some(Syndrome::Nak(NakCode::PsnSequenceError))),
+            (Operation::Acknowledge, RQ_PSN + 1, Some(Syndrome::Nak(NakCode::RemoteAccessError))),
+        ]
+    );
+    assert!(node.transmit().is_empty());
+}
