@@ -753,35 +753,37 @@ unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Result<SendWr, c_int> {
 /// on RoCE.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
-    guard_int(|| {
-        // SAFETY: the program's QP and GID.
-        let (Some(found), Some(gid)) = (unsafe { Qp::queue_pair(qp) }, unsafe { gid.as_ref() }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: a GID is 16 bytes whichever union member wrote it.
-        match found.attach_mcast(Gid::from(unsafe { gid.raw })) {
-            Ok(()) => 0,
-            Err(e) => e.errno(),
-        }
-    })
+    unsafe { with_group(qp, gid, QueuePair::attach_mcast) }
 }
 symver!(ibv_attach_mcast);
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+    unsafe { with_group(qp, gid, QueuePair::detach_mcast) }
+}
+symver!(ibv_detach_mcast);
+
+/// Runs `f` (attach or detach) on the QP and group GID a program passed.
+///
+/// # Safety
+/// `qp` and `gid` must be NULL or the program's QP and GID.
+unsafe fn with_group(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    f: fn(&QueuePair, Gid) -> softroce::verbs::Result<()>,
+) -> c_int {
     guard_int(|| {
-        // SAFETY: the program's QP and GID.
+        // SAFETY: as the caller promises.
         let (Some(found), Some(gid)) = (unsafe { Qp::queue_pair(qp) }, unsafe { gid.as_ref() }) else {
             return libc::EINVAL;
         };
         // SAFETY: a GID is 16 bytes whichever union member wrote it.
-        match found.detach_mcast(Gid::from(unsafe { gid.raw })) {
+        match f(found, Gid::from(unsafe { gid.raw })) {
             Ok(()) => 0,
             Err(e) => e.errno(),
         }
     })
 }
-symver!(ibv_detach_mcast);
 
 /// `ibv_context_ops::post_send`: posts the chain in order; at the first
 /// request that fails, `*bad_wr` names it and the ones before it stay posted.

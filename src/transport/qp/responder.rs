@@ -18,7 +18,7 @@ use crate::transport::srq::Srq;
 use crate::transport::types::{Access, AsyncEvent, FlushPlacement, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::opcode::Position;
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Psn, RoceRepr, Syndrome, Transport,
+    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Psn, RethRepr, RoceRepr, Syndrome, Transport,
 };
 
 /// Bytes of the GRH area at the start of every UD receive buffer.
@@ -65,6 +65,21 @@ pub(super) enum Response {
         original: u64,
         msn: u32,
     },
+}
+
+impl Response {
+    /// A FLUSH's answer, first or again: a READ response of no data.
+    fn flush_answer(psn: Psn, reth: RethRepr, msn: u32) -> Response {
+        Response::Read {
+            psn,
+            addr: reth.va,
+            rkey: reth.rkey,
+            access: Access::REMOTE_READ,
+            remaining: 0,
+            first: true,
+            msn,
+        }
+    }
 }
 
 /// Responder progress.
@@ -482,17 +497,7 @@ impl Qp {
         self.remember(Resource::Read { first: psn, last: psn, addr: reth.va, rkey: reth.rkey, len: 0 });
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.psn = psn.wrapping_add(1);
-        let msn = self.resp.msn;
-        let access = Access::REMOTE_READ;
-        self.push_response(Response::Read {
-            psn,
-            addr: reth.va,
-            rkey: reth.rkey,
-            access,
-            remaining: 0,
-            first: true,
-            msn,
-        });
+        self.push_response(Response::flush_answer(psn, reth, self.resp.msn));
         Ok(())
     }
 
@@ -557,19 +562,7 @@ impl Qp {
                 let flushed =
                     self.resp.resources.iter().any(|r| matches!(*r, Resource::Read { first, .. } if first == psn));
                 match (flushed, hdr.reth) {
-                    (true, Some(reth)) => {
-                        let access = Access::REMOTE_READ;
-                        let replay = Response::Read {
-                            psn,
-                            addr: reth.va,
-                            rkey: reth.rkey,
-                            access,
-                            remaining: 0,
-                            first: true,
-                            msn,
-                        };
-                        self.push_response(replay);
-                    }
+                    (true, Some(reth)) => self.push_response(Response::flush_answer(psn, reth, msn)),
                     _ => self.counters.dropped += 1,
                 }
             }
