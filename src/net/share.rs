@@ -658,19 +658,7 @@ pub(super) fn group_socket(group: Ipv4Addr, local: Ipv4Addr, port: u16) -> io::R
         imr_multiaddr: libc::in_addr { s_addr: u32::from_ne_bytes(group.octets()) },
         imr_interface: libc::in_addr { s_addr: u32::from_ne_bytes(local.octets()) },
     };
-    // SAFETY: a pointer to an ip_mreq of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_ADD_MEMBERSHIP,
-            (&request as *const libc::ip_mreq).cast(),
-            size_of::<libc::ip_mreq>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    set_option(fd, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &request)?;
     socket.set_nonblocking(true)?;
     Ok(socket)
 }
@@ -678,22 +666,9 @@ pub(super) fn group_socket(group: Ipv4Addr, local: Ipv4Addr, port: u16) -> io::R
 /// Makes datagrams `socket` sends to multicast groups leave on the
 /// interface of `local`, the device's own, never the host's default route;
 /// one hop only.
-#[allow(unsafe_code)]
 pub(super) fn send_multicast_from(socket: &UdpSocket, local: Ipv4Addr) -> io::Result<()> {
     let interface = libc::in_addr { s_addr: u32::from_ne_bytes(local.octets()) };
-    // SAFETY: a pointer to an in_addr of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MULTICAST_IF,
-            (&interface as *const libc::in_addr).cast(),
-            size_of::<libc::in_addr>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    set_option(socket.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &interface)?;
     set_int(socket.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 1)
 }
 
@@ -743,40 +718,24 @@ fn attach_steering(socket: &UdpSocket, steering: &Steering, nonce: Option<u32>) 
     attach(socket.as_raw_fd(), libc::SO_ATTACH_REUSEPORT_CBPF, &program)
 }
 
-#[allow(unsafe_code)]
 fn attach(fd: RawFd, option: libc::c_int, program: &[Insn]) -> io::Result<()> {
     let len = u16::try_from(program.len()).map_err(|_| io::Error::other("BPF program too long"))?;
+    // `fprog` points at `len` instructions that outlive the call.
     let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
-    // SAFETY: `fprog` points at `len` instructions that outlive the call;
-    // the kernel copies them.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            option,
-            (&fprog as *const libc::sock_fprog).cast(),
-            size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    set_option(fd, libc::SOL_SOCKET, option, &fprog)
 }
 
-#[allow(unsafe_code)]
 fn set_int(fd: RawFd, level: libc::c_int, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: a pointer to a c_int of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            option,
-            (&value as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
+    set_option(fd, level, option, &value)
+}
+
+/// `setsockopt(2)` with `value` as the option's bytes; the kernel copies
+/// them (and what they point at) during the call.
+#[allow(unsafe_code)]
+fn set_option<T>(fd: RawFd, level: libc::c_int, option: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: a pointer to a live `T` of the size given.
+    let rc =
+        unsafe { libc::setsockopt(fd, level, option, (value as *const T).cast(), size_of::<T>() as libc::socklen_t) };
     if rc == 0 {
         Ok(())
     } else {
