@@ -6,8 +6,10 @@
 //! - [`udp`]: real UDP sockets, to talk to kernel rxe, NICs and other processes.
 //! - [`raw`]: whole Ethernet frames over `AF_PACKET` (needs `CAP_NET_RAW`), for
 //!   strict ICRC checks and crafted packets in conformance tests and fuzzing.
+//! - [`probe`]: one UDP socket that sends hand-built RoCE packets and reads
+//!   what comes back, with no QP behind it: a probe and an attacker.
 //!
-//! All implement [`Link`], the interface engines drive.
+//! The first three implement [`Link`], the interface engines drive.
 
 pub mod bpf;
 #[allow(unsafe_code)]
@@ -16,6 +18,7 @@ mod mmsg;
 pub mod raw;
 #[allow(unsafe_code)]
 pub mod share;
+pub mod probe;
 pub mod sim;
 pub mod udp;
 
@@ -24,6 +27,7 @@ use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+pub use probe::{Arrival, RoceSocket};
 pub use raw::RawLink;
 pub use sim::{Delivery, Faults, SimNet, Stats};
 pub use udp::UdpLink;

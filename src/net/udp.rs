@@ -638,12 +638,12 @@ const MIN_PACKET: usize = 12 + ICRC_LEN;
 const LARGEST_PACKET: usize = 9216;
 
 /// Bytes of socket buffer to ask for in each direction.
-const SOCKET_BUFFER: usize = 8 << 20;
+pub(crate) const SOCKET_BUFFER: usize = 8 << 20;
 
 /// Sets a socket buffer size: the privileged option first (beyond
 /// `net.core.rmem_max`), else the ordinary one, which the kernel caps. A
 /// refusal leaves the default, which only costs throughput.
-fn set_buffer(socket: &UdpSocket, forced: libc::c_int, plain: libc::c_int, bytes: libc::c_int) {
+pub(crate) fn set_buffer(socket: &UdpSocket, forced: libc::c_int, plain: libc::c_int, bytes: libc::c_int) {
     if set_int_option(socket, libc::SOL_SOCKET, forced, bytes).is_err() {
         let _ = set_int_option(socket, libc::SOL_SOCKET, plain, bytes);
     }

@@ -13,6 +13,7 @@
 //! - [`roce`]: the UDP payload of a RoCEv2 packet (BTH … ICRC) as one value.
 //! - [`icrc`]: the invariant CRC, strict and "up to the unknown IPv4 ID".
 //! - [`packet`]: whole IP packets (IPv4/IPv6 + UDP + RoCE), via `etherparse`.
+//! - [`build`]: builders for hand-made packets (probes, tests, examples).
 //!
 //! Connection management rides on top, as the payload of UD SENDs to QP 1:
 //! - [`mad`]: the 256-byte management datagram and its common header.
@@ -25,6 +26,7 @@ mod bytes;
 mod error;
 
 pub mod bth;
+pub mod build;
 pub mod cm;
 pub mod cma;
 pub mod ext;

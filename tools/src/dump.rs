@@ -7,7 +7,7 @@ mod explain;
 mod flow;
 mod json;
 mod ladder;
-mod text;
+pub(crate) mod text;
 
 use std::io::{self, StdoutLock, Write};
 use std::path::{Path, PathBuf};

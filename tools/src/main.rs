@@ -9,6 +9,7 @@ use tracing_subscriber::{fmt, reload, EnvFilter};
 
 mod bench;
 mod cli;
+mod conform;
 mod demo;
 mod devinfo;
 mod dump;
@@ -30,6 +31,8 @@ enum Command {
     Bench(bench::Args),
     /// Run every RDMA operation between two devices on loopback, checked, then measure bandwidth and latency.
     Demo(demo::Args),
+    /// Probe a RoCE peer running stock perftest programs with scripted packets; report per rxe-spec rule.
+    Conform(conform::Args),
     /// Decode RoCEv2 packets in pcap/pcapng captures and check their ICRC.
     Dump(dump::Args),
     /// List the RDMA devices and their attributes, as ibv_devinfo does.
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(args) => bench::run(args),
+        Command::Conform(args) => conform::run(args),
         Command::Demo(args) => demo::run(args, &log_filter),
         Command::Dump(args) => dump::run(args),
         Command::Devinfo(args) => devinfo::run(args),

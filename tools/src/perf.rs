@@ -36,7 +36,7 @@
 //! announce. `--roce-port`, `--local-addr` and `--timeout` are ours
 //! ([`PeerArgs`]).
 
-mod proto;
+pub(crate) mod proto;
 mod report;
 mod res;
 

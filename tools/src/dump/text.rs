@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use softroce::wire::{BthRepr, Packet, Syndrome};
+use softroce::wire::{BthRepr, Packet, RoceRepr, Syndrome};
 
 use super::cm;
 use super::decode::{self, Malformed};
@@ -37,31 +37,7 @@ pub fn packet_line(frame: usize, seconds: f64, pkt: &Packet<'_>, analysis: &Anal
     if let Some(gsi) = decode::gsi(pkt) {
         let _ = write!(line, " {}", cm::summary(&gsi));
     }
-    if let Some(f) = h.feth {
-        let _ = write!(line, " FETH(selectivity={} placement={})", f.selectivity, f.placement_type);
-    }
-    if let Some(r) = h.reth {
-        let _ = write!(line, " RETH(va={:#x} rkey={:#x} len={})", r.va, r.rkey, r.dma_len);
-    }
-    if let Some(a) = h.aeth {
-        let _ = write!(line, " AETH({:#04x} {} msn={})", aeth_byte(a.syndrome), syndrome_text(a.syndrome), a.msn);
-    }
-    if let Some(a) = h.atomic_eth {
-        let _ = write!(
-            line,
-            " AtomicETH(va={:#x} rkey={:#x} swap_add={:#x} compare={:#x})",
-            a.va, a.rkey, a.swap_add, a.compare
-        );
-    }
-    if let Some(a) = h.atomic_ack_eth {
-        let _ = write!(line, " AtomicAckETH(orig={:#x})", a.original);
-    }
-    if let Some(imm) = h.imm {
-        let _ = write!(line, " ImmDt({imm:#010x})");
-    }
-    if let Some(rkey) = h.ieth {
-        let _ = write!(line, " IETH(rkey={rkey:#x})");
-    }
+    line.push_str(&extended_headers(h));
     let _ = write!(line, " len={}", pkt.roce.payload.len());
     if pkt.roce.pad != 0 {
         let _ = write!(line, " pad={}", pkt.roce.pad);
@@ -71,6 +47,38 @@ pub fn packet_line(frame: usize, seconds: f64, pkt: &Packet<'_>, analysis: &Anal
         line.push_str(" [retransmission]");
     }
     line
+}
+
+/// The extended headers after the DETH and any MAD, each as ` NAME(fields)`:
+/// FETH, RETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH.
+pub fn extended_headers(h: &RoceRepr) -> String {
+    let mut text = String::new();
+    if let Some(f) = h.feth {
+        let _ = write!(text, " FETH(selectivity={} placement={})", f.selectivity, f.placement_type);
+    }
+    if let Some(r) = h.reth {
+        let _ = write!(text, " RETH(va={:#x} rkey={:#x} len={})", r.va, r.rkey, r.dma_len);
+    }
+    if let Some(a) = h.aeth {
+        let _ = write!(text, " AETH({:#04x} {} msn={})", aeth_byte(a.syndrome), syndrome_text(a.syndrome), a.msn);
+    }
+    if let Some(a) = h.atomic_eth {
+        let _ = write!(
+            text,
+            " AtomicETH(va={:#x} rkey={:#x} swap_add={:#x} compare={:#x})",
+            a.va, a.rkey, a.swap_add, a.compare
+        );
+    }
+    if let Some(a) = h.atomic_ack_eth {
+        let _ = write!(text, " AtomicAckETH(orig={:#x})", a.original);
+    }
+    if let Some(imm) = h.imm {
+        let _ = write!(text, " ImmDt({imm:#010x})");
+    }
+    if let Some(rkey) = h.ieth {
+        let _ = write!(text, " IETH(rkey={rkey:#x})");
+    }
+    text
 }
 
 /// `frame time src > dst malformed RoCEv2 packet: error`.
