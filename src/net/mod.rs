@@ -14,11 +14,11 @@
 pub mod bpf;
 #[allow(unsafe_code)]
 mod mmsg;
+pub mod probe;
 #[allow(unsafe_code)]
 pub mod raw;
 #[allow(unsafe_code)]
 pub mod share;
-pub mod probe;
 pub mod sim;
 pub mod udp;
 

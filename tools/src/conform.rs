@@ -39,7 +39,7 @@ checks; the servers' QP counts must be as shown), with LOCAL our address:
   while :; do ib_atomic_bw -q 8  -p 18517; done
   while :; do ib_send_bw   -q 8  -p 18518; done
   while :; do ib_write_bw  -q 6 -n 20 -s 4096 -p 18519 LOCAL; sleep 1; done
-  while :; do ib_read_bw   -q 2 -n 4 -s 2048 -p 18520 LOCAL; sleep 1; done
+  while :; do ib_read_bw   -q 2 -n 5 -s 2048 -p 18520 LOCAL; sleep 1; done
 
 Add -d/-x to select the device and GID as usual. Port numbers move with
 --port. `softroce conform --self` starts the same programs (softroce perf)
@@ -190,23 +190,35 @@ fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers) -> 
         // QP 0 of a session (first PSN near the wrap) is for the checks that want it.
         let mut next = 1;
         let mut wrap_used = false;
+        // A SEND server's run ends with the first QP in error.
+        let mut ended = false;
+        let mut failed: Option<String> = None;
         for check in checks {
             let fresh = match &session {
                 None => true,
-                Some(s) => if check.wrap { wrap_used } else { next >= s.qps.len() },
+                Some(s) => ended || if check.wrap { wrap_used } else { next >= s.qps.len() },
             };
             if fresh {
                 if let Some(old) = session.take() {
                     finish(probe, old);
                 }
-                match ServerSession::connect(program, plan.tcp(program), server_qps(program), &plan.setup, numbers) {
+                // A program that was not there once is not waited for again.
+                let connected = match &failed {
+                    Some(why) => Err(why.clone()),
+                    None => {
+                        ServerSession::connect(program, plan.tcp(program), server_qps(program), &plan.setup, numbers)
+                            .map_err(|e| e.0)
+                    }
+                };
+                match connected {
                     Ok(s) => session = Some(s),
-                    Err(e) => {
+                    Err(why) => {
+                        failed = Some(why.clone());
                         outcomes.push(Outcome {
                             id: check.id,
                             spec: check.spec,
                             title: check.title,
-                            verdict: Verdict::Error(e.0),
+                            verdict: Verdict::Error(why),
                             ladder: Vec::new(),
                         });
                         continue;
@@ -223,6 +235,7 @@ fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers) -> 
                 next += 1;
                 s.qps[next - 1]
             };
+            ended = check.fatal && program == Program::SendBw;
             let mut target = responder::Target { probe, r, mtu: s.mtu };
             let mut verdict = match (check.run)(&mut target) {
                 Ok(()) => Verdict::Pass,
@@ -298,8 +311,8 @@ fn conform(args: &Args) -> Result<Vec<Outcome>, String> {
         return Err("IPv4 addresses only".into());
     }
     let _peers = if args.self_peer { Some(SelfPeer::start(args, peer, local)?) } else { None };
-    let mut probe = Probe::new(local, alt, peer, args.roce_port, args.quiet, args.pcap.as_deref())
-        .map_err(|e| e.to_string())?;
+    let mut probe =
+        Probe::new(local, alt, peer, args.roce_port, args.quiet, args.pcap.as_deref()).map_err(|e| e.to_string())?;
     let plan = Plan {
         local,
         peer,
@@ -339,8 +352,7 @@ fn report(args: &Args, outcomes: &[Outcome]) -> ExitCode {
     }
     let count = |name: &str| outcomes.iter().filter(|o| o.verdict.name() == name).count();
     let (pass, dev, skip, err) = (count("pass"), count("deviation"), count("skipped"), count("error"));
-    let summary =
-        format!("{} checks: {pass} pass, {dev} deviation, {skip} skipped, {err} error", outcomes.len());
+    let summary = format!("{} checks: {pass} pass, {dev} deviation, {skip} skipped, {err} error", outcomes.len());
     if args.json {
         eprintln!("{summary}");
     } else {
@@ -423,7 +435,7 @@ impl SelfPeer {
             (vec!["atomic", "-q", "8", "-p", &port(2)], 0),
             (vec!["send", "-q", "8", "-p", &port(3)], 0),
             (vec!["write", "-q", "6", "-n", "20", "-s", "4096", "-p", &port(4), &local_addr], 200),
-            (vec!["read", "-q", "2", "-n", "4", "-s", "2048", "-p", &port(5), &local_addr], 200),
+            (vec!["read", "-q", "2", "-n", "5", "-s", "2048", "-p", &port(5), &local_addr], 200),
         ]
         .into_iter()
         .map(|(a, pause)| (a.into_iter().map(str::to_owned).collect(), Duration::from_millis(pause)))

@@ -300,17 +300,30 @@ const BATCHES: &[Batch] = &[
 /// The messages of the write client: 20 of 4096 bytes (PEER_HELP).
 const WRITE_MESSAGES: u32 = 20;
 
-pub fn probe_requesters(probe: &mut Probe, plan: &Plan, listeners: &Listeners, numbers: &mut QpNumbers) -> Vec<Outcome> {
+pub fn probe_requesters(
+    probe: &mut Probe,
+    plan: &Plan,
+    listeners: &Listeners,
+    numbers: &mut QpNumbers,
+) -> Vec<Outcome> {
     let mut outcomes = Vec::new();
+    let mut failed: [Option<String>; 2] = [None, None];
     for batch in BATCHES {
-        let checks: Vec<(Policy, &'static [CheckInfo])> =
-            batch.policies.iter().map(|p| (*p, checks_of(*p))).collect();
+        let checks: Vec<(Policy, &'static [CheckInfo])> = batch.policies.iter().map(|p| (*p, checks_of(*p))).collect();
         let wanted = checks.iter().any(|(_, cs)| cs.iter().any(|c| plan.wants(c.id)));
         if !wanted {
             continue;
         }
         let listener = if batch.read { &listeners.read } else { &listeners.write };
-        match run_batch(probe, &plan.setup, listener, batch, numbers) {
+        // A client that did not come once is not waited for again.
+        let result = match &failed[usize::from(batch.read)] {
+            Some(why) => Err(why.clone()),
+            None => run_batch(probe, &plan.setup, listener, batch, numbers),
+        };
+        if let Err(why) = &result {
+            failed[usize::from(batch.read)] = Some(why.clone());
+        }
+        match result {
             Ok(players) => {
                 for player in &players {
                     for info in checks_of(player.policy) {
@@ -401,24 +414,26 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
-/// The PSNs the client sent more than once, before any answer of ours
-/// could have asked for it.
+/// The PSNs the client sent more than once, but for the ask of T-6 (the
+/// last packet resent with AckReq after it went without).
 fn repeated(p: &Player) -> Vec<u32> {
-    let mut psns: Vec<u32> = p.seen.iter().map(|s| s.header.bth.psn.value()).collect();
-    let all = psns.len();
-    psns.sort_unstable();
-    psns.dedup();
-    if psns.len() == all {
-        Vec::new()
-    } else {
-        let mut counts = std::collections::HashMap::new();
-        for s in &p.seen {
-            *counts.entry(s.header.bth.psn.value()).or_insert(0) += 1;
+    let mut first_asked: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
+    let mut again = Vec::new();
+    for s in &p.seen {
+        let psn = s.header.bth.psn.value();
+        match first_asked.get(&psn) {
+            None => {
+                first_asked.insert(psn, s.header.bth.ack_req);
+            }
+            Some(false) if s.header.bth.ack_req => {
+                first_asked.insert(psn, true);
+            }
+            Some(_) => again.push(psn),
         }
-        let mut twice: Vec<u32> = counts.into_iter().filter(|(_, n)| *n > 1).map(|(psn, _)| psn).collect();
-        twice.sort_unstable();
-        twice
     }
+    again.sort_unstable();
+    again.dedup();
+    again
 }
 
 fn all_written(p: &Player) -> Verdict {
@@ -427,7 +442,10 @@ fn all_written(p: &Player) -> Verdict {
     if p.seen.iter().any(|s| s.header.bth.psn.value() == last) {
         Verdict::Pass
     } else {
-        deviation(format!("every WRITE sent, up to PSN {last}"), format!("{} packets, the stream stopped", p.seen.len()))
+        deviation(
+            format!("every WRITE sent, up to PSN {last}"),
+            format!("{} packets, the stream stopped", p.seen.len()),
+        )
     }
 }
 
@@ -463,12 +481,16 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
             CheckInfo {
                 id: "req.psn.consecutive",
                 spec: "T-5",
-                title: "request PSNs start at the announced PSN and go up by one, each sent once when all is acknowledged",
+                title:
+                    "request PSNs start at the announced PSN and go up by one, each sent once when all is acknowledged",
                 judge: |p| {
                     for (i, s) in p.seen.iter().enumerate() {
                         let want = p.first(i as u32);
                         if s.header.bth.psn.value() != want {
-                            return deviation(format!("packet {i} at PSN {want}"), format!("PSN {}", s.header.bth.psn.value()));
+                            return deviation(
+                                format!("packet {i} at PSN {want}"),
+                                format!("PSN {}", s.header.bth.psn.value()),
+                            );
                         }
                     }
                     all_written(p)
@@ -480,7 +502,9 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
                 title: "the last packet of the run asks for an ACK",
                 judge: |p| match p.seen.last() {
                     Some(s) if s.header.bth.ack_req => Verdict::Pass,
-                    Some(s) => deviation("AckReq on the last packet", format!("PSN {} without", s.header.bth.psn.value())),
+                    Some(s) => {
+                        deviation("AckReq on the last packet", format!("PSN {} without", s.header.bth.psn.value()))
+                    }
                     None => deviation("a stream of WRITEs", "nothing"),
                 },
             },
@@ -511,12 +535,19 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
                 let Policy::NakSeq { at } = p.policy else { return Verdict::Error("wrong policy".into()) };
                 let want = p.first(at);
                 match p.after_act().find(|s| psn_diff(s.header.bth.psn.value(), p.first(at + 1)) <= 0) {
-                    Some(s) if s.header.bth.psn.value() == want && s.header.bth.opcode.operation() == Operation::WriteMiddle => {
+                    Some(s)
+                        if s.header.bth.psn.value() == want
+                            && s.header.bth.opcode.operation() == Operation::WriteMiddle =>
+                    {
                         all_written(p)
                     }
                     Some(s) => deviation(
                         format!("resent from PSN {want} as RDMA_WRITE_MIDDLE"),
-                        format!("resent from PSN {} as {}", s.header.bth.psn.value(), s.header.bth.opcode.operation().name()),
+                        format!(
+                            "resent from PSN {} as {}",
+                            s.header.bth.psn.value(),
+                            s.header.bth.opcode.operation().name()
+                        ),
                     ),
                     None => deviation(format!("resent from PSN {want}"), "nothing resent"),
                 }
@@ -533,9 +564,10 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
                 };
                 let timer = Duration::from_micros(Syndrome::rnr_timer_micros(RNR_TIMER).into());
                 match p.after_act().find(|s| psn_diff(s.header.bth.psn.value(), want) <= 0) {
-                    Some(s) if s.header.bth.psn.value() != want => {
-                        deviation(format!("resent from PSN {want}"), format!("resent from PSN {}", s.header.bth.psn.value()))
-                    }
+                    Some(s) if s.header.bth.psn.value() != want => deviation(
+                        format!("resent from PSN {want}"),
+                        format!("resent from PSN {}", s.header.bth.psn.value()),
+                    ),
                     Some(s) if s.at.duration_since(acted) < timer.mul_f64(SLACK) => deviation(
                         format!("PSN {want} again after {} or more", ms(timer)),
                         format!("after {}", ms(s.at.duration_since(acted))),
@@ -587,7 +619,9 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
                 let resent: Vec<u32> = p
                     .seen
                     .iter()
-                    .filter(|s| s.at > acted + Duration::from_millis(5) && psn_diff(s.header.bth.psn.value(), nak_psn) <= 0)
+                    .filter(|s| {
+                        s.at > acted + Duration::from_millis(5) && psn_diff(s.header.bth.psn.value(), nak_psn) <= 0
+                    })
                     .map(|s| s.header.bth.psn.value())
                     .collect();
                 if resent.is_empty() {
@@ -603,7 +637,9 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
             title: "responses to the second READ before the first: the first READ is asked again, at its PSN",
             judge: |p| {
                 let want = p.first(0);
-                let retry = p.after_act().find(|s| s.header.bth.opcode.operation() == Operation::ReadRequest && s.header.bth.psn.value() == want);
+                let retry = p.after_act().find(|s| {
+                    s.header.bth.opcode.operation() == Operation::ReadRequest && s.header.bth.psn.value() == want
+                });
                 match retry {
                     Some(_) => Verdict::Pass,
                     None => deviation(format!("RDMA_READ_REQUEST psn={want} again"), reads_after(p)),
@@ -618,11 +654,14 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
                 let first = p.seen.first().and_then(|s| s.header.reth);
                 let Some(orig) = first else { return deviation("a READ", "none") };
                 let want = (p.first(1), orig.va + p.mtu as u64, orig.dma_len.saturating_sub(p.mtu as u32));
-                let retry = p
-                    .after_act()
-                    .find(|s| s.header.bth.opcode.operation() == Operation::ReadRequest && psn_diff(s.header.bth.psn.value(), p.first(1)) <= 0);
+                let retry = p.after_act().find(|s| {
+                    s.header.bth.opcode.operation() == Operation::ReadRequest
+                        && psn_diff(s.header.bth.psn.value(), p.first(1)) <= 0
+                });
                 match retry {
-                    Some(s) if s.header.reth.map(|r| (s.header.bth.psn.value(), r.va, r.dma_len)) == Some(want) => Verdict::Pass,
+                    Some(s) if s.header.reth.map(|r| (s.header.bth.psn.value(), r.va, r.dma_len)) == Some(want) => {
+                        Verdict::Pass
+                    }
                     Some(s) => deviation(
                         format!("READ psn={} va={:#x} len={}", want.0, want.1, want.2),
                         format!(

@@ -141,14 +141,7 @@ impl ServerSession {
         let qps = mine
             .iter()
             .zip(&theirs)
-            .map(|(m, t)| Remote {
-                ours: m.qpn,
-                qpn: t.qpn,
-                psn: m.psn,
-                peer_psn: t.psn,
-                rkey: t.rkey,
-                vaddr: t.vaddr,
-            })
+            .map(|(m, t)| Remote { ours: m.qpn, qpn: t.qpn, psn: m.psn, peer_psn: t.psn, rkey: t.rkey, vaddr: t.vaddr })
             .collect();
         let mtu = 128usize << mtu.clamp(1, 5);
         Ok(ServerSession { comm, program, mine, qps, mtu })
@@ -185,7 +178,12 @@ pub struct ClientSession {
 
 impl ClientSession {
     /// Waits on `listener` (until `setup.timeout`) for a client with `n` QPs.
-    pub fn accept(listener: &TcpListener, n: usize, setup: &Setup, numbers: &mut QpNumbers) -> Result<ClientSession, Fail> {
+    pub fn accept(
+        listener: &TcpListener,
+        n: usize,
+        setup: &Setup,
+        numbers: &mut QpNumbers,
+    ) -> Result<ClientSession, Fail> {
         listener.set_nonblocking(true)?;
         let deadline = Instant::now() + setup.timeout;
         let stream = loop {
@@ -195,7 +193,11 @@ impl ClientSession {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Err(Fail(format!("no client came to {} within {:?}", listener.local_addr()?, setup.timeout)));
+                    return Err(Fail(format!(
+                        "no client came to {} within {:?}",
+                        listener.local_addr()?,
+                        setup.timeout
+                    )));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -210,14 +212,7 @@ impl ClientSession {
         let qps = mine
             .iter()
             .zip(&theirs)
-            .map(|(m, t)| Remote {
-                ours: m.qpn,
-                qpn: t.qpn,
-                psn: m.psn,
-                peer_psn: t.psn,
-                rkey: t.rkey,
-                vaddr: t.vaddr,
-            })
+            .map(|(m, t)| Remote { ours: m.qpn, qpn: t.qpn, psn: m.psn, peer_psn: t.psn, rkey: t.rkey, vaddr: t.vaddr })
             .collect();
         let first = mine[0];
         // The client's end: a handshake, its report, "done"; a client that
