@@ -161,10 +161,10 @@ impl Plan {
 
     fn tcp(&self, program: Program) -> SocketAddr {
         let offset = match program {
-            Program::WriteBw => 0,
-            Program::ReadBw => 1,
-            Program::AtomicBw => 2,
-            Program::SendBw => 3,
+            Program::Write => 0,
+            Program::Read => 1,
+            Program::Atomic => 2,
+            Program::Send => 3,
         };
         SocketAddr::new(self.peer, self.port + offset)
     }
@@ -173,17 +173,17 @@ impl Plan {
 /// The QPs each server program runs with (`-q`), as PEER_HELP says.
 fn server_qps(program: Program) -> usize {
     match program {
-        Program::WriteBw => 16,
-        Program::ReadBw => 10,
-        Program::AtomicBw => 8,
-        Program::SendBw => 8,
+        Program::Write => 16,
+        Program::Read => 10,
+        Program::Atomic => 8,
+        Program::Send => 8,
     }
 }
 
 /// Runs the responder checks, a server session at a time.
 fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers) -> Vec<Outcome> {
     let mut outcomes = Vec::new();
-    for program in [Program::WriteBw, Program::ReadBw, Program::AtomicBw, Program::SendBw] {
+    for program in [Program::Write, Program::Read, Program::Atomic, Program::Send] {
         let checks: Vec<&responder::Check> =
             responder::CHECKS.iter().filter(|c| c.program == program && plan.wants(c.id)).collect();
         let mut session: Option<ServerSession> = None;
@@ -235,7 +235,7 @@ fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers) -> 
                 next += 1;
                 s.qps[next - 1]
             };
-            ended = check.fatal && program == Program::SendBw;
+            ended = check.fatal && program == Program::Send;
             let mut target = responder::Target { probe, r, mtu: s.mtu };
             let mut verdict = match (check.run)(&mut target) {
                 Ok(()) => Verdict::Pass,

@@ -181,7 +181,7 @@ impl Player {
             Policy::Normal | Policy::Fill => self.serve(h),
             Policy::Coalesce => {
                 let mut out = self.serve(h);
-                out.retain(|(r, _)| !is_ack(r) || self.msn % 4 == 0);
+                out.retain(|(r, _)| !is_ack(r) || self.msn.is_multiple_of(4));
                 out
             }
             Policy::DoubleAck => {

@@ -140,7 +140,7 @@ macro_rules! check {
 
 /// Every check of the responder, in the order they run.
 pub const CHECKS: &[Check] = &[
-    check!("resp.write.ack", "T-12", WriteBw, "a WRITE_ONLY asking for an ACK gets one with its PSN and MSN 1", |t| {
+    check!("resp.write.ack", "T-12", Write, "a WRITE_ONLY asking for an ACK gets one with its PSN and MSN 1", |t| {
         t.send(t.write(0, 64), &data(64, 0))?;
         t.expect(&[ack(t.psn(0), 1)])?;
         Ok(())
@@ -148,7 +148,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.write.no-ackreq",
         "T-12",
-        WriteBw,
+        Write,
         "a WRITE without AckReq gets no ACK; the next one that asks acknowledges both",
         |t| {
             let h = t.write(0, 64);
@@ -162,7 +162,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.write.multi",
         "T-4 T-12",
-        WriteBw,
+        Write,
         "FIRST, MIDDLE and LAST of one WRITE draw one ACK, for the LAST",
         |t| {
             let (mtu, len) = (t.mtu, 2 * t.mtu + 100);
@@ -176,7 +176,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.psn.gap",
         "T-11",
-        WriteBw,
+        Write,
         "a PSN gap draws one sequence NAK with the expected PSN, then silence until that PSN comes",
         |t| {
             t.send(t.write(2, 64), &data(64, 2))?;
@@ -186,7 +186,7 @@ pub const CHECKS: &[Check] = &[
             t.still_works(0, 1)
         }
     ),
-    check!("resp.dup.write", "T-16", WriteBw, "a duplicate WRITE is acknowledged again and not executed", |t| {
+    check!("resp.dup.write", "T-16", Write, "a duplicate WRITE is acknowledged again and not executed", |t| {
         t.send(t.write(0, 64), &data(64, 0))?;
         t.expect(&[ack(t.psn(0), 1)])?;
         t.send(t.write(0, 64), &data(64, 0))?;
@@ -196,7 +196,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.psn.half-space",
         "S-11 W-12 T-16",
-        WriteBw,
+        Write,
         "a PSN 2^23 + 1 ahead reads as the past: a duplicate, re-ACKed",
         |t| {
             t.send(t.write(0, 64), &data(64, 0))?;
@@ -210,7 +210,7 @@ pub const CHECKS: &[Check] = &[
         id: "resp.psn.wrap",
         spec: "T-5 W-12",
         title: "PSNs 2^24 - 3, - 2, - 1, 0, 1: every one acknowledged across the wrap",
-        program: Program::WriteBw,
+        program: Program::Write,
         wrap: true,
         fatal: false,
         run: |t| {
@@ -224,7 +224,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.write.zero-length",
         "T-15 S-4",
-        WriteBw,
+        Write,
         "a zero-length WRITE checks no R_Key and is acknowledged",
         |t| {
             t.send(t.req(WriteOnly, 0).reth(0, BOGUS_RKEY, 0).ack_req(), &[])?;
@@ -232,7 +232,7 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!("resp.write.bad-rkey", "T-15", WriteBw, "a WRITE with an unknown R_Key: NAK remote access error", |t| {
+    check!("resp.write.bad-rkey", "T-15", Write, "a WRITE with an unknown R_Key: NAK remote access error", |t| {
         t.send(t.write(0, 64).reth(t.r.vaddr, t.r.rkey ^ 0xff, 64), &data(64, 0))?;
         t.expect(&[nak(ACC, t.psn(0))])?;
         Ok(())
@@ -240,7 +240,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.err.silent",
         "T-15a T-27",
-        WriteBw,
+        Write,
         "after a fatal NAK the QP answers nothing, even a valid next request",
         |t| {
             t.send(t.write(0, 64).reth(t.r.vaddr, t.r.rkey ^ 0xff, 64), &data(64, 0))?;
@@ -251,18 +251,12 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!(
-        "resp.write.out-of-bounds",
-        "T-15",
-        WriteBw,
-        "a WRITE 1 TiB past the buffer: NAK remote access error",
-        |t| {
-            t.send(t.write(0, 64).reth(t.r.vaddr + (1 << 40), t.r.rkey, 64), &data(64, 0))?;
-            t.expect(&[nak(ACC, t.psn(0))])?;
-            Ok(())
-        }
-    ),
-    check!("resp.write.wraps-2^64", "T-15", WriteBw, "a WRITE whose range wraps 2^64: NAK remote access error", |t| {
+    check!("resp.write.out-of-bounds", "T-15", Write, "a WRITE 1 TiB past the buffer: NAK remote access error", |t| {
+        t.send(t.write(0, 64).reth(t.r.vaddr + (1 << 40), t.r.rkey, 64), &data(64, 0))?;
+        t.expect(&[nak(ACC, t.psn(0))])?;
+        Ok(())
+    }),
+    check!("resp.write.wraps-2^64", "T-15", Write, "a WRITE whose range wraps 2^64: NAK remote access error", |t| {
         t.send(t.write(0, 64).reth(u64::MAX - 31, t.r.rkey, 64), &data(64, 0))?;
         t.expect(&[nak(ACC, t.psn(0))])?;
         Ok(())
@@ -270,7 +264,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.write.longer-than-reth",
         "T-14",
-        WriteBw,
+        Write,
         "a WRITE_ONLY carrying 64 bytes of a 32-byte RETH length: NAK invalid request",
         |t| {
             t.send(t.write(0, 32), &data(64, 0))?;
@@ -281,7 +275,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.write.shorter-than-reth",
         "T-14",
-        WriteBw,
+        Write,
         "a WRITE_ONLY carrying 32 bytes of a 64-byte RETH length: NAK invalid request",
         |t| {
             t.send(t.write(0, 64), &data(32, 0))?;
@@ -292,7 +286,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.write.pad-mismatch",
         "T-14 W-11",
-        WriteBw,
+        Write,
         "a pad count of 3 makes a 12-byte WRITE's payload 9, short of its RETH length 12: NAK invalid request",
         |t| {
             let mut roce = t.probe.emit(&t.write(0, 12), &data(12, 0))?;
@@ -302,22 +296,16 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!(
-        "resp.seq.first-short",
-        "T-14 S-8",
-        WriteBw,
-        "a WRITE_FIRST shorter than the MTU: NAK invalid request",
-        |t| {
-            let len = 3 * t.mtu as u32;
-            t.send(t.req(WriteFirst, 0).reth(t.r.vaddr, t.r.rkey, len).ack_req(), &data(100, 0))?;
-            t.expect(&[nak(INV, t.psn(0))])?;
-            Ok(())
-        }
-    ),
+    check!("resp.seq.first-short", "T-14 S-8", Write, "a WRITE_FIRST shorter than the MTU: NAK invalid request", |t| {
+        let len = 3 * t.mtu as u32;
+        t.send(t.req(WriteFirst, 0).reth(t.r.vaddr, t.r.rkey, len).ack_req(), &data(100, 0))?;
+        t.expect(&[nak(INV, t.psn(0))])?;
+        Ok(())
+    }),
     check!(
         "resp.seq.middle-short",
         "T-14",
-        WriteBw,
+        Write,
         "a WRITE_MIDDLE of half an MTU: NAK invalid request for its PSN",
         |t| {
             let (mtu, len) = (t.mtu, 3 * t.mtu as u32);
@@ -330,7 +318,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.seq.middle-without-first",
         "T-14 S-9",
-        WriteBw,
+        Write,
         "a WRITE_MIDDLE with no FIRST before it: NAK invalid request",
         |t| {
             let mtu = t.mtu;
@@ -342,7 +330,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.seq.last-without-first",
         "T-14 S-9",
-        WriteBw,
+        Write,
         "a WRITE_LAST with no FIRST before it: NAK invalid request",
         |t| {
             t.send(t.req(WriteLast, 0).ack_req(), &data(64, 0))?;
@@ -353,7 +341,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.seq.first-in-first",
         "T-14 S-9",
-        WriteBw,
+        Write,
         "a WRITE_FIRST inside an unfinished WRITE: NAK invalid request for the second",
         |t| {
             let (mtu, len) = (t.mtu, 2 * t.mtu as u32);
@@ -366,7 +354,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.seq.ackreq-middle",
         "T-12",
-        WriteBw,
+        Write,
         "AckReq on a MIDDLE draws an ACK for it with the MSN unchanged; the LAST's ACK counts the message",
         |t| {
             let (mtu, len) = (t.mtu, 2 * t.mtu + 64);
@@ -381,7 +369,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.access.read-on-write-qp",
         "T-14",
-        WriteBw,
+        Write,
         "a READ at a QP without remote read access: NAK invalid request",
         |t| {
             t.send(t.read(0, 0, 64), &[])?;
@@ -392,7 +380,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.access.atomic-on-write-qp",
         "T-14",
-        WriteBw,
+        Write,
         "a FETCH_ADD at a QP without remote atomic access: NAK invalid request",
         |t| {
             t.send(t.fetch_add(0, 1), &[])?;
@@ -403,7 +391,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.rnr.send",
         "T-13",
-        WriteBw,
+        Write,
         "a SEND with no receive posted: RNR NAK with the QP's timer, again when resent, and the QP works on",
         |t| {
             t.send(t.req(SendOnly, 0).ack_req(), &data(64, 0))?;
@@ -413,7 +401,7 @@ pub const CHECKS: &[Check] = &[
             t.still_works(0, 1)
         }
     ),
-    check!("resp.rnr.write-imm", "T-13", WriteBw, "a WRITE with immediate and no receive posted: RNR NAK", |t| {
+    check!("resp.rnr.write-imm", "T-13", Write, "a WRITE with immediate and no receive posted: RNR NAK", |t| {
         let h = t.req(WriteOnlyImm, 0).reth(t.r.vaddr, t.r.rkey, 64).imm(7).ack_req();
         t.send(h, &data(64, 0))?;
         t.expect(&[rnr(PERFTEST_RNR_TIMER, t.psn(0))])?;
@@ -422,7 +410,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.drop.bad-icrc",
         "W-14 S-7",
-        WriteBw,
+        Write,
         "a WRITE with a bad ICRC is dropped unexecuted; resent intact it is message 1",
         |t| {
             let mut roce = t.probe.emit(&t.write(0, 64), &data(64, 0))?;
@@ -436,7 +424,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.drop.wrong-source",
         "T-29 S-14",
-        WriteBw,
+        Write,
         "a WRITE from another address than the connected peer's is dropped",
         |t| {
             if !t.probe.has_alt() {
@@ -448,7 +436,7 @@ pub const CHECKS: &[Check] = &[
             t.still_works(0, 1)
         }
     ),
-    check!("resp.drop.unknown-qpn", "S-13", WriteBw, "a WRITE to a QP number nobody has is dropped", |t| {
+    check!("resp.drop.unknown-qpn", "S-13", Write, "a WRITE to a QP number nobody has is dropped", |t| {
         t.send(t.write(0, 64).qpn(t.r.qpn ^ 0x40_0000), &data(64, 0))?;
         t.expect(&[])?;
         t.still_works(0, 1)
@@ -456,7 +444,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.drop.bad-pkey",
         "S-10",
-        WriteBw,
+        Write,
         "a WRITE with P_Key 0x1234 (not the default partition) is dropped",
         |t| {
             let mut h = t.write(0, 64);
@@ -466,20 +454,20 @@ pub const CHECKS: &[Check] = &[
             t.still_works(0, 1)
         }
     ),
-    check!("resp.drop.bth-version", "W-2", WriteBw, "a WRITE with BTH version 1 is dropped", |t| {
+    check!("resp.drop.bth-version", "W-2", Write, "a WRITE with BTH version 1 is dropped", |t| {
         let mut roce = t.probe.emit(&t.write(0, 64), &data(64, 0))?;
         roce[1] |= 1;
         t.probe.send_bytes(t.r.ours, roce, true, "TVer 1")?;
         t.expect(&[])?;
         t.still_works(0, 1)
     }),
-    check!("resp.drop.truncated", "W-5 S-7", WriteBw, "10 bytes, shorter than a BTH, are dropped", |t| {
+    check!("resp.drop.truncated", "W-5 S-7", Write, "10 bytes, shorter than a BTH, are dropped", |t| {
         let roce = t.probe.emit(&t.write(0, 64), &data(64, 0))?;
         t.probe.send_bytes(t.r.ours, roce[..10].to_vec(), false, "truncated to 10 bytes")?;
         t.expect(&[])?;
         t.still_works(0, 1)
     }),
-    check!("resp.drop.ud-opcode", "S-8 W-7", WriteBw, "a UD SEND_ONLY (with DETH) at an RC QP is dropped", |t| {
+    check!("resp.drop.ud-opcode", "S-8 W-7", Write, "a UD SEND_ONLY (with DETH) at an RC QP is dropped", |t| {
         let opcode = Opcode::new(Transport::Ud, SendOnly).expect("UD SEND_ONLY");
         let h = RoceRepr::new(bth(opcode, t.r.qpn, t.psn(0))).deth(0x1111_1111, 0x123);
         t.send(h, &data(64, 0))?;
@@ -489,7 +477,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.fault.drop",
         "T-11 T-28",
-        WriteBw,
+        Write,
         "a stream with one PSN lost: one sequence NAK, silence, then the resent tail acknowledged",
         |t| {
             for k in 0..3 {
@@ -510,7 +498,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.fault.duplicate",
         "T-16 T-28",
-        WriteBw,
+        Write,
         "a stream with one packet duplicated: the copy re-ACKed, executed once",
         |t| {
             for k in [0, 1, 1, 2] {
@@ -524,7 +512,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.fault.reorder",
         "T-11 T-28",
-        WriteBw,
+        Write,
         "a stream with two packets swapped: a sequence NAK for the first, which is then taken",
         |t| {
             t.send(t.write(0, 64), &data(64, 0))?;
@@ -541,7 +529,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.fault.corrupt",
         "T-11 W-14",
-        WriteBw,
+        Write,
         "a stream with one packet corrupted: dropped, so the next draws a sequence NAK",
         |t| {
             t.send(t.write(0, 64), &data(64, 0))?;
@@ -558,7 +546,7 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!("resp.read.only", "T-4 T-12", ReadBw, "a READ of 64 bytes: one READ_RESPONSE_ONLY with its PSN", |t| {
+    check!("resp.read.only", "T-4 T-12", Read, "a READ of 64 bytes: one READ_RESPONSE_ONLY with its PSN", |t| {
         t.send(t.read(0, 0, 64), &[])?;
         t.expect(&[response(ReadResponseOnly, t.psn(0), 64)])?;
         Ok(())
@@ -566,7 +554,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.read.multi",
         "T-4 T-5",
-        ReadBw,
+        Read,
         "a READ of 2 MTU + 100 bytes: FIRST, MIDDLE, LAST on consecutive PSNs; the next request takes the PSN after",
         |t| {
             let mtu = t.mtu;
@@ -581,7 +569,7 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!("resp.dup.read", "T-16", ReadBw, "a duplicate READ is answered again, with the same PSN and bytes", |t| {
+    check!("resp.dup.read", "T-16", Read, "a duplicate READ is answered again, with the same PSN and bytes", |t| {
         t.send(t.read(0, 0, 64), &[])?;
         let first = t.expect(&[response(ReadResponseOnly, t.psn(0), 64)])?;
         t.send(t.read(0, 0, 64), &[])?;
@@ -597,7 +585,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.dup.read-tail",
         "T-16",
-        ReadBw,
+        Read,
         "a duplicate READ asking only the tail of a 3-packet READ gets the tail, starting with FIRST",
         |t| {
             let mtu = t.mtu;
@@ -615,7 +603,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.read.zero-length",
         "T-15 S-4",
-        ReadBw,
+        Read,
         "a zero-length READ checks no R_Key: an empty READ_RESPONSE_ONLY",
         |t| {
             t.send(t.req(ReadRequest, 0).reth(0, BOGUS_RKEY, 0), &[])?;
@@ -623,12 +611,12 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!("resp.read.bad-rkey", "T-15", ReadBw, "a READ with an unknown R_Key: NAK remote access error", |t| {
+    check!("resp.read.bad-rkey", "T-15", Read, "a READ with an unknown R_Key: NAK remote access error", |t| {
         t.send(t.read(0, 0, 64).reth(t.r.vaddr, t.r.rkey ^ 0xff, 64), &[])?;
         t.expect(&[nak(ACC, t.psn(0))])?;
         Ok(())
     }),
-    check!("resp.read.out-of-bounds", "T-15", ReadBw, "a READ 1 TiB past the buffer: NAK remote access error", |t| {
+    check!("resp.read.out-of-bounds", "T-15", Read, "a READ 1 TiB past the buffer: NAK remote access error", |t| {
         t.send(t.read(0, 1 << 40, 64), &[])?;
         t.expect(&[nak(ACC, t.psn(0))])?;
         Ok(())
@@ -636,7 +624,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.access.write-on-read-qp",
         "T-14",
-        ReadBw,
+        Read,
         "a WRITE at a QP without remote write access: NAK invalid request",
         |t| {
             t.send(t.write(0, 64), &data(64, 0))?;
@@ -647,7 +635,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.atomic.fetch-add",
         "T-26",
-        AtomicBw,
+        Atomic,
         "FETCH_ADD returns the word before the add, and the add is there for the next",
         |t| {
             t.send(t.fetch_add(0, 0), &[])?;
@@ -662,7 +650,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.atomic.compare-swap",
         "T-26",
-        AtomicBw,
+        Atomic,
         "COMPARE_SWAP swaps when the word matches, not when it does not, and returns the word either way",
         |t| {
             t.send(t.fetch_add(0, 0), &[])?;
@@ -681,7 +669,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.dup.atomic",
         "T-16",
-        AtomicBw,
+        Atomic,
         "a duplicate FETCH_ADD is answered with the saved value and not executed again",
         |t| {
             t.send(t.fetch_add(0, 0), &[])?;
@@ -698,7 +686,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.atomic.misaligned",
         "T-14 S-2",
-        AtomicBw,
+        Atomic,
         "a FETCH_ADD at an address 4 bytes off alignment: NAK invalid request",
         |t| {
             t.send(t.fetch_add(0, 1).atomic_eth(t.r.vaddr + 4, t.r.rkey, 1, 0), &[])?;
@@ -706,21 +694,15 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!(
-        "resp.atomic.bad-rkey",
-        "T-15",
-        AtomicBw,
-        "a FETCH_ADD with an unknown R_Key: NAK remote access error",
-        |t| {
-            t.send(t.fetch_add(0, 1).atomic_eth(t.r.vaddr, t.r.rkey ^ 0xff, 1, 0), &[])?;
-            t.expect(&[nak(ACC, t.psn(0))])?;
-            Ok(())
-        }
-    ),
+    check!("resp.atomic.bad-rkey", "T-15", Atomic, "a FETCH_ADD with an unknown R_Key: NAK remote access error", |t| {
+        t.send(t.fetch_add(0, 1).atomic_eth(t.r.vaddr, t.r.rkey ^ 0xff, 1, 0), &[])?;
+        t.expect(&[nak(ACC, t.psn(0))])?;
+        Ok(())
+    }),
     check!(
         "resp.access.read-on-atomic-qp",
         "T-14",
-        AtomicBw,
+        Atomic,
         "a READ at a QP with only remote atomic access: NAK invalid request",
         |t| {
             t.send(t.read(0, 0, 8), &[])?;
@@ -728,7 +710,7 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!("resp.send.only", "T-12", SendBw, "a SEND_ONLY into a posted receive: ACK, MSN 1", |t| {
+    check!("resp.send.only", "T-12", Send, "a SEND_ONLY into a posted receive: ACK, MSN 1", |t| {
         t.send(t.req(SendOnly, 0).ack_req(), &data(64, 0))?;
         t.expect(&[ack(t.psn(0), 1)])?;
         Ok(())
@@ -736,7 +718,7 @@ pub const CHECKS: &[Check] = &[
     check!(
         "resp.send.multi",
         "T-4 T-12",
-        SendBw,
+        Send,
         "a SEND of 2 MTU + 100 bytes in three packets: one ACK, for the LAST",
         |t| {
             let mtu = t.mtu;
@@ -747,32 +729,26 @@ pub const CHECKS: &[Check] = &[
             Ok(())
         }
     ),
-    check!(
-        "resp.dup.send",
-        "T-16",
-        SendBw,
-        "a duplicate SEND is acknowledged again and takes no second receive",
-        |t| {
-            t.send(t.req(SendOnly, 0).ack_req(), &data(64, 0))?;
-            t.expect(&[ack(t.psn(0), 1)])?;
-            t.send(t.req(SendOnly, 0).ack_req(), &data(64, 0))?;
-            t.expect(&[ack(t.psn(0), 1)])?;
-            t.send(t.req(SendOnly, 1).ack_req(), &data(64, 1))?;
-            t.expect(&[ack(t.psn(1), 2)])?;
-            Ok(())
-        }
-    ),
-    check!("resp.send.zero-length", "T-31", SendBw, "a zero-length SEND is acknowledged", |t| {
+    check!("resp.dup.send", "T-16", Send, "a duplicate SEND is acknowledged again and takes no second receive", |t| {
+        t.send(t.req(SendOnly, 0).ack_req(), &data(64, 0))?;
+        t.expect(&[ack(t.psn(0), 1)])?;
+        t.send(t.req(SendOnly, 0).ack_req(), &data(64, 0))?;
+        t.expect(&[ack(t.psn(0), 1)])?;
+        t.send(t.req(SendOnly, 1).ack_req(), &data(64, 1))?;
+        t.expect(&[ack(t.psn(1), 2)])?;
+        Ok(())
+    }),
+    check!("resp.send.zero-length", "T-31", Send, "a zero-length SEND is acknowledged", |t| {
         t.send(t.req(SendOnly, 0).ack_req(), &[])?;
         t.expect(&[ack(t.psn(0), 1)])?;
         Ok(())
     }),
-    check!(fatal "resp.access.write-without-mr-right", "T-15", SendBw, "a WRITE the QP allows into a buffer registered without remote write: NAK remote access error", |t| {
+    check!(fatal "resp.access.write-without-mr-right", "T-15", Send, "a WRITE the QP allows into a buffer registered without remote write: NAK remote access error", |t| {
         t.send(t.write(0, 64), &data(64, 0))?;
         t.expect(&[nak(ACC, t.psn(0))])?;
         Ok(())
     }),
-    check!(fatal "resp.seq.send-in-send", "T-14 S-9", SendBw, "a SEND_ONLY inside an unfinished SEND: NAK invalid request for it", |t| {
+    check!(fatal "resp.seq.send-in-send", "T-14 S-9", Send, "a SEND_ONLY inside an unfinished SEND: NAK invalid request for it", |t| {
         let mtu = t.mtu;
         t.send(t.req(SendFirst, 0), &data(mtu, 0))?;
         t.send(t.req(SendOnly, 1).ack_req(), &data(64, 1))?;

@@ -16,19 +16,23 @@ use crate::perf::proto::{BwReport, Comm, KeyMsg};
 /// A perftest program the peer runs, and the flow of its exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Program {
-    WriteBw,
-    ReadBw,
-    AtomicBw,
-    SendBw,
+    /// `ib_write_bw`.
+    Write,
+    /// `ib_read_bw`.
+    Read,
+    /// `ib_atomic_bw`.
+    Atomic,
+    /// `ib_send_bw`.
+    Send,
 }
 
 impl Program {
     pub fn name(self) -> &'static str {
         match self {
-            Program::WriteBw => "ib_write_bw",
-            Program::ReadBw => "ib_read_bw",
-            Program::AtomicBw => "ib_atomic_bw",
-            Program::SendBw => "ib_send_bw",
+            Program::Write => "ib_write_bw",
+            Program::Read => "ib_read_bw",
+            Program::Atomic => "ib_atomic_bw",
+            Program::Send => "ib_send_bw",
         }
     }
 }
@@ -128,7 +132,7 @@ impl ServerSession {
         let mtu = preamble(&mut comm, setup.mtu)?;
         let mine: Vec<KeyMsg> = (0..n).map(|i| key(numbers.next(), first_psn(i), setup.local)).collect();
         let theirs = exchange(&mut comm, &mine)?;
-        if program == Program::SendBw {
+        if program == Program::Send {
             comm.hand_shake(&mine[0])?;
             exchange(&mut comm, &mine)?;
             // The server has posted its receives after this one.
@@ -148,7 +152,7 @@ impl ServerSession {
     }
 
     pub fn is_send(&self) -> bool {
-        self.program == Program::SendBw
+        self.program == Program::Send
     }
 
     /// Ends the run as a client would (RDMA tests: the last handshake, the
@@ -156,7 +160,7 @@ impl ServerSession {
     /// A SEND server waits for its messages instead: its QPs must have been
     /// put in error first, which ends it.
     pub fn finish(mut self) {
-        if self.program != Program::SendBw {
+        if self.program != Program::Send {
             let _ = self.comm.hand_shake(&self.mine[0]);
             let _ = self.comm.exchange_bw_reports(&BwReport::default());
             let _ = self.comm.close(&self.mine[0]);
