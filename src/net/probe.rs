@@ -54,6 +54,10 @@ impl RoceSocket {
     pub fn bind(local: SocketAddr, port: u16) -> io::Result<RoceSocket> {
         ipv4(local.ip())?;
         let socket = UdpSocket::bind(local)?;
+        // The ICRC covers the IPv4 Identification, which a receiver that
+        // checks against the real header (kernel rxe) sees: DF and ID 0, as
+        // `fill_icrc` assumes.
+        super::udp::set_pmtudisc_do(&socket)?;
         // A peer's window of several QPs arrives in one burst: a default
         // buffer would drop what the probe then takes for the peer's gaps.
         let bytes = libc::c_int::try_from(super::udp::SOCKET_BUFFER).unwrap_or(libc::c_int::MAX);

@@ -654,7 +654,7 @@ const UDP_NO_CHECK6_RX: libc::c_int = 102;
 
 /// Sets `IP_MTU_DISCOVER` to `IP_PMTUDISC_DO`: DF on, and (for unconnected
 /// sockets) IPv4 Identification 0.
-fn set_pmtudisc_do(socket: &UdpSocket) -> io::Result<()> {
+pub(crate) fn set_pmtudisc_do(socket: &UdpSocket) -> io::Result<()> {
     set_int_option(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
 }
 

@@ -53,7 +53,7 @@ skipped (with why) or error (the peer or the exchange failed). Exit status:
 #[command(after_help = PEER_HELP)]
 pub struct Args {
     /// The peer's address (IPv4).
-    #[arg(value_name = "HOST", required_unless_present = "self_peer")]
+    #[arg(value_name = "HOST", required_unless_present_any = ["self_peer", "list"])]
     host: Option<IpAddr>,
     /// Probe a softroce peer started here on loopback (127.0.77.2, with the
     /// probe on 127.0.77.1 and 127.0.77.3): the suite's own regression test.
@@ -80,6 +80,9 @@ pub struct Args {
     /// Seconds to wait for one of the peer's programs to be there.
     #[arg(long, default_value = "30", value_parser = |s: &str| seconds(s, Zero::Refused))]
     timeout: Duration,
+    /// Print the checks (id, rxe-spec statements, what each checks) and exit.
+    #[arg(long)]
+    list: bool,
     /// Run only the checks whose id contains this.
     #[arg(long, value_name = "TEXT")]
     only: Option<String>,
@@ -181,8 +184,7 @@ fn server_qps(program: Program) -> usize {
 }
 
 /// Runs the responder checks, a server session at a time.
-fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers) -> Vec<Outcome> {
-    let mut outcomes = Vec::new();
+fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers, report: &mut Report) {
     for program in [Program::Write, Program::Read, Program::Atomic, Program::Send] {
         let checks: Vec<&responder::Check> =
             responder::CHECKS.iter().filter(|c| c.program == program && plan.wants(c.id)).collect();
@@ -214,7 +216,7 @@ fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers) -> 
                     Ok(s) => session = Some(s),
                     Err(why) => {
                         failed = Some(why.clone());
-                        outcomes.push(Outcome {
+                        report.add(Outcome {
                             id: check.id,
                             spec: check.spec,
                             title: check.title,
@@ -250,7 +252,7 @@ fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers) -> 
                 Err(e) if verdict == Verdict::Pass => verdict = Verdict::Error(e.to_string()),
                 _ => {}
             }
-            outcomes.push(Outcome {
+            report.add(Outcome {
                 id: check.id,
                 spec: check.spec,
                 title: check.title,
@@ -263,7 +265,6 @@ fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers) -> 
             finish(probe, old);
         }
     }
-    outcomes
 }
 
 /// Ends a server's run: a SEND server's QPs are put in error first (used
@@ -286,8 +287,16 @@ fn route_source(peer: IpAddr) -> std::io::Result<IpAddr> {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    match conform(&args) {
-        Ok(outcomes) => report(&args, &outcomes),
+    if args.list {
+        let mut out = std::io::stdout().lock();
+        for (id, spec, title) in responder::CHECKS.iter().map(|c| (c.id, c.spec, c.title)).chain(requester::checks()) {
+            let _ = writeln!(out, "{id:<38} {spec:<16} {title}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let mut report = Report { args: &args, outcomes: Vec::new() };
+    match conform(&args, &mut report) {
+        Ok(()) => report.finish(),
         Err(e) => {
             eprintln!("softroce conform: {e}");
             ExitCode::from(2)
@@ -295,7 +304,7 @@ pub fn run(args: Args) -> ExitCode {
     }
 }
 
-fn conform(args: &Args) -> Result<Vec<Outcome>, String> {
+fn conform(args: &Args, report: &mut Report) -> Result<(), String> {
     let (peer, local, alt) = if args.self_peer {
         let at = |last| IpAddr::V4(Ipv4Addr::new(127, 0, 77, last));
         (at(2), at(1), Some(at(3)))
@@ -321,11 +330,11 @@ fn conform(args: &Args) -> Result<Vec<Outcome>, String> {
         only: args.only.clone(),
     };
     let mut numbers = QpNumbers::new();
-    let mut outcomes = probe_responders(&mut probe, &plan, &mut numbers);
+    probe_responders(&mut probe, &plan, &mut numbers, report);
     let listeners = requester::Listeners::bind(&plan).map_err(|e| e.to_string())?;
-    outcomes.extend(requester::probe_requesters(&mut probe, &plan, &listeners, &mut numbers));
+    requester::probe_requesters(&mut probe, &plan, &listeners, &mut numbers, report);
     probe.flush();
-    Ok(outcomes)
+    Ok(())
 }
 
 /// `enum ibv_mtu` for a size in bytes.
@@ -340,31 +349,44 @@ fn mtu_code(bytes: u32) -> Result<u32, String> {
     }
 }
 
-fn report(args: &Args, outcomes: &[Outcome]) -> ExitCode {
-    if let Some(dir) = &args.ladder {
-        if let Err(e) = write_ladders(dir, outcomes) {
-            eprintln!("softroce conform: ladders in {}: {e}", dir.display());
+/// The results as they come: each check is printed, and its ladder
+/// written, when it ends, so a run cut short keeps what it found.
+pub struct Report<'a> {
+    args: &'a Args,
+    outcomes: Vec<&'static str>,
+}
+
+impl Report<'_> {
+    pub fn add(&mut self, o: Outcome) {
+        let mut out = std::io::stdout().lock();
+        let _ = if self.args.json { writeln!(out, "{}", outcome_json(&o)) } else { write_row(&mut out, &o) };
+        let _ = out.flush();
+        if let Some(dir) = &self.args.ladder {
+            if let Err(e) = write_ladder(dir, &o) {
+                eprintln!("softroce conform: ladder in {}: {e}", dir.display());
+            }
         }
+        self.outcomes.push(o.verdict.name());
     }
-    let mut out = std::io::stdout().lock();
-    for o in outcomes {
-        let _ = if args.json { writeln!(out, "{}", outcome_json(o)) } else { write_row(&mut out, o) };
+
+    fn finish(self) -> ExitCode {
+        let count = |name: &str| self.outcomes.iter().filter(|o| **o == name).count();
+        let (pass, dev, skip, err) = (count("pass"), count("deviation"), count("skipped"), count("error"));
+        let summary =
+            format!("{} checks: {pass} pass, {dev} deviation, {skip} skipped, {err} error", self.outcomes.len());
+        if self.args.json {
+            eprintln!("{summary}");
+        } else {
+            println!("\n{summary}");
+        }
+        ExitCode::from(if err > 0 {
+            2
+        } else if dev > 0 {
+            1
+        } else {
+            0
+        })
     }
-    let count = |name: &str| outcomes.iter().filter(|o| o.verdict.name() == name).count();
-    let (pass, dev, skip, err) = (count("pass"), count("deviation"), count("skipped"), count("error"));
-    let summary = format!("{} checks: {pass} pass, {dev} deviation, {skip} skipped, {err} error", outcomes.len());
-    if args.json {
-        eprintln!("{summary}");
-    } else {
-        let _ = writeln!(out, "\n{summary}");
-    }
-    ExitCode::from(if err > 0 {
-        2
-    } else if dev > 0 {
-        1
-    } else {
-        0
-    })
 }
 
 fn write_row(out: &mut impl Write, o: &Outcome) -> std::io::Result<()> {
@@ -401,17 +423,14 @@ fn outcome_json(o: &Outcome) -> serde_json::Value {
     })
 }
 
-fn write_ladders(dir: &std::path::Path, outcomes: &[Outcome]) -> std::io::Result<()> {
+fn write_ladder(dir: &std::path::Path, o: &Outcome) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    for o in outcomes {
-        let mut text = format!("{} [{}] {}\n{}\n\n", o.id, o.spec, o.title, o.verdict.name());
-        for line in &o.ladder {
-            text.push_str(line);
-            text.push('\n');
-        }
-        std::fs::write(dir.join(format!("{}.txt", o.id)), text)?;
+    let mut text = format!("{} [{}] {}\n{}\n\n", o.id, o.spec, o.title, o.verdict.name());
+    for line in &o.ladder {
+        text.push_str(line);
+        text.push('\n');
     }
-    Ok(())
+    std::fs::write(dir.join(format!("{}.txt", o.id)), text)
 }
 
 /// `--self`: the peer's programs, as `softroce perf` on loopback, each

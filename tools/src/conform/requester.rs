@@ -11,7 +11,7 @@ use softroce::wire::{NakCode, Opcode, Operation, Psn, RoceRepr, Syndrome, Transp
 
 use super::probe::{Answer, Probe};
 use super::session::{ClientSession, QpNumbers, Remote, Setup};
-use super::{Outcome, Plan, Verdict};
+use super::{Outcome, Plan, Report, Verdict};
 
 /// perftest's local ACK timeout (`DEF_QP_TIME` 14): 4.096 µs × 2^14.
 const ACK_TIMEOUT: Duration = Duration::from_micros(67_109);
@@ -273,9 +273,12 @@ struct Batch {
     read: bool,
     qps: usize,
     policies: &'static [Policy],
-    /// Keep watching this long after the client's run ends (or, if it never
-    /// does, in all).
+    /// Keep watching this long after the client's run ends.
     watch: Duration,
+    /// Watch no longer than this in all: a client that never ends (one that
+    /// retries forever, or waits for what a check withholds) is judged on
+    /// what it did until then.
+    limit: Duration,
 }
 
 const BATCHES: &[Batch] = &[
@@ -290,11 +293,30 @@ const BATCHES: &[Batch] = &[
             Policy::Rnr { at: 3 },
         ],
         watch: Duration::from_millis(300),
+        limit: Duration::from_secs(20),
     },
-    Batch { read: false, qps: 6, policies: &[Policy::NakAccess], watch: Duration::from_millis(600) },
-    Batch { read: true, qps: 2, policies: &[Policy::ImpliedNak, Policy::CutShort], watch: Duration::from_millis(300) },
+    Batch {
+        read: false,
+        qps: 6,
+        policies: &[Policy::NakAccess],
+        watch: Duration::from_millis(600),
+        limit: Duration::from_secs(20),
+    },
+    Batch {
+        read: true,
+        qps: 2,
+        policies: &[Policy::ImpliedNak, Policy::CutShort],
+        watch: Duration::from_millis(300),
+        limit: Duration::from_secs(20),
+    },
     // Last: a peer that retries forever never ends this run.
-    Batch { read: false, qps: 6, policies: &[Policy::Silent], watch: Duration::from_millis(2500) },
+    Batch {
+        read: false,
+        qps: 6,
+        policies: &[Policy::Silent],
+        watch: Duration::from_millis(2500),
+        limit: Duration::from_secs(3),
+    },
 ];
 
 /// The messages of the write client: 20 of 4096 bytes (PEER_HELP).
@@ -305,8 +327,8 @@ pub fn probe_requesters(
     plan: &Plan,
     listeners: &Listeners,
     numbers: &mut QpNumbers,
-) -> Vec<Outcome> {
-    let mut outcomes = Vec::new();
+    report: &mut Report,
+) {
     let mut failed: [Option<String>; 2] = [None, None];
     for batch in BATCHES {
         let checks: Vec<(Policy, &'static [CheckInfo])> = batch.policies.iter().map(|p| (*p, checks_of(*p))).collect();
@@ -326,25 +348,26 @@ pub fn probe_requesters(
         match result {
             Ok(players) => {
                 for player in &players {
+                    // One QP's packets are the ladder of each of its checks.
+                    let ladder = probe.take_ladder(player.r.ours);
                     for info in checks_of(player.policy) {
                         if plan.wants(info.id) {
                             let verdict = (info.judge)(player);
-                            outcomes.push(Outcome {
+                            report.add(Outcome {
                                 id: info.id,
                                 spec: info.spec,
                                 title: info.title,
                                 verdict,
-                                ladder: probe.take_ladder(player.r.ours),
+                                ladder: ladder.clone(),
                             });
                         }
                     }
-                    probe.take_ladder(player.r.ours);
                 }
             }
             Err(e) => {
                 for (_, infos) in checks {
                     for info in infos.iter().filter(|c| plan.wants(c.id)) {
-                        outcomes.push(Outcome {
+                        report.add(Outcome {
                             id: info.id,
                             spec: info.spec,
                             title: info.title,
@@ -357,7 +380,6 @@ pub fn probe_requesters(
         }
         probe.drop_pending();
     }
-    outcomes
 }
 
 fn run_batch(
@@ -382,9 +404,8 @@ fn run_batch(
             ended = Some(now);
         }
         let limit = match ended {
-            Some(t) => t + batch.watch,
-            None if batch.policies.contains(&Policy::Silent) => start + batch.watch,
-            None => start + setup.timeout,
+            Some(t) => (t + batch.watch).min(start + batch.limit),
+            None => start + batch.limit,
         };
         if now >= limit {
             break;
@@ -396,6 +417,11 @@ fn run_batch(
         }
     }
     Ok(players)
+}
+
+/// Every requester check: id, rxe-spec statements, title.
+pub fn checks() -> impl Iterator<Item = (&'static str, &'static str, &'static str)> {
+    BATCHES.iter().flat_map(|b| b.policies).flat_map(|p| checks_of(*p)).map(|c| (c.id, c.spec, c.title))
 }
 
 /// A requester check: what it judges from one QP's packets.
