@@ -870,10 +870,14 @@ impl Progress {
             Batch::Done { received, drained } => (received, drained),
         };
         self.owed = false;
+        // The link may hold packets it looks at again later (rdma_cm
+        // requests waiting for a listener).
+        let link_event = self.out.link.next_event();
         if quiet && !received {
-            return Step { busy: false, next_timer: self.seen_timer };
+            return Step { busy: false, next_timer: self.seen_timer.into_iter().chain(link_event).min() };
         }
         let (served, next_timer) = self.run_timers_and_transmit(shared, now, drained);
+        let next_timer = next_timer.into_iter().chain(link_event).min();
         let answered = self.lingering.answer(&mut self.out, shared, now);
         self.lingering.expire(now);
         let busy = received || served || answered;

@@ -32,6 +32,21 @@ const CM_FIRST_ID: u32 = 12 + 8 + 24;
 const CM_REMOTE_COMM_ID: u32 = CM_FIRST_ID + 4;
 const CM_SERVICE_ID: u32 = CM_FIRST_ID + 8;
 
+/// The rdma_cm service a REQ or SIDR_REQ to QP 1 asks for: the low word
+/// of its Service ID, whose high word is zero for rdma_cm's IP services
+/// (`None` for any other packet).
+pub fn cm_request_service(roce: &[u8]) -> Option<u32> {
+    let word = |at: u32| -> Option<u32> {
+        let at = at as usize;
+        Some(u32::from_be_bytes(roce.get(at..at + 4)?.try_into().ok()?))
+    };
+    if word(4)? & 0x00ff_ffff != 1 || !matches!(word(MAD_ATTR_ID)? >> 16, CM_REQ | CM_SIDR_REQ) {
+        return None;
+    }
+    let (high, low) = (word(CM_SERVICE_ID)?, word(CM_SERVICE_ID + 4)?);
+    (high == 0).then_some(low)
+}
+
 /// One classic-BPF instruction, as `struct sock_filter`.
 pub type Insn = libc::sock_filter;
 
@@ -126,8 +141,8 @@ impl Steering {
         }
         match word(MAD_ATTR_ID)? >> 16 {
             CM_REQ | CM_SIDR_REQ => {
-                let service = (word(CM_SERVICE_ID)?, word(CM_SERVICE_ID + 4)?);
-                self.listeners.iter().find(|&&(s, _)| service == (0, s)).map(|&(_, slot)| slot)
+                let service = cm_request_service(roce)?;
+                self.listeners.iter().find(|&&(s, _)| s == service).map(|&(_, slot)| slot)
             }
             CM_SIDR_REP => Some(roce[CM_FIRST_ID as usize]),
             _ => Some(roce[CM_REMOTE_COMM_ID as usize]),

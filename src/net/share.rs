@@ -219,6 +219,24 @@ impl Member {
         (slot != 0 && slot != self.shared.slot).then_some(slot)
     }
 
+    /// The rdma_cm service of `roce`, a REQ or SIDR_REQ that arrived at
+    /// `local`, if no member listens on it as far as this one knows: a
+    /// listener may be on its way (rxe-spec N-8).
+    pub fn unclaimed_request(&self, local: IpAddr, roce: &[u8]) -> Option<u32> {
+        let service = bpf::cm_request_service(roce)?;
+        let known = lock(&self.shared.steering).get(&local).and_then(|s| s.owner(roce));
+        known.is_none().then_some(service)
+    }
+
+    /// The member listening on each rdma_cm service now, from the port's
+    /// state (not this member's steering, which learns of other members'
+    /// listeners at its next census).
+    pub fn listeners_now(&self) -> Vec<(u32, u8)> {
+        let Ok(mut state) = State::read(&self.shared.dir) else { return Vec::new() };
+        state.listeners_of_live_slots();
+        state.listeners
+    }
+
     /// Passes `roce`, which arrived at `local` from `src`, to member `slot`,
     /// and asks the steward for a census.
     pub fn forward(&mut self, slot: u8, src: SocketAddr, local: IpAddr, roce: &[u8]) -> Forwarded {

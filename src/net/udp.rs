@@ -19,7 +19,7 @@
 //! checked "up to the ID" (`icrc::verify_ipv4_unknown_id`), packet by
 //! packet; IPv6 headers have no such field and are checked exactly.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ops::Range;
@@ -61,7 +61,32 @@ pub struct UdpLink {
     socket_buffer: usize,
     /// Where every packet sent and received is recorded, if anywhere.
     capture: Option<LiveCapture>,
+    /// rdma_cm requests for services no member of the shared port listens
+    /// on yet, held for [`UNCLAIMED_GRACE`] (rxe-spec N-8).
+    unclaimed: VecDeque<Unclaimed>,
+    /// When the held requests are next looked at.
+    unclaimed_check: Duration,
 }
+
+/// A REQ or SIDR_REQ that arrived for a service nobody listens on.
+#[derive(Debug)]
+struct Unclaimed {
+    until: Duration,
+    service: u32,
+    src: SocketAddr,
+    local: IpAddr,
+    roce: Vec<u8>,
+}
+
+/// How long a REQ or SIDR_REQ for a service no process sharing the port
+/// listens on waits for a listener before it goes to this process's CM,
+/// which refuses it: a server that listens again right after an exchange
+/// (perftest's `-R`) is otherwise beaten by a client on the same host.
+pub const UNCLAIMED_GRACE: Duration = Duration::from_millis(50);
+/// How often held requests look for their listener.
+const UNCLAIMED_RECHECK: Duration = Duration::from_millis(1);
+/// Requests held at once; past this they are refused at once.
+const MAX_UNCLAIMED: usize = 32;
 
 impl UdpLink {
     /// A link whose sockets bind `port` (4791 to talk to other RoCE peers;
@@ -80,6 +105,8 @@ impl UdpLink {
             rx_icrc: icrc::PrefixCache::default(),
             corrupt_every: 0,
             socket_buffer: SOCKET_BUFFER,
+            unclaimed: VecDeque::new(),
+            unclaimed_check: Duration::ZERO,
             capture: None,
         }
     }
@@ -198,8 +225,20 @@ impl UdpLink {
     /// The next received packet of at most `limit` bytes with a good ICRC,
     /// and where its bytes are ([`UdpLink::bytes`]); counts the others, and
     /// passes on those that belong to another process sharing the port.
-    fn next_packet(&mut self, limit: usize) -> Option<(Received, Held)> {
+    fn next_packet(&mut self, now: Duration, limit: usize) -> Option<(Received, Held)> {
         loop {
+            if let Some((src, local, len)) = self.release_unclaimed(now) {
+                let held = Held::Forwarded(len);
+                let roce = held.bytes(&self.rx, &self.forwarded);
+                let Some(id) = icrc_check(&mut self.rx_icrc, src, local, self.port, roce) else {
+                    self.stats.icrc_errors += 1;
+                    continue;
+                };
+                if let Some(capture) = &mut self.capture {
+                    capture.record(src, SocketAddr::new(local, self.port), id, roce);
+                }
+                return Some((Received { src: src.ip(), src_port: src.port(), dst: local, len }, held));
+            }
             let (src, local, held) = match (self.rx.pop(), self.rx_local) {
                 (Some((src, at)), Some(local)) => {
                     self.stats.received += 1;
@@ -218,6 +257,14 @@ impl UdpLink {
                                 Forwarded::Ownerless => self.stats.ownerless += 1,
                             }
                             continue;
+                        }
+                        if self.unclaimed.len() < MAX_UNCLAIMED {
+                            if let Some(service) = member.unclaimed_request(local, roce) {
+                                let until = now + UNCLAIMED_GRACE;
+                                self.unclaimed.push_back(Unclaimed { until, service, src, local, roce: roce.to_vec() });
+                                self.unclaimed_check = now;
+                                continue;
+                            }
                         }
                     }
                     (src, local, Held::Batch(at))
@@ -251,6 +298,44 @@ impl UdpLink {
             let len = roce.len();
             return Some((Received { src: src.ip(), src_port: src.port(), dst: local, len }, held));
         }
+    }
+
+    /// A held request whose listener has appeared here, or whose grace is
+    /// over, copied into `self.forwarded`; one whose listener appeared in
+    /// another process goes on to it. Looks at most every
+    /// [`UNCLAIMED_RECHECK`].
+    fn release_unclaimed(&mut self, now: Duration) -> Option<(SocketAddr, IpAddr, usize)> {
+        if self.unclaimed.is_empty() || now < self.unclaimed_check {
+            return None;
+        }
+        let member = self.share.as_mut()?;
+        let (own, listeners) = (member.slot(), member.listeners_now());
+        let mut i = 0;
+        while i < self.unclaimed.len() {
+            let held = &self.unclaimed[i];
+            let listener = listeners.iter().find(|&&(s, _)| s == held.service).map(|&(_, slot)| slot);
+            match listener {
+                Some(slot) if slot != own => {
+                    let held = self.unclaimed.remove(i).expect("an index in range");
+                    match member.forward(slot, held.src, held.local, &held.roce) {
+                        Forwarded::Passed => self.stats.forwarded += 1,
+                        Forwarded::InboxFull => self.stats.forward_dropped += 1,
+                        Forwarded::Ownerless => self.stats.ownerless += 1,
+                    }
+                }
+                None if now < held.until => i += 1,
+                // Listened on here, or nobody came: this process's CM answers.
+                _ => {
+                    let held = self.unclaimed.remove(i).expect("an index in range");
+                    let len = held.roce.len();
+                    self.forwarded.clear();
+                    self.forwarded.extend_from_slice(&held.roce);
+                    return Some((held.src, held.local, len));
+                }
+            }
+        }
+        self.unclaimed_check = now + UNCLAIMED_RECHECK;
+        None
     }
 
     /// Refills the receive batch from the first socket with datagrams
@@ -556,14 +641,14 @@ impl Link for UdpLink {
         }
     }
 
-    fn receive(&mut self, _now: Duration, buf: &mut [u8]) -> Option<Received> {
-        let (r, held) = self.next_packet(buf.len())?;
+    fn receive(&mut self, now: Duration, buf: &mut [u8]) -> Option<Received> {
+        let (r, held) = self.next_packet(now, buf.len())?;
         buf[..r.len].copy_from_slice(self.bytes(&held));
         Some(r)
     }
 
-    fn receive_in_place<'a>(&'a mut self, _now: Duration, _scratch: &'a mut [u8]) -> Option<(Received, &'a [u8])> {
-        let (r, held) = self.next_packet(LARGEST_PACKET)?;
+    fn receive_in_place<'a>(&'a mut self, now: Duration, _scratch: &'a mut [u8]) -> Option<(Received, &'a [u8])> {
+        let (r, held) = self.next_packet(now, LARGEST_PACKET)?;
         Some((r, self.bytes(&held)))
     }
 
@@ -571,8 +656,9 @@ impl Link for UdpLink {
         self.rx.amid_slot()
     }
 
+    /// When held rdma_cm requests are next looked at, if any are held.
     fn next_event(&self) -> Option<Duration> {
-        None
+        (!self.unclaimed.is_empty()).then_some(self.unclaimed_check)
     }
 
     fn local_addrs(&self) -> Vec<IpAddr> {

@@ -91,3 +91,35 @@ fn a_cm_request_reaches_the_listening_context_and_the_answer_its_comm_id_owner()
     assert!(client.node.init(QpType::Rc).gsi().build().is_err());
     server.node.ctx.unlisten_cm(service).unwrap();
 }
+
+/// A SIDR_REQ that comes before anyone listens on its service is held
+/// (rxe-spec N-5a) and reaches the context that listens within the grace,
+/// wherever the kernel's hash put it first; one for a service nobody ever
+/// listens on reaches some context's CM, to be refused, once the grace is over.
+#[test]
+fn a_cm_request_before_its_listener_waits_for_it() {
+    let port = free_port(&[IP_A]);
+    let (client, server) = (Gsi::open("gsi_early_client", port), Gsi::open("gsi_early_server", port));
+    let service = 0x0111_4e21; // rdma_cm UDP port space, port 20001
+    let client_id = u32::from(client.node.ctx.slot()) << 24 | 0x43;
+    let early = cm_mad(0x0017, client_id, 0, u64::from(service));
+    client.send(&early);
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    server.node.ctx.listen_cm(service).unwrap();
+    assert_eq!(server.receive(), early);
+    assert_no_wc(&client.node.cq);
+    let unclaimed = cm_mad(0x0017, client_id + 1, 0, u64::from(service + 1));
+    let sent = std::time::Instant::now();
+    client.send(&unclaimed);
+    let deadline = sent + WAIT;
+    let got = loop {
+        assert!(std::time::Instant::now() < deadline, "the unclaimed request reached nobody");
+        if let Some(gsi) = [&client, &server].into_iter().find(|g| !g.node.cq.is_empty()) {
+            break gsi.receive();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert_eq!(got, unclaimed);
+    assert!(sent.elapsed() >= softroce::net::udp::UNCLAIMED_GRACE, "refused after {:?}", sent.elapsed());
+    server.node.ctx.unlisten_cm(service).unwrap();
+}

@@ -205,6 +205,11 @@ fn bench(args: &Args) -> Result<bool, String> {
                 say!("{line}");
             }
         }
+        for row in &rows {
+            if let Some(line) = row.share_line() {
+                say!("{line}");
+            }
+        }
     }
     if let Some(path) = &args.plot {
         let svg = plot::svg(
@@ -521,6 +526,8 @@ pub struct Meter {
     messages: AtomicU64,
     measuring: AtomicBool,
     stopped: AtomicBool,
+    /// Messages each QP completed within the window (streams).
+    per_qp: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Meter {
@@ -536,6 +543,16 @@ impl Meter {
 
     pub fn stopped(&self) -> bool {
         self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// Adds what some QPs each completed within the window.
+    pub fn add_per_qp(&self, counts: &[u64]) {
+        self.per_qp.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(counts);
+    }
+
+    /// What every QP completed within the window, taken.
+    pub fn take_per_qp(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.per_qp.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Waits out the warm-up, measures one window while the run's threads
@@ -601,6 +618,8 @@ pub struct Measured {
     pub rtts: Vec<Duration>,
     /// Retransmissions by both devices during the run (softroce runs).
     pub retries: Option<u64>,
+    /// Messages each QP completed within the window (streams).
+    pub per_qp: Vec<u64>,
 }
 
 impl Measured {
@@ -610,12 +629,14 @@ impl Measured {
             window: Window { bytes: 0, messages: 0, elapsed: Duration::ZERO, cpu: Duration::ZERO },
             rtts: Vec::new(),
             retries: None,
+            per_qp: Vec::new(),
         };
         for run in runs {
             let (w, r) = (&mut all.window, run.window);
             (w.bytes, w.messages, w.elapsed, w.cpu) =
                 (w.bytes + r.bytes, w.messages + r.messages, w.elapsed + r.elapsed, w.cpu + r.cpu);
             all.rtts.extend(run.rtts);
+            all.per_qp.extend(run.per_qp);
             all.retries = match (all.retries, run.retries) {
                 (None, None) => None,
                 (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
@@ -635,6 +656,9 @@ struct Figures {
     /// Median and 99th percentile round trip in µs (latency rows).
     latency: Option<(f64, f64)>,
     retries: Option<u64>,
+    /// Each QP's messages over the mean of all (its share of a fair split):
+    /// the smallest, the median, the largest (rows of several QPs).
+    share: Option<(f64, f64, f64)>,
     /// Against the baselines (softroce rows).
     ratios: Option<Ratios>,
     /// Against the reference measured in alternation (rows that have one).
@@ -700,12 +724,22 @@ impl Figures {
             [] => None,
             rtts => Some((micros(percentile(rtts, 50.0)), micros(percentile(rtts, 99.0)))),
         };
+        let share = (m.per_qp.len() > 1).then(|| {
+            let mean = m.per_qp.iter().sum::<u64>() as f64 / m.per_qp.len() as f64;
+            let shares: Vec<f64> = m.per_qp.iter().map(|&n| n as f64 / mean.max(f64::MIN_POSITIVE)).collect();
+            (
+                shares.iter().copied().fold(f64::INFINITY, f64::min),
+                median(&shares),
+                shares.iter().copied().fold(0.0, f64::max),
+            )
+        });
         Ok(Figures {
             gbytes_per_s: gbytes / seconds,
             msgs_per_s: w.messages as f64 / seconds,
             cpu_s_per_gb: w.cpu.as_secs_f64() / gbytes,
             latency,
             retries: m.retries,
+            share,
             ratios: None,
             reference: None,
         })
@@ -837,6 +871,18 @@ impl Row {
         )
     }
 
+    /// For a stream over many QPs: how evenly they shared it.
+    fn share_line(&self) -> Option<String> {
+        let (c, f) = (&self.case, self.result.as_ref().ok()?);
+        let (min, med, max) = f.share.filter(|_| c.conn.is_some_and(|c| c.qps >= 16))?;
+        Some(format!(
+            "{} {}, {} QPs: each QP's messages over a fair share: min {min:.2}, median {med:.2}, max {max:.2}",
+            c.test.name(),
+            size_label(c.size),
+            c.conn.map_or(0, |c| c.qps),
+        ))
+    }
+
     /// For a row measured against a reference: how it compared, each round.
     fn reference_line(&self) -> Option<String> {
         let (c, f) = (&self.case, self.result.as_ref().ok()?);
@@ -902,6 +948,7 @@ impl Row {
                     "ratio_udp_gso": ratios.udp_gso,
                     "ratio_tcp": ratios.tcp,
                     "retries": f.retries,
+                    "qp_share_min_median_max": f.share.map(|(min, med, max)| [min, med, max]),
                     "reference": f.reference.as_ref().map(|r| r.test.name()),
                     "ratio_ref": f.reference.as_ref().map(Reference::ratio),
                     "ratio_ref_rounds": f.reference.as_ref().map(|r| r.ratios.clone()),
@@ -997,7 +1044,16 @@ mod tests {
     use super::*;
 
     fn figures(gbytes_per_s: f64, msgs_per_s: f64, latency: Option<(f64, f64)>) -> Figures {
-        Figures { gbytes_per_s, msgs_per_s, cpu_s_per_gb: 1.0, latency, retries: None, ratios: None, reference: None }
+        Figures {
+            gbytes_per_s,
+            msgs_per_s,
+            cpu_s_per_gb: 1.0,
+            latency,
+            retries: None,
+            share: None,
+            ratios: None,
+            reference: None,
+        }
     }
 
     #[test]
@@ -1021,11 +1077,11 @@ mod tests {
             cpu: Duration::from_secs(3),
         };
         let rtts = vec![Duration::from_micros(10), Duration::from_micros(20), Duration::from_micros(90)];
-        let f = Figures::new(&Measured { window, rtts, retries: Some(4) }).unwrap();
+        let f = Figures::new(&Measured { window, rtts, retries: Some(4), per_qp: Vec::new() }).unwrap();
         assert_eq!((f.gbytes_per_s, f.msgs_per_s, f.cpu_s_per_gb), (1.0, 500.0, 1.5));
         assert_eq!(f.latency, Some((20.0, 90.0)));
         let empty = Window { bytes: 0, ..window };
-        assert!(Figures::new(&Measured { window: empty, rtts: Vec::new(), retries: None }).is_err());
+        assert!(Figures::new(&Measured { window: empty, rtts: Vec::new(), retries: None, per_qp: Vec::new() }).is_err());
     }
 
     #[test]
@@ -1107,7 +1163,9 @@ mod tests {
             cpu: Duration::from_millis(messages),
         };
         let runs = [window(900, 1), window(1000, 2), window(1000, 1)];
-        let all = Measured::sum(runs.map(|window| Measured { window, rtts: Vec::new(), retries: Some(1) }).into());
+        let all = Measured::sum(
+            runs.map(|window| Measured { window, rtts: Vec::new(), retries: Some(1), per_qp: Vec::new() }).into(),
+        );
         assert_eq!((all.window.messages, all.window.elapsed, all.retries), (2900, Duration::from_secs(4), Some(3)));
         assert_eq!(all.window.cpu, Duration::from_millis(2900));
     }

@@ -120,7 +120,9 @@ impl Qp {
         self.comp.rnr_left = self.attr.rnr_retry;
         self.comp.retry_started_at = None;
         self.comp.probing = false;
-        if self.comp.psn == self.req.psn {
+        // Nothing sent is unacknowledged (a PSN handed to a request that the
+        // window holds back is not in flight): no timeout runs.
+        if self.comp.psn == self.req.sent_end {
             self.timers.stop(Timer::AckTimeout);
         } else {
             self.restart_ack_timer(now);
@@ -226,7 +228,7 @@ impl Qp {
     }
 
     pub(super) fn on_ack_timeout(&mut self, now: Duration) {
-        if self.comp.psn == self.req.psn || self.attr.state == QpState::Err {
+        if self.comp.psn == self.req.sent_end || self.attr.state == QpState::Err {
             return;
         }
         self.counters.timeouts += 1;

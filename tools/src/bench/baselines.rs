@@ -102,7 +102,7 @@ pub fn udp_stream(segment: usize, segments: usize, timing: &Timing) -> Result<Me
     });
     joined(sent, "UDP sender")?;
     joined(received, "UDP receiver")?;
-    Ok(Measured { window, rtts: Vec::new(), retries: None })
+    Ok(Measured { window, rtts: Vec::new(), retries: None, per_qp: Vec::new() })
 }
 
 /// What steering costs a packet on its way in. Datagrams of `size` bytes
@@ -208,7 +208,7 @@ impl Turn {
     /// The batches as one window: their time, and the sending thread's CPU.
     fn measured(&self) -> Measured {
         let window = Window { bytes: self.bytes, messages: self.datagrams, elapsed: self.elapsed, cpu: self.cpu };
-        Measured { window, rtts: Vec::new(), retries: None }
+        Measured { window, rtts: Vec::new(), retries: None, per_qp: Vec::new() }
     }
 }
 
@@ -268,7 +268,7 @@ pub fn tcp_stream(write: usize, timing: &Timing) -> Result<Measured, String> {
     });
     joined(sent, "TCP sender")?;
     joined(received, "TCP receiver")?;
-    Ok(Measured { window, rtts: Vec::new(), retries: None })
+    Ok(Measured { window, rtts: Vec::new(), retries: None, per_qp: Vec::new() })
 }
 
 /// UDP ping-pong of `size`-byte datagrams, one thread pinging and waiting
@@ -346,7 +346,7 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
     let mut rtts = joined(pinged, "UDP pinger")?;
     joined(answered, "UDP answerer")?;
     rtts.sort_unstable();
-    Ok(Measured { window, rtts, retries: None })
+    Ok(Measured { window, rtts, retries: None, per_qp: Vec::new() })
 }
 
 /// How long a ping-pong thread polls before it sleeps: softroce's waiting

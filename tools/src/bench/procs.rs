@@ -136,7 +136,12 @@ impl Stream<'_> {
             (window, rdma::joined(sender))
         });
         sent?;
-        Ok(Measured { window, rtts: Vec::new(), retries: Some(self.side.ctx.counters().qp.retries - retries) })
+        Ok(Measured {
+            window,
+            rtts: Vec::new(),
+            retries: Some(self.side.ctx.counters().qp.retries - retries),
+            per_qp: Vec::new(),
+        })
     }
 }
 

@@ -162,7 +162,7 @@ impl Devices {
             (window, runs.into_iter().map(joined).collect::<Vec<_>>())
         });
         results.into_iter().collect::<Result<Vec<()>, String>>()?;
-        Ok(Measured { window, rtts: Vec::new(), retries: Some(self.retries() - retries) })
+        Ok(Measured { window, rtts: Vec::new(), retries: Some(self.retries() - retries), per_qp: meter.take_per_qp() })
     }
 }
 
@@ -312,7 +312,7 @@ impl Devices {
         let mut rtts = pinged?;
         answered?;
         rtts.sort_unstable();
-        Ok(Measured { window, rtts, retries: Some(self.retries() - retries) })
+        Ok(Measured { window, rtts, retries: Some(self.retries() - retries), per_qp: Vec::new() })
     }
 }
 
@@ -435,6 +435,7 @@ pub(super) fn post_stream(
     let size = u64::from(local.length);
     let mut posted = vec![0u64; qps.len()];
     let mut done = vec![0u64; qps.len()];
+    let mut in_window = vec![0u64; qps.len()];
     // A group ends with its one signaled request; `lists` posts it whole.
     let post_group = |qp: usize, posted: &mut u64| -> Result<(), String> {
         let first = *posted;
@@ -466,9 +467,13 @@ pub(super) fn post_stream(
         let newly = through - done[qp];
         done[qp] = through;
         meter.add(newly * size, newly);
+        if meter.measuring() {
+            in_window[qp] += newly;
+        }
         if !meter.stopped() {
             post_group(qp, &mut posted[qp])?;
         }
     }
+    meter.add_per_qp(&in_window);
     Ok(())
 }
