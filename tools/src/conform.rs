@@ -163,29 +163,14 @@ impl Plan {
     }
 
     fn tcp(&self, program: Program) -> SocketAddr {
-        let offset = match program {
-            Program::Write => 0,
-            Program::Read => 1,
-            Program::Atomic => 2,
-            Program::Send => 3,
-        };
+        let offset = Program::SERVERS.iter().position(|&p| p == program).unwrap_or(0) as u16;
         SocketAddr::new(self.peer, self.port + offset)
-    }
-}
-
-/// The QPs each server program runs with (`-q`), as PEER_HELP says.
-fn server_qps(program: Program) -> usize {
-    match program {
-        Program::Write => 16,
-        Program::Read => 10,
-        Program::Atomic => 8,
-        Program::Send => 8,
     }
 }
 
 /// Runs the responder checks, a server session at a time.
 fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers, report: &mut Report) {
-    for program in [Program::Write, Program::Read, Program::Atomic, Program::Send] {
+    for program in Program::SERVERS {
         let checks: Vec<&responder::Check> =
             responder::CHECKS.iter().filter(|c| c.program == program && plan.wants(c.id)).collect();
         let mut session: Option<ServerSession> = None;
@@ -208,7 +193,7 @@ fn probe_responders(probe: &mut Probe, plan: &Plan, numbers: &mut QpNumbers, rep
                 let connected = match &failed {
                     Some(why) => Err(why.clone()),
                     None => {
-                        ServerSession::connect(program, plan.tcp(program), server_qps(program), &plan.setup, numbers)
+                        ServerSession::connect(program, plan.tcp(program), program.server_qps(), &plan.setup, numbers)
                             .map_err(|e| e.0)
                     }
                 };
@@ -448,17 +433,17 @@ impl SelfPeer {
         let port = |offset: u16| (args.port + offset).to_string();
         let peer_addr = peer.to_string();
         let local_addr = local.to_string();
-        let programs: Vec<(Vec<String>, Duration)> = [
-            (vec!["write", "-q", "16", "-p", &port(0)], 0),
-            (vec!["read", "-q", "10", "-p", &port(1)], 0),
-            (vec!["atomic", "-q", "8", "-p", &port(2)], 0),
-            (vec!["send", "-q", "8", "-p", &port(3)], 0),
-            (vec!["write", "-q", "6", "-n", "20", "-s", "4096", "-p", &port(4), &local_addr], 200),
-            (vec!["read", "-q", "2", "-n", "5", "-s", "2048", "-p", &port(5), &local_addr], 200),
-        ]
-        .into_iter()
-        .map(|(a, pause)| (a.into_iter().map(str::to_owned).collect(), Duration::from_millis(pause)))
-        .collect();
+        let servers = Program::SERVERS.iter().enumerate().map(|(i, p)| {
+            let args = [p.test(), "-q", &p.server_qps().to_string(), "-p", &port(i as u16)].map(str::to_owned);
+            (args.to_vec(), Duration::ZERO)
+        });
+        let clients = requester::CLIENTS.iter().enumerate().map(|(i, c)| {
+            let mut args = vec![c.program.test().to_owned(), "-q".to_owned(), c.qps.to_string()];
+            args.extend(c.options.iter().map(|&o| o.to_owned()));
+            args.extend(["-p".to_owned(), port(4 + i as u16), local_addr.clone()]);
+            (args, Duration::from_millis(200))
+        });
+        let programs: Vec<(Vec<String>, Duration)> = servers.chain(clients).collect();
         let stop = Arc::new(AtomicBool::new(false));
         let children = Arc::new(Mutex::new((0..programs.len()).map(|_| None).collect::<Vec<_>>()));
         let mut loops = Vec::new();

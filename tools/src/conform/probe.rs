@@ -95,7 +95,8 @@ pub struct Probe {
     pub quiet: Duration,
     ladders: HashMap<u32, Ladder>,
     capture: Option<LiveCapture>,
-    /// Packets that arrived for a QP while we waited for another.
+    /// Packets that arrived for a QP while we waited for another
+    /// ([`Probe::answers_upto`]).
     pending: Vec<Answer>,
 }
 
@@ -175,9 +176,6 @@ impl Probe {
     /// not parse or fail their ICRC are recorded and reported as errors of
     /// the peer in the ladder of the QP they name, if any.
     pub fn next(&mut self, timeout: Duration) -> io::Result<Option<Answer>> {
-        if !self.pending.is_empty() {
-            return Ok(Some(self.pending.remove(0)));
-        }
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -209,20 +207,16 @@ impl Probe {
     /// Everything the peer sends our QP `ours` until it has been quiet for
     /// [`Probe::quiet`]; packets for other QPs are kept for later.
     pub fn answers(&mut self, ours: u32) -> io::Result<Vec<Answer>> {
-        self.answers_until(ours, usize::MAX)
+        self.answers_upto(ours, usize::MAX)
     }
 
     /// What the peer sends our QP `ours`, until `n` packets have come or it
-    /// has been quiet for [`Probe::quiet`].
+    /// has been quiet for [`Probe::quiet`]; packets for other QPs are kept.
     pub fn answers_upto(&mut self, ours: u32, n: usize) -> io::Result<Vec<Answer>> {
-        self.answers_until(ours, n)
-    }
-
-    fn answers_until(&mut self, ours: u32, n: usize) -> io::Result<Vec<Answer>> {
         let (mut mine, mut kept): (Vec<Answer>, Vec<Answer>) =
             std::mem::take(&mut self.pending).into_iter().partition(|a| a.header.bth.dest_qpn == ours);
         while mine.len() < n {
-            let Some(answer) = self.next_fresh(self.quiet)? else { break };
+            let Some(answer) = self.next(self.quiet)? else { break };
             if answer.header.bth.dest_qpn == ours {
                 mine.push(answer);
             } else {
@@ -231,13 +225,6 @@ impl Probe {
         }
         self.pending = kept;
         Ok(mine)
-    }
-
-    fn next_fresh(&mut self, timeout: Duration) -> io::Result<Option<Answer>> {
-        let pending = std::mem::take(&mut self.pending);
-        let got = self.next(timeout);
-        self.pending = pending;
-        got
     }
 
     /// Forgets packets kept for QPs whose checks are over.

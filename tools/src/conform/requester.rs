@@ -10,7 +10,7 @@ use softroce::wire::opcode::Position;
 use softroce::wire::{NakCode, Opcode, Operation, Psn, RoceRepr, Syndrome, Transport};
 
 use super::probe::{Answer, Probe};
-use super::session::{ClientSession, QpNumbers, Remote, Setup};
+use super::session::{ClientSession, Program, QpNumbers, Remote, Setup};
 use super::{Outcome, Plan, Report, Verdict};
 
 /// perftest's local ACK timeout (`DEF_QP_TIME` 14): 4.096 µs × 2^14.
@@ -22,6 +22,21 @@ const RNR_TIMER: u8 = 26;
 /// How much earlier than a timer a peer may act and still pass (clocks,
 /// jiffies): 10 %.
 const SLACK: f64 = 0.9;
+
+/// A client the peer runs against us in a loop: its test and options.
+pub struct Client {
+    pub program: Program,
+    /// Its QPs (`-q`).
+    pub qps: usize,
+    /// Its other options (`-n`, `-s`), as PEER_HELP says.
+    pub options: &'static [&'static str],
+}
+
+/// The write client (TCP port `--port` + 4) and the read client (+ 5).
+pub const CLIENTS: [Client; 2] = [
+    Client { program: Program::Write, qps: 6, options: &["-n", "20", "-s", "4096"] },
+    Client { program: Program::Read, qps: 2, options: &["-n", "5", "-s", "2048"] },
+];
 
 /// The TCP listeners the peer's clients connect to.
 pub struct Listeners {
@@ -270,8 +285,8 @@ fn is_ack(h: &RoceRepr) -> bool {
 
 /// A batch: one run of a client, with a policy per QP.
 struct Batch {
+    /// The read client's run, else the write client's ([`CLIENTS`]).
     read: bool,
-    qps: usize,
     policies: &'static [Policy],
     /// Keep watching this long after the client's run ends.
     watch: Duration,
@@ -284,7 +299,6 @@ struct Batch {
 const BATCHES: &[Batch] = &[
     Batch {
         read: false,
-        qps: 6,
         policies: &[
             Policy::Normal,
             Policy::Coalesce,
@@ -297,14 +311,12 @@ const BATCHES: &[Batch] = &[
     },
     Batch {
         read: false,
-        qps: 6,
         policies: &[Policy::NakAccess],
         watch: Duration::from_millis(600),
         limit: Duration::from_secs(20),
     },
     Batch {
         read: true,
-        qps: 2,
         policies: &[Policy::ImpliedNak, Policy::CutShort],
         watch: Duration::from_millis(300),
         limit: Duration::from_secs(20),
@@ -312,7 +324,6 @@ const BATCHES: &[Batch] = &[
     // Last: a peer that retries forever never ends this run.
     Batch {
         read: false,
-        qps: 6,
         policies: &[Policy::Silent],
         watch: Duration::from_millis(2500),
         limit: Duration::from_secs(3),
@@ -389,7 +400,8 @@ fn run_batch(
     batch: &Batch,
     numbers: &mut QpNumbers,
 ) -> Result<Vec<Player>, String> {
-    let session = ClientSession::accept(listener, batch.qps, setup, numbers).map_err(|e| e.0)?;
+    let qps = CLIENTS[usize::from(batch.read)].qps;
+    let session = ClientSession::accept(listener, qps, setup, numbers).map_err(|e| e.0)?;
     let mut players: Vec<Player> = session
         .qps
         .iter()

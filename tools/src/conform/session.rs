@@ -27,6 +27,28 @@ pub enum Program {
 }
 
 impl Program {
+    /// The servers, in the order of their TCP ports from `--port`.
+    pub const SERVERS: [Program; 4] = [Program::Write, Program::Read, Program::Atomic, Program::Send];
+
+    /// The QPs its server runs with (`-q`), as `softroce conform --help` asks.
+    pub fn server_qps(self) -> usize {
+        match self {
+            Program::Write => 16,
+            Program::Read => 10,
+            Program::Atomic | Program::Send => 8,
+        }
+    }
+
+    /// `softroce perf`'s name for the test.
+    pub fn test(self) -> &'static str {
+        match self {
+            Program::Write => "write",
+            Program::Read => "read",
+            Program::Atomic => "atomic",
+            Program::Send => "send",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Program::Write => "ib_write_bw",
