@@ -229,18 +229,17 @@ impl Player {
                 Vec::new()
             }
             Policy::ImpliedNak => {
+                // The first READ is held back and the second answered; then
+                // nothing until the first comes again.
                 if self.acted.is_none() {
-                    if psn == self.first(0) {
+                    if psn != self.first(2) {
                         return Vec::new();
                     }
-                    if psn == self.first(2) {
-                        self.acted = Some(Instant::now());
-                        let len = h.reth.map_or(0, |r| r.dma_len as usize);
-                        return self.read_responses(psn, len);
-                    }
-                    return Vec::new();
+                    self.acted = Some(Instant::now());
+                    let len = h.reth.map_or(0, |r| r.dma_len as usize);
+                    return self.read_responses(psn, len);
                 }
-                if self.acted.is_some() && self.nak_out_pending_retry(psn) {
+                if !self.retried() && psn != self.first(0) {
                     return Vec::new();
                 }
                 self.serve(h)
@@ -261,11 +260,6 @@ impl Player {
                 self.serve(h)
             }
         }
-    }
-
-    /// ImpliedNak: until the first READ comes again, everything else waits.
-    fn nak_out_pending_retry(&self, psn: u32) -> bool {
-        !self.retried() && psn != self.first(0)
     }
 
     /// Whether a packet at or before our expected PSN came after the act.
