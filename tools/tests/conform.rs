@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A base port with the six TCP ports after it free on every address.
-fn free_tcp_base() -> u16 {
-    for base in (31000..60000).step_by(97) {
+/// A base port, from `from` on, with the six TCP ports after it free on
+/// every address. The tests run at once and `softroce perf` servers listen
+/// on every address, so each test searches a range of its own.
+fn free_tcp_base(from: u16) -> u16 {
+    for base in (from..from + 9000).step_by(97) {
         let all: Vec<_> = (0..6).map(|i| TcpListener::bind(("0.0.0.0", base + i))).collect();
         if all.iter().all(Result::is_ok) {
             return base;
@@ -48,7 +50,7 @@ fn self_conformance_has_no_deviation_in_forty_checks_or_more() {
     let pcap = dir.join("run.pcap");
     let ladders = dir.join("ladders");
     std::fs::create_dir_all(&dir).unwrap();
-    let (base, udp) = (free_tcp_base(), free_udp_port(&[at(1, 77), at(2, 77), at(3, 77)]));
+    let (base, udp) = (free_tcp_base(31000), free_udp_port(&[at(1, 77), at(2, 77), at(3, 77)]));
     let output = conform(&[
         "--self",
         "--json",
@@ -84,7 +86,7 @@ fn self_conformance_has_no_deviation_in_forty_checks_or_more() {
 
 #[test]
 fn a_peer_that_is_not_there_gives_errors_in_bounded_time() {
-    let (base, udp) = (free_tcp_base(), free_udp_port(&[at(1, 79)]));
+    let (base, udp) = (free_tcp_base(41000), free_udp_port(&[at(1, 79)]));
     let started = Instant::now();
     let output = conform(&[
         "127.0.79.2",
@@ -108,8 +110,8 @@ fn a_peer_that_is_not_there_gives_errors_in_bounded_time() {
 
 #[test]
 fn a_peer_that_accepts_and_never_speaks_is_an_error() {
-    let base = free_tcp_base();
-    let udp = free_udp_port(&[at(1, 79)]);
+    let base = free_tcp_base(51000);
+    let udp = free_udp_port(&[at(4, 79)]);
     // A write server that takes the connection and says nothing.
     let listener = TcpListener::bind(("127.0.79.3", base)).unwrap();
     let mute = std::thread::spawn(move || {
@@ -120,7 +122,7 @@ fn a_peer_that_accepts_and_never_speaks_is_an_error() {
     let output = conform(&[
         "127.0.79.3",
         "--local-addr",
-        "127.0.79.1",
+        "127.0.79.4",
         "--json",
         "--timeout",
         "1",
