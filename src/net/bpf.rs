@@ -142,7 +142,8 @@ impl Steering {
         match word(MAD_ATTR_ID)? >> 16 {
             CM_REQ | CM_SIDR_REQ => {
                 let service = cm_request_service(roce)?;
-                self.listeners.iter().find(|&&(s, _)| s == service).map(|&(_, slot)| slot)
+                let here = |slot| self.position(slot).is_some();
+                self.listeners.iter().find(|&&(s, slot)| s == service && here(slot)).map(|&(_, slot)| slot)
             }
             CM_SIDR_REP => Some(roce[CM_FIRST_ID as usize]),
             _ => Some(roce[CM_REMOTE_COMM_ID as usize]),
@@ -316,6 +317,19 @@ mod tests {
             assert_eq!(t.owner(p).and_then(|s| t.position(s)).unwrap_or(HASH), *position, "case {i}");
         }
         assert_eq!(run(&program, &packet(1, 40)), HASH, "a GSI packet too short for a CM header");
+    }
+
+    /// A wildcard listener has a member on each address: the group's own
+    /// one takes the request, the others' are not in its positions.
+    #[test]
+    fn a_service_listened_on_several_addresses_goes_to_this_groups_member() {
+        let mut t = table();
+        t.listeners = vec![(0x0106_4e20, 99), (0x0106_4e20, 200)];
+        let req = mad(0x0010, 0x0900_0001, 0, 0x0106_4e20);
+        assert_eq!(run(&t.program(None).unwrap(), &req), 3, "slot 200, at position 3");
+        assert_eq!(t.owner(&req), Some(200));
+        assert_eq!(cm_request_service(&req), Some(0x0106_4e20));
+        assert_eq!(cm_request_service(&mad(0x0014, 1, 2, 0x0106_4e20)), None, "an RTU asks for no service");
     }
 
     #[test]

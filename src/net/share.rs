@@ -228,13 +228,18 @@ impl Member {
         known.is_none().then_some(service)
     }
 
-    /// The member listening on each rdma_cm service now, from the port's
-    /// state (not this member's steering, which learns of other members'
-    /// listeners at its next census).
-    pub fn listeners_now(&self) -> Vec<(u32, u8)> {
-        let Ok(mut state) = State::read(&self.shared.dir) else { return Vec::new() };
-        state.listeners_of_live_slots();
-        state.listeners
+    /// The live member of `local`'s group listening on rdma_cm `service`
+    /// now, from the port's state (not this member's steering, which learns
+    /// of other members' listeners at its next census).
+    pub fn listener_now(&self, local: IpAddr, service: u32) -> Option<u8> {
+        let state = State::read(&self.shared.dir).ok()?;
+        let group = state.groups.get(&local)?;
+        // A member that died is still in the state until the next census:
+        // its slot lock says it is gone.
+        state.listeners.iter().find_map(|&(s, slot)| {
+            let here = group.positions.contains(&Some(slot)) || slot == self.shared.slot;
+            (s == service && here && !self.shared.vanished(slot)).then_some(slot)
+        })
     }
 
     /// Passes `roce`, which arrived at `local` from `src`, to member `slot`,
@@ -368,8 +373,10 @@ impl ShareHandle {
     /// address to this member.
     pub fn listen(&self, service: u32) -> io::Result<()> {
         let slot = self.0.slot;
+        // Other members may listen on it too: a process's contexts on
+        // other addresses (a wildcard listener), each steered in its group.
         self.0.change_listeners(|listeners| {
-            listeners.retain(|&(s, _)| s != service);
+            listeners.retain(|&l| l != (service, slot));
             listeners.push((service, slot));
         })
     }

@@ -309,12 +309,11 @@ impl UdpLink {
             return None;
         }
         let member = self.share.as_mut()?;
-        let (own, listeners) = (member.slot(), member.listeners_now());
+        let own = member.slot();
         let mut i = 0;
         while i < self.unclaimed.len() {
             let held = &self.unclaimed[i];
-            let listener = listeners.iter().find(|&&(s, _)| s == held.service).map(|&(_, slot)| slot);
-            match listener {
+            match member.listener_now(held.local, held.service) {
                 Some(slot) if slot != own => {
                     let held = self.unclaimed.remove(i).expect("an index in range");
                     match member.forward(slot, held.src, held.local, &held.roce) {
