@@ -227,64 +227,67 @@ impl UdpLink {
     /// passes on those that belong to another process sharing the port.
     fn next_packet(&mut self, now: Duration, limit: usize) -> Option<(Received, Held)> {
         loop {
-            if let Some((src, local, len)) = self.release_unclaimed(now) {
-                let held = Held::Forwarded(len);
-                let roce = held.bytes(&self.rx, &self.forwarded);
-                let Some(id) = icrc_check(&mut self.rx_icrc, src, local, self.port, roce) else {
-                    self.stats.icrc_errors += 1;
+            let released = self.release_unclaimed(now);
+            let (src, local, held) = if let Some((src, local, len)) = released {
+                if len > limit {
+                    self.stats.malformed += 1;
                     continue;
-                };
-                if let Some(capture) = &mut self.capture {
-                    capture.record(src, SocketAddr::new(local, self.port), id, roce);
                 }
-                return Some((Received { src: src.ip(), src_port: src.port(), dst: local, len }, held));
-            }
-            let (src, local, held) = match (self.rx.pop(), self.rx_local) {
-                (Some((src, at)), Some(local)) => {
-                    self.stats.received += 1;
-                    let len = at.len();
-                    let Some(src) = src.filter(|_| len > 0 && len <= limit.min(LARGEST_PACKET)) else {
-                        self.stats.malformed += 1;
-                        continue;
-                    };
-                    // Every process that joined a group has its own copy.
-                    if let Some(member) = self.share.as_mut().filter(|_| !local.is_multicast()) {
-                        let roce = self.rx.bytes(at.clone());
-                        if let Some(owner) = member.owner_elsewhere(local, roce) {
-                            match member.forward(owner, src, local, roce) {
-                                Forwarded::Passed => self.stats.forwarded += 1,
-                                Forwarded::InboxFull => self.stats.forward_dropped += 1,
-                                Forwarded::Ownerless => self.stats.ownerless += 1,
-                            }
+                (src, local, Held::Forwarded(len))
+            } else {
+                match (self.rx.pop(), self.rx_local) {
+                    (Some((src, at)), Some(local)) => {
+                        self.stats.received += 1;
+                        let len = at.len();
+                        let Some(src) = src.filter(|_| len > 0 && len <= limit.min(LARGEST_PACKET)) else {
+                            self.stats.malformed += 1;
                             continue;
-                        }
-                        if self.unclaimed.len() < MAX_UNCLAIMED {
-                            if let Some(service) = member.unclaimed_request(local, roce) {
-                                let until = now + UNCLAIMED_GRACE;
-                                self.unclaimed.push_back(Unclaimed { until, service, src, local, roce: roce.to_vec() });
-                                self.unclaimed_check = now;
+                        };
+                        // Every process that joined a group has its own copy.
+                        if let Some(member) = self.share.as_mut().filter(|_| !local.is_multicast()) {
+                            let roce = self.rx.bytes(at.clone());
+                            if let Some(owner) = member.owner_elsewhere(local, roce) {
+                                match member.forward(owner, src, local, roce) {
+                                    Forwarded::Passed => self.stats.forwarded += 1,
+                                    Forwarded::InboxFull => self.stats.forward_dropped += 1,
+                                    Forwarded::Ownerless => self.stats.ownerless += 1,
+                                }
                                 continue;
                             }
+                            if self.unclaimed.len() < MAX_UNCLAIMED {
+                                if let Some(service) = member.unclaimed_request(local, roce) {
+                                    let until = now + UNCLAIMED_GRACE;
+                                    self.unclaimed.push_back(Unclaimed {
+                                        until,
+                                        service,
+                                        src,
+                                        local,
+                                        roce: roce.to_vec(),
+                                    });
+                                    self.unclaimed_check = now;
+                                    continue;
+                                }
+                            }
                         }
+                        (src, local, Held::Batch(at))
                     }
-                    (src, local, Held::Batch(at))
-                }
-                _ => {
-                    if self.refill() {
-                        continue;
-                    }
-                    let Some((src, local, len)) = self.receive_forwarded() else {
-                        if let Some(capture) = &mut self.capture {
-                            capture.flush();
+                    _ => {
+                        if self.refill() {
+                            continue;
                         }
-                        return None;
-                    };
-                    self.stats.received += 1;
-                    if len > limit {
-                        self.stats.malformed += 1;
-                        continue;
+                        let Some((src, local, len)) = self.receive_forwarded() else {
+                            if let Some(capture) = &mut self.capture {
+                                capture.flush();
+                            }
+                            return None;
+                        };
+                        self.stats.received += 1;
+                        if len > limit {
+                            self.stats.malformed += 1;
+                            continue;
+                        }
+                        (src, local, Held::Forwarded(len))
                     }
-                    (src, local, Held::Forwarded(len))
                 }
             };
             let roce = held.bytes(&self.rx, &self.forwarded);

@@ -164,11 +164,7 @@ impl ServerSession {
             // "An additional handshake is required after moving qp to RTR."
             comm.hand_shake(&mine[0])?;
         }
-        let qps = mine
-            .iter()
-            .zip(&theirs)
-            .map(|(m, t)| Remote { ours: m.qpn, qpn: t.qpn, psn: m.psn, peer_psn: t.psn, rkey: t.rkey, vaddr: t.vaddr })
-            .collect();
+        let qps = remotes(&mine, &theirs);
         let mtu = 128usize << mtu.clamp(1, 5);
         Ok(ServerSession { comm, program, mine, qps, mtu })
     }
@@ -188,6 +184,14 @@ impl ServerSession {
             let _ = self.comm.close(&self.mine[0]);
         }
     }
+}
+
+/// The peer's QPs, each with the QP of ours it connected to.
+fn remotes(mine: &[KeyMsg], theirs: &[KeyMsg]) -> Vec<Remote> {
+    mine.iter()
+        .zip(theirs)
+        .map(|(m, t)| Remote { ours: m.qpn, qpn: t.qpn, psn: m.psn, peer_psn: t.psn, rkey: t.rkey, vaddr: t.vaddr })
+        .collect()
 }
 
 fn exchange(comm: &mut Comm, mine: &[KeyMsg]) -> Result<Vec<KeyMsg>, Fail> {
@@ -235,11 +239,7 @@ impl ClientSession {
         let theirs = exchange(&mut comm, &mine)?;
         exchange(&mut comm, &mine)?;
         comm.hand_shake(&mine[0])?;
-        let qps = mine
-            .iter()
-            .zip(&theirs)
-            .map(|(m, t)| Remote { ours: m.qpn, qpn: t.qpn, psn: m.psn, peer_psn: t.psn, rkey: t.rkey, vaddr: t.vaddr })
-            .collect();
+        let qps = remotes(&mine, &theirs);
         let first = mine[0];
         // The client's end: a handshake, its report, "done"; a client that
         // fails never sends them, and the read times out or sees EOF.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use softroce::capture::{self, IpPcapWriter};
 use softroce::wire::packet::{build, IpHeader};
 use softroce::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, Opcode, Operation, Packet, Psn, RethRepr,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, Opcode, Operation, Packet, RethRepr,
     RoceRepr, Syndrome, Transport,
 };
 
@@ -71,17 +71,7 @@ impl Capture {
 }
 
 pub fn bth(transport: Transport, op: Operation, dest_qpn: u32, psn: u32, ack_req: bool) -> BthRepr {
-    BthRepr {
-        opcode: Opcode::new(transport, op).unwrap(),
-        solicited: false,
-        mig_req: false,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qpn,
-        ack_req,
-        psn: Psn::new(psn),
-    }
+    BthRepr { ack_req, ..softroce::wire::build::bth(Opcode::new(transport, op).unwrap(), dest_qpn, psn) }
 }
 
 /// An RC request to the responder's QP.
