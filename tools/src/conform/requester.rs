@@ -468,6 +468,14 @@ fn repeated(p: &Player) -> Vec<u32> {
     again
 }
 
+/// Every PSN went once (but for T-6's asks) and the run completed.
+fn nothing_resent(p: &Player) -> Verdict {
+    match repeated(p).as_slice() {
+        [] => all_written(p),
+        psns => deviation("every PSN once", format!("resent: {psns:?}")),
+    }
+}
+
 fn all_written(p: &Player) -> Verdict {
     let per_message = 4096usize.div_ceil(p.mtu) as u32;
     let last = p.first(WRITE_MESSAGES * per_message - 1);
@@ -545,19 +553,13 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
             id: "req.ack.coalesced",
             spec: "T-21",
             title: "an ACK for every fourth message completes the three before it: nothing is resent",
-            judge: |p| match repeated(p).as_slice() {
-                [] => all_written(p),
-                psns => deviation("every PSN once", format!("resent: {psns:?}")),
-            },
+            judge: nothing_resent,
         }],
         Policy::DoubleAck => &[CheckInfo {
             id: "req.ack.duplicate",
             spec: "T-21",
             title: "every ACK arriving twice changes nothing: nothing resent, the run completes",
-            judge: |p| match repeated(p).as_slice() {
-                [] => all_written(p),
-                psns => deviation("every PSN once", format!("resent: {psns:?}")),
-            },
+            judge: nothing_resent,
         }],
         Policy::NakSeq { .. } => &[CheckInfo {
             id: "req.nak.sequence",
