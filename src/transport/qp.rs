@@ -617,13 +617,6 @@ impl Qp {
         self.lingering = true;
     }
 
-    /// Whether answers to the peer (ACKs, NAKs, READ responses, atomic
-    /// ACKs) wait to be sent: a QP destroyed with none owes its peer
-    /// nothing, and its destroy need not wait to send them.
-    pub fn owes_answers(&self) -> bool {
-        !self.resp.responses.is_empty()
-    }
-
     /// Whether [`Qp::linger`] was called.
     pub fn is_lingering(&self) -> bool {
         self.lingering

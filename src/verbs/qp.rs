@@ -306,7 +306,6 @@ impl Drop for QueuePair {
         let _ = qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() }, AttrMask::STATE);
         while qp.poll_completion().is_some() {}
         while qp.poll_event().is_some() {}
-        let owes = qp.owes_answers();
         drop(qp);
         lock(&shared.closing).push(Arc::clone(&self.cell));
         drop(qps);
@@ -317,13 +316,8 @@ impl Drop for QueuePair {
         // gets its number inherits them.
         shared.registry.read().unwrap_or_else(|e| e.into_inner()).unbind_qp(self.qpn);
         // Sent from here if this thread can: a thread that just took the
-        // last completion may have left the ACK of its message unsent. A QP
-        // that owes nothing (UD, or all answered) does not wait for the
-        // engine: a program that destroys one QP and listens for the next
-        // connection (perftest -R) must not lose the race to its client.
-        if owes {
-            self.ctx.engine.progress_now();
-        }
+        // last completion may have left the ACK of its message unsent.
+        self.ctx.engine.progress_now();
     }
 }
 
