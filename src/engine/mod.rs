@@ -26,6 +26,7 @@
 //! use softroce::engine::{Registry, RegistryAccess};
 //! ```
 
+mod budget;
 mod dispatch;
 #[allow(unsafe_code)]
 mod eventfd;

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,6 +34,7 @@ use tracing::{debug_span, trace};
 use super::dispatch::{self, Egress};
 use super::eventfd::EventFd;
 use super::handover::Handover;
+use super::budget::SendBudget;
 use super::registry::{Registry, RegistryAccess};
 use super::tuning::Tuning;
 use crate::net::{wait_readable, Link, LinkStats};
@@ -214,12 +215,12 @@ pub(crate) struct QpCell {
     queued: AtomicBool,
     /// What the engine knows of the QP, so that a round touches only the
     /// QPs with something to do (written only by whoever drives progress).
-    marks: Marks,
+    pub(super) marks: Marks,
 }
 
 /// A QP's place in the engine's bookkeeping ([`Progress`]).
 #[derive(Debug, Default)]
-struct Marks {
+pub(super) struct Marks {
     /// On the list of QPs the next round visits.
     active: AtomicBool,
     /// It had a timer at its last visit: it waits on its peer.
@@ -229,7 +230,12 @@ struct Marks {
     timer_entry: AtomicU64,
     /// The application destroyed the QP: a round no longer visits it (its
     /// last answers are the lingering list's).
-    destroyed: AtomicBool,
+    pub(super) destroyed: AtomicBool,
+    /// Bytes of the peer's receive buffer its packets in flight take, as
+    /// the device's [`SendBudget`] counts them.
+    pub(super) charged: AtomicUsize,
+    /// Waiting in the [`SendBudget`]'s line for room.
+    pub(super) in_line: AtomicBool,
 }
 
 impl Marks {
@@ -495,6 +501,7 @@ impl Engine {
         let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= tuning.busy_unacked);
         let few = busy && qp.unsent_packets(tuning.send_batch) < tuning.send_batch;
         let order = if few { TransmitOrder::ResponsesOnly } else { TransmitOrder::RequestsFirst };
+        p.budget.admit(&mut qp, false);
         let sent = transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, order);
         cell.drain(&mut qp, &self.shared.events);
         let (timer, ack_coming) = (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some());
@@ -513,18 +520,23 @@ impl Engine {
             );
             for other in others.drain(..) {
                 let mut qp = lock(&other.qp);
+                p.budget.admit(&mut qp, false);
                 transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, TransmitOrder::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
                 p.note(&other, &qp, false);
             }
             p.spare = others;
         }
+        let line_served = p.serve_line(&self.shared, now);
         p.out.link.flush();
         *lock(&self.shared.link_stats) = p.out.link.stats();
         drop(p);
-        // More to send (unless the ACK on its way will send it), or a timer
-        // the sleeping engine does not know about.
-        if (sent == tuning.kick_limit && !ack_coming) || timer.is_some_and(|t| handover.engine_sleeps_past(t)) {
+        // More to send (unless the ACK on its way will send it), a turn
+        // given, or a timer the sleeping engine does not know about.
+        if (sent == tuning.kick_limit && !ack_coming)
+            || line_served
+            || timer.is_some_and(|t| handover.engine_sleeps_past(t))
+        {
             handover.ring();
         }
     }
@@ -724,6 +736,8 @@ pub(crate) struct Progress {
     /// QPs whose last visit left them waiting on their peers (packets
     /// unacknowledged): they share the peer's receive buffer.
     waiting_on_peer: usize,
+    /// What the device has in flight, within the peers' receive buffers.
+    budget: SendBudget,
     /// The link's descriptors and the doorbell: readable when there is work.
     fds: Vec<RawFd>,
     /// A round ended early: QPs may have packets to send.
@@ -793,6 +807,7 @@ impl Progress {
             spare: Vec::new(),
             timers: BinaryHeap::new(),
             waiting_on_peer: 0,
+            budget: SendBudget::new(shared.receive_buffer),
             fds,
             owed: false,
             lingering: Lingering::new(&tuning),
@@ -821,6 +836,7 @@ impl Progress {
     /// Files what a visit left of `cell`'s QP: whether it waits on its
     /// peer, when its timer is due, and whether it has `more` to send.
     fn note(&mut self, cell: &Arc<QpCell>, qp: &Qp, more: bool) {
+        self.budget.settle(cell, qp);
         let timer = qp.poll_timeout();
         let waiting = timer.is_some();
         if cell.marks.waiting.swap(waiting, Ordering::Relaxed) != waiting {
@@ -908,6 +924,7 @@ impl Progress {
                         if cell.marks.waiting.swap(false, Ordering::Relaxed) {
                             self.waiting_on_peer -= 1;
                         }
+                        self.budget.release(&cell);
                     }
                 }
             }
@@ -1044,6 +1061,7 @@ impl Progress {
             if drained {
                 busy |= dispatch::run_due_timers(&mut qp, now);
             }
+            self.budget.admit(&mut qp, false);
             let limit = self.tuning.round_transmit;
             let sent = transmit(&mut qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
             busy |= sent > 0;
@@ -1051,7 +1069,29 @@ impl Progress {
             self.note(&cell, &qp, sent == limit);
         }
         self.spare = visiting;
+        busy |= self.serve_line(shared, now);
         (busy, self.next_timer())
+    }
+
+    /// Gives turns to the QPs in the budget's line while the buffer has
+    /// room; says whether any sent.
+    fn serve_line(&mut self, shared: &EngineShared, now: Duration) -> bool {
+        let mut sent_any = false;
+        while let Some(cell) = self.budget.next_in_line() {
+            let mut qp = lock(&cell.qp);
+            if !self.budget.has_room(&qp) {
+                drop(qp);
+                self.budget.keep_first(cell);
+                break;
+            }
+            self.budget.admit(&mut qp, true);
+            let limit = self.tuning.round_transmit;
+            let sent = transmit(&mut qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
+            sent_any |= sent > 0;
+            cell.drain(&mut qp, &shared.events);
+            self.note(&cell, &qp, sent == limit);
+        }
+        sent_any
     }
 }
 

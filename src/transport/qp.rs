@@ -30,7 +30,9 @@ use super::types::{AsyncEvent, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatu
 use crate::wire::{Psn, RoceRepr};
 use completer::CompState;
 use requester::ReqState;
-pub use requester::{ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
+pub use requester::{
+    buffer_charge, ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS,
+};
 use responder::RespState;
 pub use responder::{grh_area, GRH_LEN};
 
@@ -633,6 +635,30 @@ impl Qp {
     /// estimate is only cautious there.
     pub fn set_peer_buffer(&mut self, bytes: Option<usize>) {
         self.peer_buffer = bytes;
+    }
+
+    /// Lets an RC requester put `packets` more new packets on the wire
+    /// (`None`: no limit), the last of them asking for an ACK, and then
+    /// wait until the driver gives it another turn; resends and responses
+    /// are never held. A driver whose QPs share one receive buffer at their
+    /// peers takes turns with it when they want more in flight than the
+    /// buffer holds (rxe-spec T-7a).
+    pub fn set_allowance(&mut self, packets: Option<u32>) {
+        self.req.allowance = packets;
+    }
+
+    /// What is left of the turn [`Qp::set_allowance`] gave.
+    pub fn allowance(&self) -> Option<u32> {
+        self.req.allowance
+    }
+
+    /// Request packets on the wire and not yet acknowledged (RC; 0 for
+    /// other QPs and once the QP is in error, whose sends are flushed).
+    pub fn packets_in_flight(&self) -> u32 {
+        if self.qp_type != QpType::Rc || !matches!(self.attr.state, QpState::Rts | QpState::Sqd) {
+            return 0;
+        }
+        self.req.sent_end.diff(self.comp.psn).max(0) as u32
     }
 
     /// PSNs handed out to requests and not yet acknowledged, when an ACK

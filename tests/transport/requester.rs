@@ -316,6 +316,36 @@ fn the_window_fits_the_peers_buffer_and_still_asks_for_acks_in_time() {
     assert_eq!(stream.rounds(8, 11), vec![fits; 8]);
 }
 
+/// A driver that makes its QPs take turns at a shared buffer (rxe-spec
+/// T-7a) gives a requester an allowance of new packets: the last of them
+/// asks for the ACK that ends the turn, nothing new follows until the next
+/// one, and a go-back resends what the turn sent all the same.
+#[test]
+fn a_turn_lets_out_its_allowance_asks_at_its_end_and_never_holds_a_resend() {
+    let (mut node, _) = requester(attr(), 10 * MTU);
+    node.post_send(unsignaled(write(1, 10 * MTU as u32)));
+    node.qp.set_allowance(Some(4));
+    let sent = node.transmit();
+    let psn_ack_req: Vec<(u32, bool)> = sent.iter().map(|s| (s.psn() - SQ_PSN, s.ack_req())).collect();
+    assert_eq!(psn_ack_req, vec![(0, false), (1, false), (2, false), (3, true)]);
+    assert_eq!(node.qp.allowance(), Some(0));
+    assert_eq!(node.qp.packets_in_flight(), 4);
+    assert!(node.transmit().is_empty(), "the turn is over");
+
+    node.feed(ack(SQ_PSN + 1), &[]);
+    assert_eq!(node.qp.packets_in_flight(), 2);
+    node.feed(nak(SQ_PSN + 2, NakCode::PsnSequenceError), &[]);
+    let resent: Vec<u32> = node.transmit().iter().map(|s| s.psn() - SQ_PSN).collect();
+    assert_eq!(resent, vec![2, 3], "a resend is not held, a new packet is");
+
+    node.qp.set_allowance(None);
+    let rest: Vec<u32> = node.transmit().iter().map(|s| s.psn() - SQ_PSN).collect();
+    assert_eq!(rest, (4..10).collect::<Vec<u32>>());
+    assert_eq!(node.qp.packets_in_flight(), 8);
+    node.feed(ack(SQ_PSN + 9), &[]);
+    assert_eq!(node.qp.packets_in_flight(), 0);
+}
+
 /// A READ's responses all come at once, so its request goes only when they
 /// fit in the window after what is in flight; one larger than the window
 /// goes alone. Before, a READ went when its first PSN fit, and a few 1 MiB

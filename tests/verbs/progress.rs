@@ -172,6 +172,48 @@ fn qps_streaming_into_a_small_peer_buffer_fit_their_windows_into_it() {
     assert!(sent.qp.retries <= 16, "{} go-backs for {} MiB: {sent:?}", sent.qp.retries, QPS * 32);
 }
 
+/// 256 QPs each post four 64 KiB WRITEs at once to a peer whose socket
+/// holds 2 MiB (1 MiB asked for, which the kernel doubles): the smallest
+/// windows (8 packets each) of the QPs alone come to five times that. The
+/// device keeps what it has in flight within the buffer and the QPs take
+/// turns (rxe-spec T-7a), so the data arrives whole and nothing overflows
+/// the buffer: no QP goes back. With windows alone, every burst overflowed
+/// it and the QPs went back thousands of times.
+#[test]
+fn many_qps_take_turns_at_a_small_peer_buffer_and_none_goes_back() {
+    let port = free_port(&[IP_A, IP_B]);
+    let small = ContextOptions { port, socket_buffer: Some(1 << 20), ..ContextOptions::default() };
+    let (a, b) = (Node::open("turns_a", IP_A, small.clone()), Node::open("turns_b", IP_B, small));
+    const QPS: usize = 256;
+    const MESSAGE: usize = 64 << 10;
+    const PER_QP: usize = 4;
+    let cq = a.ctx.create_cq(QPS * PER_QP, None).unwrap();
+    let (mr_a, mr_b) = (a.mr(MESSAGE), b.mr(QPS * MESSAGE));
+    let data = pattern(MESSAGE, 5);
+    mr_a.write(0, &data).unwrap();
+    let pairs: Vec<_> = (0..QPS)
+        .map(|_| {
+            let (qp, peer) = (a.pd.create_qp(QpType::Rc, &cq).build().unwrap(), b.qp(QpType::Rc));
+            connect(&qp, &peer, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+            (qp, peer)
+        })
+        .collect();
+    for (index, (qp, _)) in pairs.iter().enumerate() {
+        let op = SendOp::RdmaWrite { remote_addr: mr_b.addr() + (index * MESSAGE) as u64, rkey: mr_b.rkey() };
+        for k in 0..PER_QP {
+            qp.post_send(SendWr::new((index * PER_QP + k) as u64, op).with_sge(mr_a.sge(0, MESSAGE))).unwrap();
+        }
+    }
+    for _ in 0..QPS * PER_QP {
+        let wc = cq.wait_one(WAIT).expect("every WRITE completes");
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    }
+    let written = contents(&mr_b);
+    assert!(written.chunks(MESSAGE).all(|chunk| chunk == data), "every QP's region holds the WRITE");
+    let sent = a.ctx.counters();
+    assert_eq!(sent.qp.retries, 0, "{sent:?}");
+}
+
 #[test]
 fn small_writes_posted_one_by_one_to_a_busy_qp_leave_in_batches() {
     let p = NodePair::connected(QpType::Rc, &options(Mtu::Mtu4096));

@@ -31,8 +31,19 @@ pub const MAX_UNACKED_PSNS: u32 = 128;
 /// buffer of 8 MiB holds for four QPs. Larger windows only cost retries.
 pub const MAX_WINDOW_PSNS: u32 = 512;
 /// The smallest window a small peer buffer shrinks it to: a handful of
-/// packets keeps a stream moving where a buffer is smaller still.
+/// packets keeps a stream moving where a buffer is smaller still. Where
+/// more QPs share a buffer than can each have this many in it, the driver
+/// makes them take turns ([`Qp::set_allowance`]).
 const MIN_WINDOW_PSNS: u32 = 8;
+
+/// Bytes of a receiver's socket buffer one packet at path MTU `mtu` takes.
+/// The kernel charges a receive buffer for whole allocations: a lone 4 KiB
+/// datagram takes twice its bytes, a packet of a GSO train (how bulk leaves
+/// the UDP link) 1.15-1.22 times; measured on Linux 6.18 by filling a
+/// 416 KiB buffer.
+pub fn buffer_charge(mtu: usize) -> usize {
+    5 * (mtu + TRANSMIT_HEADROOM) / 4
+}
 /// Packets a requester sends before asking for an ACK within a long message
 /// (rxe's `RXE_MAX_PKT_PER_ACK`), while its window is at most four times
 /// this; a larger window asks every quarter window.
@@ -85,6 +96,9 @@ pub(super) struct ReqState {
     /// timeout: a peer that slow (an emulated VM) would time out on a
     /// larger window, so it keeps rxe's.
     pub(super) fast_peer: bool,
+    /// New packets the driver lets an RC requester put on the wire before
+    /// it waits for another turn (`None`: no limit; [`Qp::set_allowance`]).
+    pub(super) allowance: Option<u32>,
 }
 
 /// What one request packet carries.
@@ -147,6 +161,11 @@ impl Qp {
         let wqe = &self.sq[index];
         let psn = wqe.psn.expect("assigned above").first.wrapping_add(wqe.next_pkt);
         if self.qp_type == QpType::Rc && psn.diff(self.comp.psn) >= self.window() as i32 {
+            return None;
+        }
+        // A new packet waits for the driver's next turn; a resend never does
+        // (what it resends was charged to the turn that first sent it).
+        if self.qp_type == QpType::Rc && self.req.allowance == Some(0) && !psn.is_before(self.req.sent_end) {
             return None;
         }
         // A READ request brings all its responses at once: it goes only
@@ -342,8 +361,18 @@ impl Qp {
                 || op.counts_rd_atomic()
                 || resend
                 || self.req.noack_msgs + 1 >= (self.cap.max_send_wr / 4).max(1));
+        // The last new packet of a turn asks too: its ACK is what frees the
+        // turn's share of the peer's buffer for the QPs waiting.
+        let mut turn_ends = false;
+        if self.qp_type == QpType::Rc && !resend {
+            if let Some(left) = &mut self.req.allowance {
+                turn_ends = *left == 1;
+                *left = left.saturating_sub(1);
+            }
+        }
         let needs_ack = self.qp_type == QpType::Rc
             && (ends_asking
+                || turn_ends
                 || operation == ReadRequest
                 || self.req.noack_pkts + 1 >= self.ack_every()
                 || self.comp.probing
@@ -443,13 +472,8 @@ impl Qp {
     /// Packets the peer's buffer holds ([`Qp::set_peer_buffer`]); no limit
     /// where it is not known.
     fn peer_buffer_psns(&self) -> u32 {
-        // The kernel charges a receive buffer for whole allocations: a
-        // lone 4 KiB datagram takes twice its bytes, a packet of a GSO train
-        // (how bulk leaves the UDP link) 1.15-1.22 times; measured on
-        // Linux 6.18 by filling a 416 KiB buffer.
         self.peer_buffer.map_or(u32::MAX, |bytes| {
-            let charge = 5 * (self.attr.path_mtu.bytes() + TRANSMIT_HEADROOM) / 4;
-            u32::try_from(bytes / charge).unwrap_or(u32::MAX)
+            u32::try_from(bytes / buffer_charge(self.attr.path_mtu.bytes())).unwrap_or(u32::MAX)
         })
     }
 

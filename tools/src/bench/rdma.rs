@@ -46,6 +46,9 @@ const REGION_LEN: usize = 8 << 20;
 /// messages (the PSN window holds those back anyway).
 const MAX_IN_FLIGHT: usize = 128;
 const MAX_BYTES_IN_FLIGHT: usize = 32 << 20;
+/// Bytes all the QPs of a stream keep posted before each keeps only a few
+/// requests in flight ([`InFlight::for_stream`]).
+const MAX_STREAM_BYTES: usize = 256 << 20;
 /// Each QP's window is refilled in this many groups, the last request of
 /// each signaled: completions cost little, as with perftest's `--cq-mod`.
 const GROUPS: usize = 8;
@@ -146,7 +149,7 @@ impl Devices {
             .iter()
             .map(|pair| Link::connect(pair, Conn { qps: conn.qps / pairs.len(), ..conn }))
             .collect::<Result<Vec<Link>, String>>()?;
-        let in_flight = InFlight::for_size(case.size);
+        let in_flight = InFlight::for_stream(case.size, conn.qps);
         let retries = self.retries();
         let meter = Meter::default();
         let (window, results) = std::thread::scope(|s| {
@@ -347,6 +350,19 @@ impl InFlight {
     pub(super) fn for_size(size: usize) -> InFlight {
         let depth = (MAX_BYTES_IN_FLIGHT / size.max(1)).clamp(GROUPS, MAX_IN_FLIGHT);
         InFlight { depth: depth as u64, group: (depth / GROUPS) as u64 }
+    }
+
+    /// For a stream over `qps` QPs: as [`InFlight::for_size`] while they
+    /// post at most [`MAX_STREAM_BYTES`] in all; past that each keeps a few
+    /// requests in flight, every one signaled, so that a QP's messages are
+    /// counted one by one (with 4096 QPs a fair share of half a second is a
+    /// handful of 64 KiB messages, fewer than a group).
+    pub(super) fn for_stream(size: usize, qps: usize) -> InFlight {
+        let alone = InFlight::for_size(size);
+        if (alone.depth as usize).saturating_mul(size).saturating_mul(qps) <= MAX_STREAM_BYTES {
+            return alone;
+        }
+        InFlight { depth: GROUPS as u64, group: 1 }
     }
 }
 

@@ -1,0 +1,127 @@
+//! The device's data in flight, within what its peers' receive buffers
+//! hold (rxe-spec T-7a).
+//!
+//! A device's RC requesters send into one socket buffer at a peer on this
+//! host, and the kernel drops what overflows it: each drop costs the QP a
+//! go-back, its window of resends overflows the buffer again, and with
+//! thousands of QPs the retries run out (congestion collapse). Each QP's
+//! window is a share of the buffer, but a window has a floor of a few
+//! packets, so past a few hundred QPs the floors alone overflow it. The
+//! budget charges every request packet on the wire to the device, at what
+//! the kernel charges the receiver for it, and holds the device to the
+//! buffer: a QP with new packets and no room waits in a first-come,
+//! first-served line, and the room an ACK frees goes to the front of it,
+//! one turn ([`TURN_BYTES`]) per QP, the turn's last packet asking for the
+//! ACK that frees it. Resends are never held: they were charged when first
+//! sent, and a QP that cannot resend cannot free its room.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::threaded::QpCell;
+use crate::transport::{buffer_charge, Qp, QpType};
+
+/// New bytes a QP sends per turn while others wait for room: one 64 KiB
+/// message at MTU 4096, so that a turn around 4096 QPs takes a tenth of a
+/// second at 3 GB/s.
+pub(super) const TURN_BYTES: usize = 64 << 10;
+
+/// Quarters of the peer's receive buffer the device's packets in flight may
+/// take. [`buffer_charge`] is what a packet of a train costs the receiver; a
+/// lone one costs up to twice its bytes, and resends and the peer's other
+/// traffic need room too. With the whole buffer, 4096 QPs still lost
+/// packets to it now and then (145 timeouts in half a second); with three
+/// quarters, none.
+const BUFFER_QUARTERS: usize = 3;
+
+#[derive(Debug)]
+pub(super) struct SendBudget {
+    /// Bytes of receive buffer the device's packets in flight may take;
+    /// `None` where the link has no receive buffer to go by.
+    limit: Option<usize>,
+    /// Bytes the device's packets in flight take now, as the QPs' last
+    /// visits left them.
+    in_flight: usize,
+    /// QPs with new packets waiting for room, oldest first.
+    line: VecDeque<Arc<QpCell>>,
+}
+
+impl SendBudget {
+    /// A budget for the device whose own socket holds `receive_buffer`
+    /// bytes (its peers' on this host hold as much).
+    pub(super) fn new(receive_buffer: Option<usize>) -> SendBudget {
+        let limit = receive_buffer.map(|bytes| bytes / 4 * BUFFER_QUARTERS);
+        SendBudget { limit, in_flight: 0, line: VecDeque::new() }
+    }
+
+    /// New packets of `qp`'s MTU the buffer has room for.
+    fn room(&self, qp: &Qp) -> Option<u32> {
+        let limit = self.limit.filter(|_| qp.qp_type() == QpType::Rc)?;
+        let packets = limit.saturating_sub(self.in_flight) / buffer_charge(qp.attr().path_mtu.bytes());
+        Some(u32::try_from(packets).unwrap_or(u32::MAX))
+    }
+
+    /// Before `qp` (of `cell`) sends: how many new packets it may. One
+    /// `served` from the line gets a turn; while others wait, one that is
+    /// not joins them (unless its turn is not over); otherwise it may fill
+    /// the room.
+    pub(super) fn admit(&self, qp: &mut Qp, served: bool) {
+        let Some(room) = self.room(qp) else {
+            qp.set_allowance(None);
+            return;
+        };
+        let turn = || (TURN_BYTES / qp.attr().path_mtu.bytes()).max(1) as u32;
+        let allowance = if served {
+            room.min(turn())
+        } else if self.line.is_empty() {
+            room
+        } else {
+            qp.allowance().filter(|&left| left <= turn()).unwrap_or(0).min(room)
+        };
+        qp.set_allowance(Some(allowance));
+    }
+
+    /// After a visit of `cell`'s QP: charges what it has in flight, and
+    /// puts it in line if it was held back with new packets to send.
+    pub(super) fn settle(&mut self, cell: &Arc<QpCell>, qp: &Qp) {
+        if self.limit.is_none() {
+            return;
+        }
+        let charge = buffer_charge(qp.attr().path_mtu.bytes()) * qp.packets_in_flight() as usize;
+        let before = cell.marks.charged.swap(charge, Ordering::Relaxed);
+        self.in_flight = self.in_flight + charge - before;
+        if qp.allowance() == Some(0) && qp.unsent_packets(1) > 0 && !cell.marks.in_line.swap(true, Ordering::Relaxed) {
+            self.line.push_back(Arc::clone(cell));
+        }
+    }
+
+    /// `cell`'s QP was destroyed: what it had in flight no longer counts.
+    pub(super) fn release(&mut self, cell: &QpCell) {
+        self.in_flight -= cell.marks.charged.swap(0, Ordering::Relaxed);
+    }
+
+    /// The QP at the front of the line (destroyed ones leave it as they
+    /// come up).
+    pub(super) fn next_in_line(&mut self) -> Option<Arc<QpCell>> {
+        while let Some(cell) = self.line.pop_front() {
+            cell.marks.in_line.store(false, Ordering::Relaxed);
+            if !cell.marks.destroyed.load(Ordering::Acquire) {
+                return Some(cell);
+            }
+        }
+        None
+    }
+
+    /// Puts `cell`, taken from the line when the buffer had no room for
+    /// its next packet, back at the front.
+    pub(super) fn keep_first(&mut self, cell: Arc<QpCell>) {
+        cell.marks.in_line.store(true, Ordering::Relaxed);
+        self.line.push_front(cell);
+    }
+
+    /// Whether the buffer has room for a new packet of `qp`.
+    pub(super) fn has_room(&self, qp: &Qp) -> bool {
+        self.room(qp) != Some(0)
+    }
+}
