@@ -28,17 +28,20 @@ use crate::transport::{buffer_charge, Qp, QpType};
 pub(super) const TURN_BYTES: usize = 64 << 10;
 
 /// Quarters of the peer's receive buffer the device's packets in flight may
-/// take. [`buffer_charge`] is what a packet of a train costs the receiver; a
-/// lone one costs up to twice its bytes, and resends and the peer's other
-/// traffic need room too. With the whole buffer, 4096 QPs still lost
-/// packets to it now and then (145 timeouts in half a second); with three
-/// quarters, none.
-const BUFFER_QUARTERS: usize = 3;
+/// take while QPs take turns. [`buffer_charge`] is what a packet of a long
+/// train costs the receiver, and streams of a few QPs leave in long trains;
+/// turns leave in short ones, which cost more (a lone packet up to twice its
+/// bytes). With the whole buffer, 4096 QPs taking turns still lost packets
+/// to it (145 timeouts in half a second); with three quarters, none. A few
+/// QPs keep the whole buffer: a non-root user's 416 KiB, cut to three
+/// quarters, cost one QP's stream a tenth of its speed.
+const TURNS_QUARTERS: usize = 3;
 
 #[derive(Debug)]
 pub(super) struct SendBudget {
-    /// Bytes of receive buffer the device's packets in flight may take;
-    /// `None` where the link has no receive buffer to go by.
+    /// Bytes of receive buffer the device's packets in flight may take
+    /// (three quarters of it while QPs wait in line); `None` where the link
+    /// has no receive buffer to go by.
     limit: Option<usize>,
     /// Bytes the device's packets in flight take now, as the QPs' last
     /// visits left them.
@@ -51,13 +54,22 @@ impl SendBudget {
     /// A budget for the device whose own socket holds `receive_buffer`
     /// bytes (its peers' on this host hold as much).
     pub(super) fn new(receive_buffer: Option<usize>) -> SendBudget {
-        let limit = receive_buffer.map(|bytes| bytes / 4 * BUFFER_QUARTERS);
-        SendBudget { limit, in_flight: 0, line: VecDeque::new() }
+        SendBudget { limit: receive_buffer, in_flight: 0, line: VecDeque::new() }
+    }
+
+    /// Each window's share of the buffer, among `sharing` QPs with packets
+    /// in flight (rxe-spec T-7): the windows together fill the budget, and
+    /// the line forms only when their floors overflow it.
+    pub(super) fn share(&self, sharing: usize) -> Option<usize> {
+        self.limit.map(|bytes| bytes / sharing.max(1))
     }
 
     /// New packets of `qp`'s MTU the buffer has room for.
     fn room(&self, qp: &Qp) -> Option<u32> {
-        let limit = self.limit.filter(|_| qp.qp_type() == QpType::Rc)?;
+        let mut limit = self.limit.filter(|_| qp.qp_type() == QpType::Rc)?;
+        if !self.line.is_empty() {
+            limit = limit / 4 * TURNS_QUARTERS;
+        }
         let packets = limit.saturating_sub(self.in_flight) / buffer_charge(qp.attr().path_mtu.bytes());
         Some(u32::try_from(packets).unwrap_or(u32::MAX))
     }
@@ -73,13 +85,15 @@ impl SendBudget {
         };
         let turn = || (TURN_BYTES / qp.attr().path_mtu.bytes()).max(1) as u32;
         let allowance = if served {
-            room.min(turn())
+            Some(room.min(turn()))
         } else if self.line.is_empty() {
-            room
+            // No limit where the window holds it to less than the room: a
+            // limit would only end its packets with needless AckReqs.
+            (room < qp.window_space()).then_some(room)
         } else {
-            qp.allowance().filter(|&left| left <= turn()).unwrap_or(0).min(room)
+            Some(qp.allowance().filter(|&left| left <= turn()).unwrap_or(0).min(room))
         };
-        qp.set_allowance(Some(allowance));
+        qp.set_allowance(allowance);
     }
 
     /// After a visit of `cell`'s QP: charges what it has in flight, and

@@ -1047,7 +1047,7 @@ impl Progress {
         let mut busy = false;
         // The device's QPs send into one socket buffer at a peer on this
         // host, so each window gets a share of it (rxe-spec T-7).
-        let share = shared.receive_buffer.map(|bytes| bytes / self.waiting_on_peer.max(1));
+        let share = self.budget.share(self.waiting_on_peer);
         let mut visiting = std::mem::replace(&mut self.active, ready);
         for cell in visiting.drain(..) {
             cell.marks.active.store(false, Ordering::Relaxed);

@@ -661,6 +661,14 @@ impl Qp {
         self.req.sent_end.diff(self.comp.psn).max(0) as u32
     }
 
+    /// New packets the RC window lets out now (`u32::MAX` for other QPs).
+    pub fn window_space(&self) -> u32 {
+        if self.qp_type != QpType::Rc {
+            return u32::MAX;
+        }
+        self.window().saturating_sub(self.packets_in_flight())
+    }
+
     /// PSNs handed out to requests and not yet acknowledged, when an ACK
     /// is on its way for some of them (a packet that asked for one is
     /// unacknowledged): the ACK's arrival will open the window again, so a

@@ -461,7 +461,7 @@ impl Qp {
     /// Unacknowledged PSNs the requester may have in flight now: rxe's 128
     /// plus what the window has grown, within the peer's buffer; 1 while
     /// probing after a timeout.
-    fn window(&self) -> u32 {
+    pub(super) fn window(&self) -> u32 {
         if self.comp.probing {
             return 1;
         }
