@@ -314,7 +314,7 @@ fn a_round_of_packets_asking_for_acks_gets_them_as_it_goes() {
 /// 4096 RC QPs between two devices, each with two 64 KiB WRITEs posted at
 /// once: 512 MiB wanting to be in flight against an 8 MiB socket buffer.
 /// Every WRITE completes without a QP running out of retries, and the data
-/// arrives whole (rxe-spec T-7).
+/// arrives whole (rxe-spec T-7, T-7a).
 #[test]
 fn four_thousand_busy_qps_all_complete_without_running_out_of_retries() {
     let (a, b) = nodes(false);
