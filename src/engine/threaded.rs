@@ -236,6 +236,8 @@ pub(super) struct Marks {
     pub(super) charged: AtomicUsize,
     /// Waiting in the [`SendBudget`]'s line for room.
     pub(super) in_line: AtomicBool,
+    /// Its ACK timeouts as the [`SendBudget`] last saw them.
+    pub(super) timeouts: AtomicU64,
 }
 
 impl Marks {
@@ -836,7 +838,7 @@ impl Progress {
     /// Files what a visit left of `cell`'s QP: whether it waits on its
     /// peer, when its timer is due, and whether it has `more` to send.
     fn note(&mut self, cell: &Arc<QpCell>, qp: &Qp, more: bool) {
-        self.budget.settle(cell, qp);
+        self.budget.settle(cell, qp, self.now());
         let timer = qp.poll_timeout();
         let waiting = timer.is_some();
         if cell.marks.waiting.swap(waiting, Ordering::Relaxed) != waiting {

@@ -661,6 +661,13 @@ impl Qp {
         self.req.sent_end.diff(self.comp.psn).max(0) as u32
     }
 
+    /// Whether the last round trip timed took at most a quarter of the ACK
+    /// timeout (rxe-spec T-7): a peer that slow is sent no more than rxe's
+    /// window, and a driver sends it no more than that in all.
+    pub fn peer_is_fast(&self) -> bool {
+        self.req.fast_peer
+    }
+
     /// New packets the RC window lets out now (`u32::MAX` for other QPs).
     pub fn window_space(&self) -> u32 {
         if self.qp_type != QpType::Rc {

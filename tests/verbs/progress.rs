@@ -190,11 +190,15 @@ fn many_qps_take_turns_at_a_small_peer_buffer_and_none_goes_back() {
     let cq = a.ctx.create_cq(QPS * PER_QP, None).unwrap();
     let (mr_a, mr_b) = (a.mr(MESSAGE), b.mr(QPS * MESSAGE));
     let data = pattern(MESSAGE, 5);
+    // An ACK timeout of a second: a go-back here is a packet lost to the
+    // buffer or a QP stopped with nothing asking for its ACK, not an engine
+    // thread the host's scheduler kept from running for 67 ms.
+    let patient = ConnectOptions { timeout: AckTimeout::from_exponent(18).unwrap(), ..options(Mtu::Mtu4096) };
     mr_a.write(0, &data).unwrap();
     let pairs: Vec<_> = (0..QPS)
         .map(|_| {
             let (qp, peer) = (a.pd.create_qp(QpType::Rc, &cq).build().unwrap(), b.qp(QpType::Rc));
-            connect(&qp, &peer, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+            connect(&qp, &peer, &patient, &patient);
             (qp, peer)
         })
         .collect();

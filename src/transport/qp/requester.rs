@@ -41,7 +41,7 @@ const MIN_WINDOW_PSNS: u32 = 8;
 /// datagram takes twice its bytes, a packet of a GSO train (how bulk leaves
 /// the UDP link) 1.15-1.22 times; measured on Linux 6.18 by filling a
 /// 416 KiB buffer.
-pub fn buffer_charge(mtu: usize) -> usize {
+pub const fn buffer_charge(mtu: usize) -> usize {
     5 * (mtu + TRANSMIT_HEADROOM) / 4
 }
 /// Packets a requester sends before asking for an ACK within a long message
