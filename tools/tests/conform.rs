@@ -110,10 +110,14 @@ fn a_peer_that_is_not_there_gives_errors_in_bounded_time() {
 
 #[test]
 fn a_peer_that_accepts_and_never_speaks_is_an_error() {
-    let base = free_tcp_base(51000);
     let udp = free_udp_port(&[at(4, 79)]);
-    // A write server that takes the connection and says nothing.
-    let listener = TcpListener::bind(("127.0.79.3", base)).unwrap();
+    // A write server that takes the connection and says nothing. Its port
+    // is bound at once: one found free a moment before may have gone to
+    // another test's outgoing connection since (51000 is an ephemeral port).
+    let (base, listener) = (51000..60000)
+        .step_by(97)
+        .find_map(|base| Some((base, TcpListener::bind(("127.0.79.3", base)).ok()?)))
+        .expect("a free TCP port");
     let mute = std::thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
         let mut sink = Vec::new();
