@@ -635,8 +635,9 @@ impl Measured {
             let (w, r) = (&mut all.window, run.window);
             (w.bytes, w.messages, w.elapsed, w.cpu) =
                 (w.bytes + r.bytes, w.messages + r.messages, w.elapsed + r.elapsed, w.cpu + r.cpu);
+            // Rounds of one row run the same QPs: their counts are not
+            // QPs sharing a stream, so no share is made of them.
             all.rtts.extend(run.rtts);
-            all.per_qp.extend(run.per_qp);
             all.retries = match (all.retries, run.retries) {
                 (None, None) => None,
                 (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
