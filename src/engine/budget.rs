@@ -13,7 +13,8 @@
 //! So the budget charges every request packet on the wire to the device,
 //! at what the kernel charges the receiver for it. It starts at rxe's
 //! window, grows by what ACKs free while round trips are short and halves
-//! on a long one or a timeout, never past the device's own socket buffer.
+//! on a long one, a timeout or a loss, never past the device's own socket
+//! buffer.
 //! A QP with new packets and no room waits in a first-come, first-served
 //! line, and the room an ACK frees goes to the front of it, one turn
 //! ([`TURN_BYTES`]) per QP, the turn's last packet asking for the ACK that
@@ -58,7 +59,7 @@ pub(super) struct SendBudget {
     limit: Option<usize>,
     /// What they may take now (three quarters of it while QPs wait in
     /// line): from [`FLOOR_BYTES`] it grows by what ACKs free while round
-    /// trips are short, and halves on a long one or a timeout.
+    /// trips are short, and halves on a long one, a timeout or a loss.
     cap: usize,
     /// When `cap` was last cut.
     cut_at: Option<Duration>,
@@ -130,11 +131,13 @@ impl SendBudget {
         let charge = buffer_charge(qp.attr().path_mtu.bytes()) * qp.packets_in_flight() as usize;
         let before = cell.marks.charged.swap(charge, Ordering::Relaxed);
         self.in_flight = self.in_flight + charge - before;
-        // The peer's queue is the device's: a QP's long round trip or its
-        // timeout says the device sends more than the peer takes in.
-        let timeouts = qp.counters().timeouts;
-        let timed_out = cell.marks.timeouts.swap(timeouts, Ordering::Relaxed) < timeouts;
-        if timed_out || (!qp.peer_is_fast() && charge > 0) {
+        // The peer's queue is the device's: a QP's long round trip, its
+        // timeout or a packet lost says the device sends more than the peer
+        // takes in (or than processes sharing its port leave room for).
+        let c = qp.counters();
+        let losses = c.timeouts + c.seq_naks_received;
+        let lost = cell.marks.losses.swap(losses, Ordering::Relaxed) < losses;
+        if lost || (!qp.peer_is_fast() && charge > 0) {
             if self.cut_at.is_none_or(|at| now >= at + CUT_EVERY) {
                 self.cap = (self.cap / 2).max(FLOOR_BYTES.min(limit));
                 self.cut_at = Some(now);

@@ -236,8 +236,8 @@ pub(super) struct Marks {
     pub(super) charged: AtomicUsize,
     /// Waiting in the [`SendBudget`]'s line for room.
     pub(super) in_line: AtomicBool,
-    /// Its ACK timeouts as the [`SendBudget`] last saw them.
-    pub(super) timeouts: AtomicU64,
+    /// Its ACK timeouts and sequence NAKs as the [`SendBudget`] last saw them.
+    pub(super) losses: AtomicU64,
 }
 
 impl Marks {
