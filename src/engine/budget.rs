@@ -117,7 +117,7 @@ impl SendBudget {
         // A QP stopped with packets out that nothing asked an ACK for would
         // wait for its ACK timeout: its next new packet asks, and ends it.
         let allowance = match wanted {
-            Some(0) if qp.allowance() != Some(0) => Some(1),
+            Some(0) if qp.has_unasked_in_flight() => Some(1),
             wanted => wanted,
         };
         qp.set_allowance(allowance);

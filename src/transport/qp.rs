@@ -668,6 +668,14 @@ impl Qp {
         self.req.fast_peer
     }
 
+    /// Whether request packets are in flight after the last one that asked
+    /// for an ACK: stopped now, the QP would wait for its ACK timeout (or
+    /// the ask of T-6 at a message's end).
+    pub fn has_unasked_in_flight(&self) -> bool {
+        let last = self.req.sent_end.wrapping_sub(1);
+        self.packets_in_flight() > 0 && self.req.ack_asked.is_none_or(|asked| asked.is_before(last))
+    }
+
     /// New packets the RC window lets out now (`u32::MAX` for other QPs).
     pub fn window_space(&self) -> u32 {
         if self.qp_type != QpType::Rc {

@@ -330,6 +330,7 @@ fn a_turn_lets_out_its_allowance_asks_at_its_end_and_never_holds_a_resend() {
     assert_eq!(psn_ack_req, vec![(0, false), (1, false), (2, false), (3, true)]);
     assert_eq!(node.qp.allowance(), Some(0));
     assert_eq!(node.qp.packets_in_flight(), 4);
+    assert!(!node.qp.has_unasked_in_flight(), "the turn's last packet asked");
     assert!(node.transmit().is_empty(), "the turn is over");
 
     node.feed(ack(SQ_PSN + 1), &[]);
@@ -342,6 +343,7 @@ fn a_turn_lets_out_its_allowance_asks_at_its_end_and_never_holds_a_resend() {
     let rest: Vec<u32> = node.transmit().iter().map(|s| s.psn() - SQ_PSN).collect();
     assert_eq!(rest, (4..10).collect::<Vec<u32>>());
     assert_eq!(node.qp.packets_in_flight(), 8);
+    assert!(node.qp.has_unasked_in_flight(), "an unsignaled message's end does not ask");
     node.feed(ack(SQ_PSN + 9), &[]);
     assert_eq!(node.qp.packets_in_flight(), 0);
 }
