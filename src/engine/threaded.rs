@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tracing::{debug_span, trace};
 
+use super::budget::SendBudget;
 use super::dispatch::{self, Egress};
 use super::eventfd::EventFd;
 use super::handover::Handover;
-use super::budget::SendBudget;
 use super::registry::{Registry, RegistryAccess};
 use super::tuning::Tuning;
 use crate::net::{wait_readable, Link, LinkStats};

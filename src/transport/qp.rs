@@ -30,9 +30,7 @@ use super::types::{AsyncEvent, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatu
 use crate::wire::{Psn, RoceRepr};
 use completer::CompState;
 use requester::ReqState;
-pub use requester::{
-    buffer_charge, ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS,
-};
+pub use requester::{buffer_charge, ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
 use responder::RespState;
 pub use responder::{grh_area, GRH_LEN};
 
