@@ -1050,6 +1050,13 @@ mod tests {
 
     /// Sends each member's QP a packet and checks each got exactly its own.
     fn check_steering(members: &[&Member], port: u16) {
+        if let Err(wrong) = steering_of(members, port) {
+            panic!("{wrong}");
+        }
+    }
+
+    /// Sends each member's QP a packet; says which member got others'.
+    fn steering_of(members: &[&Member], port: u16) -> Result<(), String> {
         let local = members[0].sockets()[0].0;
         let sender = UdpSocket::bind((local, 0)).unwrap();
         let qpns: Vec<u32> = members.iter().map(|m| u32::from(m.slot()) << 16 | 0x42).collect();
@@ -1060,8 +1067,11 @@ mod tests {
         }
         let got = received(members, Duration::from_millis(100));
         for (i, qpn) in qpns.iter().enumerate() {
-            assert_eq!(got[i], vec![*qpn; 4], "member {i} (slot {})", members[i].slot());
+            if got[i] != vec![*qpn; 4] {
+                return Err(format!("member {i} (slot {}) got {:?}", members[i].slot(), got[i]));
+            }
         }
+        Ok(())
     }
 
     fn free_port() -> u16 {
@@ -1086,7 +1096,16 @@ mod tests {
             assert!(Instant::now() < deadline, "no survivor took a census");
             std::thread::sleep(Duration::from_millis(5));
         }
-        check_steering(&survivors.iter().collect::<Vec<_>>(), port);
+        // A census whose probes all came too late (a host loaded with other
+        // tests) leaves the steering as it was, until the next: take one.
+        let survivors_ref: Vec<&Member> = survivors.iter().collect();
+        for _ in 0..3 {
+            if steering_of(&survivors_ref, port).is_ok() {
+                break;
+            }
+            survivors[0].census().unwrap();
+        }
+        check_steering(&survivors_ref, port);
         // A newcomer does not get the dead member's slot back at once.
         let newcomer = Member::join(port, &[LOCAL]).unwrap();
         assert!(!slots.contains(&newcomer.slot()), "slot {} reused", newcomer.slot());
