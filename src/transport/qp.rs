@@ -627,10 +627,11 @@ impl Qp {
     /// UDP socket drops what overflows its receive buffer, which a non-root
     /// process cannot raise above `net.core.rmem_max` (208 KiB on many
     /// distributions, against rxe's 128 PSNs of 4 KiB), and each drop costs a
-    /// go-back. softroce's engine passes a share of its own socket's
-    /// buffer (the peer's where both ends run on one host) to each QP with
-    /// packets in flight; rxe's receive path has no such limit, so the
-    /// estimate is only cautious there.
+    /// go-back. softroce's engine passes each QP with packets in flight a
+    /// share of the device's budget (rxe-spec T-7a), at most its own
+    /// socket's buffer (the peer's where both ends run on one host); rxe's
+    /// receive path has no such limit, so the estimate is only cautious
+    /// there.
     pub fn set_peer_buffer(&mut self, bytes: Option<usize>) {
         self.peer_buffer = bytes;
     }
