@@ -136,12 +136,13 @@ impl SendBudget {
         let c = qp.counters();
         let losses = c.timeouts + c.seq_naks_received;
         let lost = cell.marks.losses.swap(losses, Ordering::Relaxed) < losses;
-        if lost || (!qp.peer_is_fast() && charge > 0) {
+        let fast = qp.peer_is_fast();
+        if lost || (fast == Some(false) && charge > 0) {
             if self.cut_at.is_none_or(|at| now >= at + CUT_EVERY) {
                 self.cap = (self.cap / 2).max(FLOOR_BYTES.min(limit));
                 self.cut_at = Some(now);
             }
-        } else if qp.peer_is_fast() && before > charge {
+        } else if fast == Some(true) && before > charge {
             // Doubles per round trip while the peer keeps up, as windows do (T-7).
             self.cap = (self.cap + before - charge).min(limit);
         }

@@ -661,9 +661,10 @@ impl Qp {
     }
 
     /// Whether the last round trip timed took at most a quarter of the ACK
-    /// timeout (rxe-spec T-7): a peer that slow is sent no more than rxe's
-    /// window, and a driver sends it no more than that in all.
-    pub fn peer_is_fast(&self) -> bool {
+    /// timeout (rxe-spec T-7; `None` before one was timed): a slower peer
+    /// is sent no more than rxe's window, and a driver sends it no more
+    /// than that in all (T-7a).
+    pub fn peer_is_fast(&self) -> Option<bool> {
         self.req.fast_peer
     }
 

@@ -93,9 +93,9 @@ pub(super) struct ReqState {
     /// The packet whose round trip is being timed, and when it left.
     pub(super) timed: Option<(Psn, Duration)>,
     /// Whether the last timed round trip took at most a quarter of the ACK
-    /// timeout: a peer that slow (an emulated VM) would time out on a
-    /// larger window, so it keeps rxe's.
-    pub(super) fast_peer: bool,
+    /// timeout (`None` before the first): a peer slower than that (an
+    /// emulated VM) would time out on a larger window, so it keeps rxe's.
+    pub(super) fast_peer: Option<bool>,
     /// New packets the driver lets an RC requester put on the wire before
     /// it waits for another turn (`None`: no limit; [`Qp::set_allowance`]).
     pub(super) allowance: Option<u32>,
@@ -485,13 +485,14 @@ impl Qp {
             if timed.is_before(psn) {
                 self.req.timed = None;
                 let round_trip = now.saturating_sub(sent_at);
-                self.req.fast_peer = self.ack_timeout().is_none_or(|t| round_trip * 4 <= t);
-                if !self.req.fast_peer {
+                let fast = self.ack_timeout().is_none_or(|t| round_trip * 4 <= t);
+                self.req.fast_peer = Some(fast);
+                if !fast {
                     self.req.grown /= 2;
                 }
             }
         }
-        if self.req.fast_peer {
+        if self.req.fast_peer == Some(true) {
             let acked = psn.diff(self.comp.psn).max(0) as u32;
             self.req.grown = (self.req.grown + acked).min(MAX_WINDOW_PSNS - MAX_UNACKED_PSNS);
         }
