@@ -1063,12 +1063,7 @@ impl Progress {
             if drained {
                 busy |= dispatch::run_due_timers(&mut qp, now);
             }
-            self.budget.admit(&mut qp, false);
-            let limit = self.tuning.round_transmit;
-            let sent = transmit(&mut qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
-            busy |= sent > 0;
-            cell.drain(&mut qp, &shared.events);
-            self.note(&cell, &qp, sent == limit);
+            busy |= self.send_from(shared, now, &cell, &mut qp, false) > 0;
         }
         self.spare = visiting;
         busy |= self.serve_line(shared, now);
@@ -1086,14 +1081,28 @@ impl Progress {
                 self.budget.keep_first(cell);
                 break;
             }
-            self.budget.admit(&mut qp, true);
-            let limit = self.tuning.round_transmit;
-            let sent = transmit(&mut qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
-            sent_any |= sent > 0;
-            cell.drain(&mut qp, &shared.events);
-            self.note(&cell, &qp, sent == limit);
+            sent_any |= self.send_from(shared, now, &cell, &mut qp, true) > 0;
         }
         sent_any
+    }
+
+    /// A round's sending for `cell`'s QP: what the budget lets it (a turn,
+    /// if `served` from the line), up to a round's share of packets, then
+    /// its completions, and what it has left filed. Says how many it sent.
+    fn send_from(
+        &mut self,
+        shared: &EngineShared,
+        now: Duration,
+        cell: &Arc<QpCell>,
+        qp: &mut Qp,
+        served: bool,
+    ) -> usize {
+        self.budget.admit(qp, served);
+        let limit = self.tuning.round_transmit;
+        let sent = transmit(qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
+        cell.drain(qp, &shared.events);
+        self.note(cell, qp, sent == limit);
+        sent
     }
 }
 
