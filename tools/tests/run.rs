@@ -62,7 +62,14 @@ fn is_root() -> bool {
 /// The device names `softroce devinfo -l` lists, in order.
 fn device_names() -> Vec<String> {
     let output = Command::new(SOFTROCE).args(["devinfo", "-l"]).env_remove("SOFTROCE_ADDR").output().unwrap();
-    String::from_utf8(output.stdout).unwrap().lines().skip(1).map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect()
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// What the C library says of each device (name, dev_name, dev_path,
@@ -221,7 +228,8 @@ fn an_address_makes_the_files_of_its_device_alone() {
 }
 
 fn names(dir: &str) -> BTreeSet<String> {
-    std::fs::read_dir(dir).map_or_else(|_| BTreeSet::new(), |d| d.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
+    std::fs::read_dir(dir)
+        .map_or_else(|_| BTreeSet::new(), |d| d.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
 }
 
 #[test]
@@ -238,7 +246,9 @@ fn the_rest_of_dev_sys_class_tmp_and_shm_is_the_hosts() {
     let run = run(&[], &script);
     assert!(run.success, "{}", run.stderr);
     let parts: Vec<&str> = run.stdout.split("--\n").collect();
-    let listed = |text: &str| -> BTreeSet<String> { text.lines().filter(|l| *l != "." && *l != "..").map(String::from).collect() };
+    let listed = |text: &str| -> BTreeSet<String> {
+        text.lines().filter(|l| *l != "." && *l != "..").map(String::from).collect()
+    };
     let mut host_dev = names("/dev");
     host_dev.insert("infiniband".into());
     assert_eq!(listed(parts[0]), host_dev);

@@ -218,9 +218,14 @@ fn fill(devices: &[Device]) -> Result<(), String> {
         for (path, text) in sysfs_files(devices, &null_number) {
             let path = class.join(path);
             let parent = path.parent().expect("files are below the class");
-            fs::DirBuilder::new().recursive(true).mode(0o755).create(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
+                .map_err(|e| format!("{}: {e}", parent.display()))?;
             fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).map_err(|e| format!("{}: {e}", path.display()))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o444))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
         }
         Ok(())
     })
@@ -236,15 +241,15 @@ fn device_files(count: usize) -> impl Iterator<Item = String> {
 /// Replaces `dir` by a tmpfs holding each of its entries but `replaced`
 /// (bound back, symbolic links copied), then lets `add` put the new ones in.
 /// `add` gets the directory and a path to the host's `dir`.
-fn rebuild(
-    dir: &Path,
-    replaced: &[&str],
-    add: impl FnOnce(&Path, &Path) -> Result<(), String>,
-) -> Result<(), String> {
+fn rebuild(dir: &Path, replaced: &[&str], add: impl FnOnce(&Path, &Path) -> Result<(), String>) -> Result<(), String> {
     let context = |e: io::Error| format!("{}: {e}", dir.display());
     // The host's directory stays reachable through this descriptor once
     // the tmpfs covers it.
-    let host = OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir).map_err(context)?;
+    let host = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(context)?;
     let host_path = PathBuf::from(format!("/proc/self/fd/{}", host.as_raw_fd()));
     let mut entries = Vec::new();
     for entry in fs::read_dir(dir).map_err(context)? {
@@ -261,7 +266,9 @@ fn rebuild(
     for (name, kind, target) in entries {
         let path = dir.join(&name);
         match target {
-            Some(target) => std::os::unix::fs::symlink(target, &path).map_err(|e| format!("{}: {e}", path.display()))?,
+            Some(target) => {
+                std::os::unix::fs::symlink(target, &path).map_err(|e| format!("{}: {e}", path.display()))?
+            }
             None => bind(&host_path.join(&name), &path, kind.is_dir())?,
         }
     }
@@ -371,7 +378,8 @@ fn sysfs_files(devices: &[Device], null: &str) -> Vec<(PathBuf, String)> {
 
 /// A GUID as sysfs prints it: four groups of four hex digits.
 fn guid(value: u64) -> String {
-    let groups: Vec<String> = value.to_be_bytes().chunks_exact(2).map(|g| format!("{:02x}{:02x}", g[0], g[1])).collect();
+    let groups: Vec<String> =
+        value.to_be_bytes().chunks_exact(2).map(|g| format!("{:02x}{:02x}", g[0], g[1])).collect();
     groups.join(":")
 }
 
