@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
-use std::net::IpAddr;
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 use std::ptr;
 use std::sync::{Mutex, OnceLock};
@@ -17,13 +16,7 @@ use crate::guard::{guard, guard_int, guard_neg, guard_ptr, guard_void};
 use crate::sys::*;
 use crate::{cq, mw, pd, qp, srq};
 
-/// Names the one address of a host this process's devices use (several,
-/// comma-separated, make several devices). A user's programs share a
-/// device's address and port without it; two users on one host each need
-/// an address of their own, one on 127.0.0.1 and one on 127.0.0.2, say.
-/// Unset, every interface that is up is a device, as `ibv_devices` lists
-/// kernel rxe's.
-pub const ADDR_ENV: &str = "SOFTROCE_ADDR";
+pub use softroce::verbs::device::ADDR_ENV;
 /// The RoCE UDP port, if not 4791 (tests run on free ports).
 pub const PORT_ENV: &str = "SOFTROCE_PORT";
 /// A pcap file to record every packet of the devices opened into (the
@@ -135,18 +128,7 @@ pub(crate) fn cm_contexts() -> Vec<*mut ibv_context> {
 }
 
 fn find_devices() -> Result<Vec<Device>, String> {
-    match std::env::var(ADDR_ENV) {
-        Ok(list) if !list.trim().is_empty() => list
-            .split(',')
-            .map(|text| {
-                let addr: IpAddr =
-                    text.trim().parse().map_err(|e| format!("{ADDR_ENV}={list}: {text:?} is not an address: {e}"))?;
-                // An address no interface has (127.0.0.2 is lo's) gets a device of its own.
-                Ok(Device::holding(addr).unwrap_or_else(|_| Device::for_address(addr)))
-            })
-            .collect(),
-        _ => Device::list().map_err(|e| e.to_string()),
-    }
+    Device::list_for(std::env::var(ADDR_ENV).ok().as_deref()).map_err(|e| e.to_string())
 }
 
 fn copy_str(dst: &mut [c_char], text: &str) {

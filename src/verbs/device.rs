@@ -21,6 +21,14 @@ const NAME_PREFIX: &str = "sr_";
 /// returns.
 pub const DEVICE_ENV: &str = "SOFTROCE_DEVICE";
 
+/// Names the one address of a host a process's devices use (several,
+/// comma-separated, make several devices). A user's programs share a
+/// device's address and port without it; two users on one host each need
+/// an address of their own, one on 127.0.0.1 and one on 127.0.0.2, say.
+/// Unset, every interface that is up is a device, as `ibv_devices` lists
+/// kernel rxe's. [`Device::list_for`] reads it.
+pub const ADDR_ENV: &str = "SOFTROCE_ADDR";
+
 /// Room rxe leaves in a link-MTU packet for headers (`RXE_MAX_HDR_LENGTH`);
 /// the RoCE MTU is the largest IB MTU that fits in the rest.
 const MAX_HDR_LENGTH: u32 = 80;
@@ -66,6 +74,28 @@ impl Device {
             });
         }
         Ok(devices)
+    }
+
+    /// The devices a process whose [`ADDR_ENV`] is `addresses` has, in
+    /// `ibv_get_device_list` order: without addresses (None or blank) every
+    /// device of [`Device::list`]; else, for each address, the device of
+    /// the interface whose subnet holds it narrowed to it, or a device of
+    /// its own ([`Device::for_address`]) for an address no interface has.
+    /// One function, so that the C library's list and the `/sys` tree
+    /// `softroce run` makes for it agree.
+    pub fn list_for(addresses: Option<&str>) -> Result<Vec<Device>> {
+        match addresses {
+            Some(list) if !list.trim().is_empty() => list
+                .split(',')
+                .map(|text| {
+                    let addr: IpAddr = text.trim().parse().map_err(|e| {
+                        Error::InvalidArgument(format!("{ADDR_ENV}={list}: {text:?} is not an address: {e}"))
+                    })?;
+                    Ok(Device::holding(addr).unwrap_or_else(|_| Device::for_address(addr)))
+                })
+                .collect(),
+            _ => Device::list(),
+        }
     }
 
     /// The device of this name (`ibv_devinfo -d`).

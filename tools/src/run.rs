@@ -9,11 +9,20 @@
 //! device and inode), so a program using both has one softroce. `--preload` adds
 //! `LD_PRELOAD`, for programs that load libibverbs with `dlopen` by full
 //! path or that carry an RPATH.
+//!
+//! The program also gets the `/dev/infiniband` and `/sys/class/infiniband`
+//! files a kernel rxe host has for its devices ([`namespace`]), in a mount
+//! namespace of its own, which `--no-namespace` does without.
+
+mod namespace;
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+
+use softroce::verbs::device::ADDR_ENV;
+use softroce::verbs::Device;
 
 /// The cdylib as cargo names it.
 const CDYLIB: &str = "libsoftroce_ibverbs.so";
@@ -39,6 +48,10 @@ pub struct Args {
     /// records into FILE.1, and so on).
     #[arg(long, value_name = "FILE")]
     pcap: Option<std::path::PathBuf>,
+    /// Run the program in this mount namespace, without the
+    /// /dev/infiniband/uverbsN and /sys/class/infiniband files of its devices.
+    #[arg(long)]
+    no_namespace: bool,
     /// Also preload the library (LD_PRELOAD).
     #[arg(long)]
     preload: bool,
@@ -60,6 +73,12 @@ pub fn run(args: Args) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(env) => {
+            if !args.no_namespace {
+                if let Err(message) = enter_namespace(&args) {
+                    eprintln!("softroce run: {message}");
+                    return ExitCode::FAILURE;
+                }
+            }
             let (program, rest) = args.command.split_first().expect("clap requires a command");
             let error = Command::new(program).args(rest).envs(env).exec();
             eprintln!("softroce run: cannot run {}: {error}", program.to_string_lossy());
@@ -69,6 +88,28 @@ pub fn run(args: Args) -> ExitCode {
             eprintln!("softroce run: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Enters the namespace holding the files of the devices the program's
+/// library will list: those of `--addr`, or of `SOFTROCE_ADDR` inherited.
+/// A kernel that allows no namespace gets a warning, and the program runs
+/// without the files; an error is a namespace that could not be filled.
+fn enter_namespace(args: &Args) -> Result<(), String> {
+    let inherited = std::env::var(ADDR_ENV).ok();
+    let addresses = args.addr.as_deref().or(inherited.as_deref());
+    let devices = Device::list_for(addresses).map_err(|e| e.to_string())?;
+    match namespace::enter(&devices) {
+        Ok(()) => Ok(()),
+        Err(namespace::Error::Unavailable(why)) => {
+            eprintln!(
+                "softroce run: the program runs without /dev/infiniband and /sys/class/infiniband for \
+                 its devices (UCX, for one, then finds none): no namespace for them: {why}. Run as root, \
+                 allow user namespaces, or pass --no-namespace to go without them quietly."
+            );
+            Ok(())
+        }
+        Err(namespace::Error::Failed(why)) => Err(format!("cannot make the program's namespace: {why}")),
     }
 }
 
@@ -91,7 +132,7 @@ fn prepare(args: &Args) -> Result<Vec<(&'static str, OsString)>, String> {
         env.push(("LD_PRELOAD", preload));
     }
     if let Some(addr) = &args.addr {
-        env.push(("SOFTROCE_ADDR", addr.into()));
+        env.push((ADDR_ENV, addr.into()));
     }
     if let Some(port) = args.port {
         env.push(("SOFTROCE_PORT", port.to_string().into()));
