@@ -47,10 +47,35 @@ fn capture_from_env() -> Option<CaptureOptions> {
 /// `ibv_gid_type_sysfs` (rdma-core's driver.h): what sysfs says of a GID.
 const GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
 
-/// A device as C sees it: `ibv_device` first, so the pointer is both.
+/// rdma-core v44's `struct verbs_device` (libibverbs/driver.h), the memory every `ibv_device`
+/// of libibverbs starts. Providers tell their own devices by its `ops` (mlx5's `is_mlx5_dev`,
+/// which UCX's `mlx5dv_is_supported` calls, and efa's), so softroce's devices carry one too:
+/// `ops` NULL, which no provider's ops are, and the rest empty.
+#[repr(C)]
+pub struct VerbsDevice {
+    pub device: ibv_device,
+    /// `const struct verbs_device_ops *`: NULL, softroce's devices have no provider.
+    pub ops: *const c_void,
+    /// `atomic_int refcount`: the one reference of the device list, which lives for the process.
+    pub refcount: c_int,
+    /// `struct list_node entry`: `next` and `prev` of libibverbs' device list (NULL).
+    pub entry: [*mut c_void; 2],
+    /// `struct verbs_sysfs_dev *sysfs`: NULL, no sysfs entry was read.
+    pub sysfs: *mut c_void,
+    /// `uint64_t core_support`: the kernel's optional features (`IB_UVERBS_CORE_SUPPORT_*`), none.
+    pub core_support: u64,
+}
+
+// SAFETY: the pointers are NULL for the life of the device and never written.
+unsafe impl Send for VerbsDevice {}
+// SAFETY: as for Send; nothing is written after the device list is made.
+unsafe impl Sync for VerbsDevice {}
+
+/// A device as C sees it: a `verbs_device`, whose first member is the `ibv_device`, first, so the
+/// pointer is all three.
 #[repr(C)]
 pub struct Dev {
-    ibv: ibv_device,
+    verbs: VerbsDevice,
     device: Device,
     index: c_int,
     /// While any `ibv_context` of the device is open: the softroce context
@@ -150,7 +175,20 @@ impl Dev {
         copy_str(&mut ibv.dev_name, &format!("uverbs{index}"));
         copy_str(&mut ibv.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
         copy_str(&mut ibv.ibdev_path, &format!("/sys/class/infiniband/{}", device.name()));
-        Dev { ibv, device, index: index as c_int, open: Mutex::new(None), cm_context: Mutex::new(None) }
+        let verbs = VerbsDevice {
+            device: ibv,
+            ops: ptr::null(),
+            refcount: 1,
+            entry: [ptr::null_mut(); 2],
+            sysfs: ptr::null_mut(),
+            core_support: 0,
+        };
+        Dev { verbs, device, index: index as c_int, open: Mutex::new(None), cm_context: Mutex::new(None) }
+    }
+
+    /// The `ibv_device` C holds: the first member of the `verbs_device`.
+    fn ibv(&self) -> &ibv_device {
+        &self.verbs.device
     }
 
     fn cm_context(&self) -> Option<CmContext> {
@@ -158,7 +196,7 @@ impl Dev {
         if opened.is_none() {
             // SAFETY: this device's own ibv_device; a PD on the context just opened.
             unsafe {
-                let context = ibv_open_device(ptr::addr_of!(self.ibv).cast_mut());
+                let context = ibv_open_device(ptr::from_ref(self.ibv()).cast_mut());
                 if context.is_null() {
                     return None;
                 }
@@ -175,7 +213,7 @@ impl Dev {
 
     /// The device behind a pointer from `ibv_get_device_list`.
     unsafe fn from_ibv<'a>(device: *mut ibv_device) -> Option<&'a Dev> {
-        let found = devices().iter().find(|d| ptr::eq(&d.ibv, device));
+        let found = devices().iter().find(|d| ptr::eq(d.ibv(), device));
         found
     }
 }
@@ -238,7 +276,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
         }
         for (i, dev) in devices.iter().enumerate() {
             // SAFETY: i < n + 1 entries.
-            unsafe { *list.add(i) = ptr::addr_of!(dev.ibv).cast_mut() };
+            unsafe { *list.add(i) = ptr::from_ref(dev.ibv()).cast_mut() };
         }
         if !num_devices.is_null() {
             // SAFETY: the caller's int.
@@ -259,7 +297,7 @@ symver!(ibv_free_device_list);
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
     match unsafe { Dev::from_ibv(device) } {
-        Some(dev) => dev.ibv.name.as_ptr(),
+        Some(dev) => dev.ibv().name.as_ptr(),
         None => {
             set_errno(libc::EINVAL);
             ptr::null()

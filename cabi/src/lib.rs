@@ -23,9 +23,10 @@ mod private;
 mod qp;
 mod srq;
 mod strs;
+mod sysfs;
 #[rustfmt::skip]
 pub mod sys;
 mod unimplemented;
 mod users;
 
-pub use device::{ADDR_ENV, PCAP_ENV, PCAP_PACKETS_ENV, PORT_ENV};
+pub use device::{VerbsDevice, ADDR_ENV, PCAP_ENV, PCAP_PACKETS_ENV, PORT_ENV};

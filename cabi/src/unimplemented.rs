@@ -38,12 +38,6 @@ pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(_dst: *mut ibv_qp_attr, _src
 symver!(ibv_copy_qp_attr_from_kern);
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
-    unsupported_null()
-}
-symver!(ibv_get_sysfs_path);
-
-#[no_mangle]
 pub unsafe extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
     unsupported_null()
 }

@@ -15,6 +15,21 @@ fn ibv_device() {
     assert_eq!(offset_of!(ibv_device, ibdev_path), 408);
 }
 
+/// rdma-core v44's `struct verbs_device` (driver.h): providers read `ops` from the memory after
+/// an `ibv_device` (`verbs_get_device(dev)->ops`) to tell their own devices.
+#[test]
+fn verbs_device() {
+    use softroce_ibverbs::VerbsDevice;
+    assert_eq!(size_of::<VerbsDevice>(), 712);
+    assert_eq!(offset_of!(VerbsDevice, device), 0);
+    assert_eq!(offset_of!(VerbsDevice, ops), size_of::<ibv_device>());
+    assert_eq!(offset_of!(VerbsDevice, ops), 664);
+    assert_eq!(offset_of!(VerbsDevice, refcount), 672);
+    assert_eq!(offset_of!(VerbsDevice, entry), 680);
+    assert_eq!(offset_of!(VerbsDevice, sysfs), 696);
+    assert_eq!(offset_of!(VerbsDevice, core_support), 704);
+}
+
 #[test]
 fn ibv_context() {
     assert_eq!(size_of::<ibv_context>(), 328);

@@ -1,7 +1,8 @@
-//! The library as `librdmacm.so.1`: a C program built against Debian's librdmacm-dev and
-//! libibverbs-dev (`-lrdmacm -libverbs`), run with both sonames linked to the cdylib, finds one
-//! library under both names, binds every import at its version at load, and gets librdmacm's
-//! answers from the calls that need no peer (`c/rdmacm.c`).
+//! The library as `librdmacm.so.1` and `libibverbs.so.1`: C programs built against Debian's
+//! librdmacm-dev and libibverbs-dev (`-lrdmacm -libverbs`), run with both sonames linked to the
+//! cdylib. One finds one library under both names, binds every import at its version at load, and
+//! gets librdmacm's answers from the calls that need no peer (`c/rdmacm.c`); one reads what
+//! providers and Open MPI read beyond the calls (`c/device.c`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,4 +56,26 @@ fn one_library_under_both_sonames() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success() && text.contains("rdmacm: all checks passed"), "{}:\n{text}", exe.display());
+}
+
+/// `c/device.c` with `SYSFS_PATH` unset and set (with trailing slashes, which are dropped).
+#[test]
+fn device_memory_and_sysfs_path() {
+    let dir = soname_dir("device");
+    let exe = compile("device", &dir);
+    for sysfs in [None, Some("/tmp/softroce-fake-sys//")] {
+        let mut command = Command::new(&exe);
+        command.env("LD_LIBRARY_PATH", &dir).env("SOFTROCE_ADDR", "127.0.0.1").env_remove("SYSFS_PATH");
+        if let Some(path) = sysfs {
+            command.env("SYSFS_PATH", path);
+        }
+        let out = command.output().expect("run the C program");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && text.contains("device: all checks passed"),
+            "SYSFS_PATH={sysfs:?} {}:\n{text}",
+            exe.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

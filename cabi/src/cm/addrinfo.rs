@@ -1,10 +1,16 @@
-//! `rdma_getaddrinfo` and `rdma_freeaddrinfo`: the system's `getaddrinfo`, turned into an
-//! `rdma_addrinfo` as librdmacm does without ib_acm (no route or connect data, AF_IB never).
+//! `rdma_getaddrinfo` and `rdma_freeaddrinfo`, as rdma-core v44's librdmacm gives them without
+//! ib_acm (no route or connect data).
 //!
-//! Like librdmacm, only the first address the resolver gives is kept; `RAI_PASSIVE` makes it the
-//! source (a wildcard without a node, for `rdma_create_ep` and a listener), otherwise the
-//! destination, with the hints' source copied along. Errors are the resolver's `EAI_*` codes, or
-//! -1 with errno for arguments and memory.
+//! With a node or a service, the system's `getaddrinfo` resolves them and its first answer is
+//! kept: the source with `RAI_PASSIVE` (a wildcard without a node), otherwise the destination.
+//! With neither, the answer is the hints themselves: their flags, family, QP type, port space and
+//! destination address (libfabric's verbs provider asks this way for every endpoint whose
+//! addresses it already holds). Either way a hint's source address fills an empty source.
+//!
+//! Returns as librdmacm v44's: 0; -1 with errno `EINVAL` when there is nothing to resolve (no
+//! node, service or hints) and `ENOMEM` when memory runs out; the resolver's `EAI_*` code itself
+//! (a negative number) when it fails. AF_IB is never made: a `RAI_FAMILY` hint for AF_IB gets the
+//! resolved IP address, which softroce's ids take.
 
 use std::os::raw::{c_char, c_int};
 use std::ptr;
@@ -12,26 +18,35 @@ use std::ptr;
 use crate::cm_sys::*;
 use crate::errno::set_errno;
 use crate::guard::{guard_neg, guard_void};
-use crate::sys::{IBV_QPT_RC, IBV_QPT_UD};
+use crate::sys::{IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND};
 
-/// A copy of `len` bytes at `src` in `malloc`ed memory (which `rdma_freeaddrinfo` frees).
-unsafe fn malloc_copy<T>(src: *const T, len: usize) -> *mut T {
+/// `*dst` and `*dst_len` become a `malloc`ed copy of the `len` bytes at `src` (which
+/// `rdma_freeaddrinfo` frees); 0, or -1 with errno `ENOMEM` (`EINVAL` for a length without an
+/// address, where librdmacm would read through NULL).
+unsafe fn copy_addr(dst: &mut *mut sockaddr, dst_len: &mut socklen_t, src: *const sockaddr, len: socklen_t) -> c_int {
+    if src.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
     // SAFETY: the caller's `src` is `len` bytes; a fresh block of that size.
     unsafe {
-        let copy = libc::malloc(len).cast::<T>();
-        if !copy.is_null() {
-            ptr::copy_nonoverlapping(src.cast::<u8>(), copy.cast::<u8>(), len);
+        let copy = libc::malloc(len as usize).cast::<sockaddr>();
+        if copy.is_null() {
+            set_errno(libc::ENOMEM);
+            return -1;
         }
-        copy
+        ptr::copy_nonoverlapping(src.cast::<u8>(), copy.cast::<u8>(), len as usize);
+        *dst = copy;
     }
+    *dst_len = len;
+    0
 }
 
-/// The resolver's hints for ours: flags, family, and the socket type the QP type or port space
-/// implies (RC and TCP streams, UD and UDP datagrams).
-fn system_hints(hints: Option<&rdma_addrinfo>) -> libc::addrinfo {
+/// The resolver's hints for ours, as librdmacm converts them: flags, family (not AF_IB), the
+/// socket type the QP type implies and the protocol the port space implies.
+fn system_hints(hints: &rdma_addrinfo) -> libc::addrinfo {
     // SAFETY: all zeros is an empty addrinfo.
     let mut ai: libc::addrinfo = unsafe { std::mem::zeroed() };
-    let Some(hints) = hints else { return ai };
     if hints.ai_flags & RAI_PASSIVE as c_int != 0 {
         ai.ai_flags |= libc::AI_PASSIVE;
     }
@@ -41,13 +56,18 @@ fn system_hints(hints: Option<&rdma_addrinfo>) -> libc::addrinfo {
     if hints.ai_family != libc::AF_IB {
         ai.ai_family = hints.ai_family;
     }
-    let qp_type = hints.ai_qp_type as u32;
-    let ps = hints.ai_port_space as u32;
-    if qp_type == IBV_QPT_RC || ps == RDMA_PS_TCP {
-        ai.ai_socktype = libc::SOCK_STREAM;
-    } else if qp_type == IBV_QPT_UD || ps == RDMA_PS_UDP {
-        ai.ai_socktype = libc::SOCK_DGRAM;
-    }
+    ai.ai_socktype = match hints.ai_qp_type as u32 {
+        IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => libc::SOCK_STREAM,
+        IBV_QPT_UD => libc::SOCK_DGRAM,
+        _ => 0,
+    };
+    ai.ai_protocol = match hints.ai_port_space as u32 {
+        RDMA_PS_TCP => libc::IPPROTO_TCP,
+        RDMA_PS_IPOIB | RDMA_PS_UDP => libc::IPPROTO_UDP,
+        RDMA_PS_IB if ai.ai_socktype == libc::SOCK_STREAM => libc::IPPROTO_TCP,
+        RDMA_PS_IB if ai.ai_socktype == libc::SOCK_DGRAM => libc::IPPROTO_UDP,
+        _ => 0,
+    };
     ai
 }
 
@@ -60,82 +80,109 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
 ) -> c_int {
     guard_neg(|| {
         // SAFETY: the caller's hints, if any.
-        let hints = unsafe { hints.as_ref() };
-        if res.is_null() || (node.is_null() && service.is_null() && hints.is_none_or(|h| h.ai_src_addr.is_null())) {
+        let given = unsafe { hints.as_ref() };
+        if res.is_null() || (node.is_null() && service.is_null() && given.is_none()) {
             set_errno(libc::EINVAL);
             return -1;
         }
-        let system = system_hints(hints);
-        let mut found: *mut libc::addrinfo = ptr::null_mut();
-        // SAFETY: C strings (or NULL) from the caller, our hints, a place for the list.
-        let rc = unsafe { libc::getaddrinfo(node, service, &system, &mut found) };
-        if rc != 0 {
-            return rc;
+        let no_hints = rdma_addrinfo::default();
+        let hints = given.unwrap_or(&no_hints);
+        // SAFETY: a zeroed block of the struct's size is an empty rdma_addrinfo.
+        let rai = unsafe { libc::calloc(1, size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
+        if rai.is_null() {
+            set_errno(libc::ENOMEM);
+            return -1;
         }
-        // SAFETY: getaddrinfo succeeded: a list of at least one entry, freed below.
-        let first = unsafe { &*found };
-        let rai = unsafe { convert(first, hints) };
-        unsafe { libc::freeaddrinfo(found) };
-        match rai {
-            Some(rai) => {
-                // SAFETY: the caller's pointer.
-                unsafe { *res = rai };
-                0
+        // SAFETY: just allocated and zeroed; the hints' addresses are theirs' lengths long.
+        let r = unsafe { &mut *rai };
+        let mut ret = if !node.is_null() || !service.is_null() {
+            // SAFETY: C strings (or NULL) from the caller.
+            unsafe { resolve(node, service, given, r) }
+        } else {
+            r.ai_flags = hints.ai_flags;
+            r.ai_family = hints.ai_family;
+            r.ai_qp_type = hints.ai_qp_type;
+            r.ai_port_space = hints.ai_port_space;
+            match hints.ai_dst_len {
+                0 => 0,
+                len => unsafe { copy_addr(&mut r.ai_dst_addr, &mut r.ai_dst_len, hints.ai_dst_addr, len) },
             }
-            None => {
-                set_errno(libc::ENOMEM);
-                -1
-            }
+        };
+        if ret == 0 && r.ai_src_len == 0 && hints.ai_src_len != 0 {
+            ret = unsafe { copy_addr(&mut r.ai_src_addr, &mut r.ai_src_len, hints.ai_src_addr, hints.ai_src_len) };
         }
+        if ret != 0 {
+            // SAFETY: ours, whole; freeing keeps the errno set above.
+            let errno = crate::errno::errno();
+            unsafe { rdma_freeaddrinfo(rai) };
+            set_errno(errno);
+            return ret;
+        }
+        // SAFETY: the caller's pointer.
+        unsafe { *res = rai };
+        0
     })
 }
 symver!(rdma_getaddrinfo);
 
-/// `ai` as an `rdma_addrinfo` (NULL when memory ran out).
-unsafe fn convert(ai: &libc::addrinfo, hints: Option<&rdma_addrinfo>) -> Option<*mut rdma_addrinfo> {
-    // SAFETY: a zeroed block of the struct's size is an empty rdma_addrinfo.
-    let rai = unsafe { libc::calloc(1, size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
-    if rai.is_null() {
-        return None;
+/// The resolver's first answer for `node` and `service` into `r`, as librdmacm's
+/// `ucma_getaddrinfo`: 0, the resolver's `EAI_*` code, or -1 with errno `ENOMEM`.
+unsafe fn resolve(
+    node: *const c_char,
+    service: *const c_char,
+    hints: Option<&rdma_addrinfo>,
+    r: &mut rdma_addrinfo,
+) -> c_int {
+    let system = hints.map(system_hints);
+    let mut found: *mut libc::addrinfo = ptr::null_mut();
+    // SAFETY: C strings (or NULL) from the caller, our hints or none, a place for the list.
+    let rc =
+        unsafe { libc::getaddrinfo(node, service, system.as_ref().map_or(ptr::null(), |s| s as *const _), &mut found) };
+    if rc != 0 {
+        return rc;
     }
-    // SAFETY: just allocated and zeroed.
-    let r = unsafe { &mut *rai };
-    let passive = hints.is_some_and(|h| h.ai_flags & RAI_PASSIVE as c_int != 0);
-    r.ai_flags = hints.map_or(0, |h| h.ai_flags);
+    // SAFETY: getaddrinfo succeeded: a list of at least one entry, freed below.
+    let ai = unsafe { &*found };
+    let ret = unsafe { convert(ai, hints.copied().unwrap_or_default(), r) };
+    unsafe { libc::freeaddrinfo(found) };
+    ret
+}
+
+/// `ai` into `r`, as librdmacm's `ucma_convert_to_rai`: the hints' QP type and port space, or the
+/// ones the answer's socket type and protocol imply; the address (and canonical name) as the
+/// source when the answer is passive, the destination otherwise.
+unsafe fn convert(ai: &libc::addrinfo, hints: rdma_addrinfo, r: &mut rdma_addrinfo) -> c_int {
+    r.ai_qp_type = match (hints.ai_qp_type, ai.ai_socktype) {
+        (0, libc::SOCK_STREAM) => IBV_QPT_RC as c_int,
+        (0, libc::SOCK_DGRAM) => IBV_QPT_UD as c_int,
+        (0, _) => 0,
+        (given, _) => given,
+    };
+    r.ai_port_space = match (hints.ai_port_space, ai.ai_protocol) {
+        (0, libc::IPPROTO_TCP) => RDMA_PS_TCP as c_int,
+        (0, libc::IPPROTO_UDP) => RDMA_PS_UDP as c_int,
+        (0, _) => 0,
+        (given, _) => given,
+    };
     r.ai_family = ai.ai_family;
-    r.ai_qp_type = match hints {
-        Some(h) if h.ai_qp_type != 0 => h.ai_qp_type,
-        _ if ai.ai_socktype == libc::SOCK_DGRAM => IBV_QPT_UD as c_int,
-        _ => IBV_QPT_RC as c_int,
+    let passive = ai.ai_flags & libc::AI_PASSIVE != 0;
+    let canonname = if ai.ai_canonname.is_null() {
+        ptr::null_mut()
+    } else {
+        // SAFETY: the resolver's C string.
+        unsafe { libc::strdup(ai.ai_canonname) }
     };
-    r.ai_port_space = match hints {
-        Some(h) if h.ai_port_space != 0 => h.ai_port_space,
-        _ if ai.ai_socktype == libc::SOCK_DGRAM => RDMA_PS_UDP as c_int,
-        _ => RDMA_PS_TCP as c_int,
-    };
-    // SAFETY: the resolver's address is ai_addrlen bytes; the hints' source ai_src_len.
-    let addr = unsafe { malloc_copy(ai.ai_addr.cast::<sockaddr>(), ai.ai_addrlen as usize) };
-    let failed = unsafe {
+    // SAFETY: the resolver's address is ai_addrlen bytes.
+    unsafe {
         if passive {
-            r.ai_src_addr = addr;
-            r.ai_src_len = ai.ai_addrlen;
-            r.ai_src_addr.is_null()
+            r.ai_flags = RAI_PASSIVE as c_int;
+            r.ai_src_canonname = canonname;
+            copy_addr(&mut r.ai_src_addr, &mut r.ai_src_len, ai.ai_addr.cast(), ai.ai_addrlen)
         } else {
-            r.ai_dst_addr = addr;
-            r.ai_dst_len = ai.ai_addrlen;
-            if let Some(h) = hints.filter(|h| !h.ai_src_addr.is_null()) {
-                r.ai_src_addr = malloc_copy(h.ai_src_addr, h.ai_src_len as usize);
-                r.ai_src_len = h.ai_src_len;
-            }
-            r.ai_dst_addr.is_null() || hints.is_some_and(|h| !h.ai_src_addr.is_null() && r.ai_src_addr.is_null())
+            r.ai_dst_canonname = canonname;
+            copy_addr(&mut r.ai_dst_addr, &mut r.ai_dst_len, ai.ai_addr.cast(), ai.ai_addrlen)
         }
-    };
-    if failed {
-        // SAFETY: ours, whole.
-        unsafe { rdma_freeaddrinfo(rai) };
-        return None;
     }
-    Some(rai)
 }
 
 #[no_mangle]
@@ -223,6 +270,17 @@ mod tests {
         let res = getaddrinfo(Some("localhost"), "1", &hints);
         assert!(v4(unsafe { &*res }.ai_dst_addr).ip().is_loopback());
         unsafe { rdma_freeaddrinfo(res) };
+    }
+
+    /// librdmacm would read through NULL; softroce refuses.
+    #[test]
+    fn hint_length_without_address_is_einval() {
+        let hints = rdma_addrinfo { ai_dst_len: 16, ..Default::default() };
+        let mut res = ptr::null_mut();
+        crate::errno::set_errno(0);
+        let rc = unsafe { rdma_getaddrinfo(ptr::null(), ptr::null(), &hints, &mut res) };
+        assert_eq!((rc, crate::errno::errno()), (-1, libc::EINVAL));
+        assert!(res.is_null());
     }
 
     #[test]

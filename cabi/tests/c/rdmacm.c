@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 #include "common.h"
@@ -211,6 +212,58 @@ static void synchronous_id(void)
           "a destroyed id: EINVAL");
 }
 
+/* rdma_getaddrinfo as librdmacm v44 answers it. */
+static void getaddrinfo_checks(void)
+{
+    struct rdma_addrinfo *res = NULL;
+    errno = 0;
+    CHECK(rdma_getaddrinfo(NULL, NULL, NULL, &res) == -1 && errno == EINVAL, "nothing to resolve: EINVAL");
+
+    /* libfabric's verbs provider asks with the addresses it holds, as hints alone. */
+    struct sockaddr_in src = loopback(0), dst = loopback(7471);
+    struct rdma_addrinfo hints = {.ai_flags = RAI_FAMILY, .ai_family = AF_INET, .ai_qp_type = IBV_QPT_RC,
+                                  .ai_port_space = RDMA_PS_TCP, .ai_src_len = sizeof src,
+                                  .ai_dst_len = sizeof dst, .ai_src_addr = (struct sockaddr *)&src,
+                                  .ai_dst_addr = (struct sockaddr *)&dst};
+    res = NULL;
+    CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0 && res, "hints alone: rdma_getaddrinfo");
+    if (res) {
+        CHECK(res->ai_flags == RAI_FAMILY && res->ai_family == AF_INET && res->ai_qp_type == IBV_QPT_RC &&
+                  res->ai_port_space == RDMA_PS_TCP,
+              "hints alone: their flags, family, QP type and port space");
+        CHECK(res->ai_dst_addr && res->ai_dst_addr != hints.ai_dst_addr && res->ai_dst_len == sizeof dst &&
+                  memcmp(res->ai_dst_addr, &dst, sizeof dst) == 0 && res->ai_src_addr &&
+                  res->ai_src_addr != hints.ai_src_addr && res->ai_src_len == sizeof src &&
+                  memcmp(res->ai_src_addr, &src, sizeof src) == 0,
+              "hints alone: copies of both addresses");
+        CHECK(!res->ai_route && !res->ai_connect && !res->ai_next, "hints alone: one answer, no route");
+        rdma_freeaddrinfo(res);
+    }
+    struct rdma_addrinfo passive = {.ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP,
+                                    .ai_src_len = sizeof src, .ai_src_addr = (struct sockaddr *)&src};
+    res = NULL;
+    CHECK(rdma_getaddrinfo(NULL, NULL, &passive, &res) == 0 && res && res->ai_flags == RAI_PASSIVE &&
+              res->ai_src_len == sizeof src && res->ai_dst_addr == NULL && res->ai_dst_len == 0,
+          "hints alone, passive: the source only");
+    if (res)
+        rdma_freeaddrinfo(res);
+
+    /* With a node: the resolver's answer, the hints' flags not copied, a hint's source kept. */
+    struct rdma_addrinfo numeric = {.ai_flags = RAI_NUMERICHOST, .ai_port_space = RDMA_PS_TCP,
+                                    .ai_src_len = sizeof src, .ai_src_addr = (struct sockaddr *)&src};
+    res = NULL;
+    CHECK(rdma_getaddrinfo("127.0.0.1", "7471", &numeric, &res) == 0 && res && res->ai_flags == 0 &&
+              res->ai_qp_type == IBV_QPT_RC && res->ai_dst_len == sizeof dst &&
+              memcmp(res->ai_dst_addr, &dst, sizeof dst) == 0 && res->ai_src_len == sizeof src,
+          "an active answer: the destination, the hint's source, no flags");
+    if (res)
+        rdma_freeaddrinfo(res);
+    /* The resolver's error is returned as it is (v44 does not move it into errno). */
+    res = NULL;
+    int rc = rdma_getaddrinfo("1.2.3.4.5", NULL, &numeric, &res);
+    CHECK(rc == EAI_NONAME && res == NULL, "a resolver error is its EAI code: got %d", rc);
+}
+
 int main(void)
 {
     /* One copy: both names are the one object. */
@@ -248,6 +301,7 @@ int main(void)
         rdma_freeaddrinfo(res);
     }
 
+    getaddrinfo_checks();
     connect_in_process();
     synchronous_id();
     return finish("rdmacm");
