@@ -9,8 +9,8 @@
  *                                     1 MiB streaming bandwidth between
  *                                     ranks 0 and 1
  *
- * Point-to-point runs between ranks 0 and 1 at sizes from 0 B to 4 MiB, in
- * both directions, blocking (MPI_Send/MPI_Recv) and nonblocking (both ranks
+ * Point-to-point runs between every pair of ranks at sizes from 0 B to 4 MiB,
+ * in both directions, blocking (MPI_Send/MPI_Recv) and nonblocking (both ranks
  * MPI_Isend and MPI_Irecv at once); collectives (bcast from every root,
  * allreduce, alltoall, gather, scatter) run over all ranks. Every buffer is
  * filled from a pattern of (sender, size, round, byte), so data left from
@@ -72,18 +72,16 @@ static void expect_count(const char *what, MPI_Status *status, size_t size)
 static const size_t sizes[] = {0, 1, 7, 64, 1000, 4096, 4097, 65536, 262147, 1 << 20, 4 << 20};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
-static void point_to_point(unsigned char *send, unsigned char *recv)
+/* Every size both ways with `peer`: blocking, the lower rank first, then
+ * nonblocking in both directions at once. */
+static void exchange_with(int peer, unsigned char *send, unsigned char *recv)
 {
-    if (rank > 1)
-        return;
-    int peer = 1 - rank;
     MPI_Status status;
     for (int round = 0; round < 2; round++) {
         for (size_t s = 0; s < NSIZES; s++) {
             size_t size = sizes[s];
-            /* Blocking, 0 to 1 and then 1 to 0. */
-            for (int sender = 0; sender < 2; sender++) {
-                if (rank == sender) {
+            for (int turn = 0; turn < 2; turn++) {
+                if ((turn == 0) == (rank < peer)) {
                     fill(send, rank, size, round);
                     MPI_Send(send, (int)size, MPI_BYTE, peer, (int)s, MPI_COMM_WORLD);
                 } else {
@@ -93,7 +91,6 @@ static void point_to_point(unsigned char *send, unsigned char *recv)
                     expect("MPI_Send/MPI_Recv", recv, peer, size, round);
                 }
             }
-            /* Nonblocking, both directions at once. */
             MPI_Request requests[2];
             fill(send, rank, size, round + 2);
             memset(recv, 0x5a, size);
@@ -105,6 +102,16 @@ static void point_to_point(unsigned char *send, unsigned char *recv)
             expect("MPI_Isend/MPI_Irecv", recv, peer, size, round + 2);
         }
     }
+}
+
+/* Every pair of ranks in turn, so that with ranks on several hosts every
+ * pair of hosts is crossed. */
+static void point_to_point(unsigned char *send, unsigned char *recv)
+{
+    for (int a = 0; a < ranks; a++)
+        for (int b = a + 1; b < ranks; b++)
+            if (rank == a || rank == b)
+                exchange_with(rank == a ? b : a, send, recv);
 }
 
 static void collectives(unsigned char *send, unsigned char *recv)
@@ -239,7 +246,7 @@ int main(int argc, char **argv)
         MPI_Allreduce(&mismatches, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
         if (rank == 0) {
             if (total == 0)
-                printf("PASS: %d ranks; point-to-point 0 B to 4 MiB (%zu sizes, both directions, blocking and "
+                printf("PASS: %d ranks; point-to-point between every pair, 0 B to 4 MiB (%zu sizes, both directions, blocking and "
                        "nonblocking); bcast, allreduce, alltoall, gather, scatter; every byte checked\n",
                        ranks, NSIZES);
             else
