@@ -93,7 +93,7 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             set_errno(libc::ENOMEM);
             return -1;
         }
-        // SAFETY: just allocated and zeroed; the hints' addresses are theirs' lengths long.
+        // SAFETY: just allocated and zeroed; each hint address is as long as its length says.
         let r = unsafe { &mut *rai };
         let mut ret = if !node.is_null() || !service.is_null() {
             // SAFETY: C strings (or NULL) from the caller.
