@@ -326,3 +326,27 @@ fn another_network_namespace_gets_the_files_of_its_devices() {
     assert!(run.success, "{}", run.stderr);
     assert_eq!(run.stdout, "/dev/infiniband:\nrdma_cm\nuverbs0\n\n/sys/class/infiniband:\nsr_lo\n");
 }
+
+#[test]
+fn a_hosts_own_rdma_devices_are_replaced_not_merged() {
+    if !is_root() {
+        eprintln!("skipped: needs root to make a /dev with a kernel device's node");
+        return;
+    }
+    // A /dev, in a mount namespace of the test's, that has a kernel
+    // device's uverbs7 and the host's /dev/null.
+    let fake = std::env::temp_dir().join(format!("softroce-run-dev-{}", std::process::id()));
+    std::fs::create_dir(&fake).unwrap();
+    let outer = format!(
+        "mount -t tmpfs tmpfs {dir} && cp -a /dev/null {dir}/null && mkdir {dir}/infiniband && \
+         touch {dir}/infiniband/uverbs7 && mount --bind {dir} /dev && exec \"$@\"",
+        dir = fake.display()
+    );
+    let prefix = ["unshare", "--mount", "--", "sh", "-c", &outer, "sh"];
+    let replaced = run_as(&prefix, &["--addr", "127.0.0.1"], "ls /dev/infiniband");
+    let kept = run_as(&prefix, &["--no-namespace"], "ls /dev/infiniband");
+    std::fs::remove_dir(&fake).unwrap();
+    assert!(replaced.success, "{}", replaced.stderr);
+    assert_eq!(replaced.stdout, "rdma_cm\nuverbs0\n");
+    assert_eq!(kept.stdout, "uverbs7\n", "{}", kept.stderr);
+}
