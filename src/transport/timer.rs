@@ -7,7 +7,7 @@ use std::time::Duration;
 /// The shortest local ACK timeout a requester waits, whatever the attribute
 /// asks (rxe-spec T-32). Kernel rxe counts the timeout in jiffies, at least
 /// one, so it never retries sooner than the next timer tick (up to 4 ms at
-/// the usual 250 Hz), and NICs have floors of their own. Below this floor
+/// the usual 250 Hz), and some NICs have floors of their own. Below this floor
 /// (attributes 1 to 9: 8 µs to 2.1 ms) a peer process that is merely
 /// descheduled for a few time slices, on a host whose CPUs are busy, would
 /// exhaust `retry_cnt` before it could answer: rxe answers from the kernel,
