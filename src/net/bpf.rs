@@ -226,6 +226,14 @@ pub fn probe(nonce: u32, position: u32) -> [u8; PROBE_LEN] {
     p
 }
 
+/// The nonce and position of a census probe, if the UDP payload `datagram`
+/// is one: what `softroce dump` names instead of a malformed RoCE packet.
+pub fn parse_probe(datagram: &[u8]) -> Option<(u32, u32)> {
+    let probe: &[u8; PROBE_LEN] = datagram.try_into().ok()?;
+    let word = |at: usize| u32::from_be_bytes([probe[at], probe[at + 1], probe[at + 2], probe[at + 3]]);
+    (word(0) == PROBE_MAGIC).then(|| (word(4), word(8)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,6 +358,14 @@ mod tests {
         assert_eq!(run(&filter, &udp(4792, &probe(1, 0))), u32::MAX);
         assert_eq!(run(&filter, &udp(4791, &packet(0x07_0001, 64))), u32::MAX);
         assert_eq!(run(&filter, &udp(4791, &[0xff])), u32::MAX);
+    }
+
+    #[test]
+    fn a_probe_reads_back_and_nothing_else_reads_as_one() {
+        assert_eq!(parse_probe(&probe(0xabcd, 7)), Some((0xabcd, 7)));
+        assert_eq!(parse_probe(&probe(0xabcd, 7)[..PROBE_LEN - 1]), None, "too short");
+        assert_eq!(parse_probe(&[&probe(1, 2)[..], &[0]].concat()), None, "too long");
+        assert_eq!(parse_probe(&packet(0x07_0001, 64)[..PROBE_LEN]), None, "a RoCE packet's start");
     }
 
     #[test]

@@ -25,4 +25,5 @@ pub use qp::{
 };
 pub use queue::{CqKind, Incoming, Transmit, TRANSMIT_HEADROOM};
 pub use srq::{PostRecvError, Srq};
+pub use timer::MIN_ACK_TIMEOUT;
 pub use types::*;

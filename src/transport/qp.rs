@@ -25,7 +25,7 @@ use super::attr::{check_modify, AttrMask, ModifyError, QpAttr, QpState};
 use super::memory::{KeyUser, Memory};
 use super::queue::{CqKind, Incoming, Transmit, Wqe, TRANSMIT_HEADROOM};
 use super::srq::{PostRecvError, Srq};
-use super::timer::{Timer, TimerTable};
+use super::timer::{Timer, TimerTable, MIN_ACK_TIMEOUT};
 use super::types::{AsyncEvent, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::{Psn, RoceRepr};
 use completer::CompState;
@@ -729,11 +729,12 @@ impl Qp {
         }
     }
 
-    /// The local ACK timeout: 4.096 µs × 2^timeout, or none for 0.
+    /// The local ACK timeout: 4.096 µs × 2^timeout, at least
+    /// [`MIN_ACK_TIMEOUT`], or none for 0.
     fn ack_timeout(&self) -> Option<Duration> {
         match self.attr.timeout {
             0 => None,
-            t => Some(Duration::from_nanos(4096u64 << t)),
+            t => Some(Duration::from_nanos(4096u64 << t).max(MIN_ACK_TIMEOUT)),
         }
     }
 

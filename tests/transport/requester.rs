@@ -669,6 +669,30 @@ fn retry_exhaustion_after_retry_cnt_timeouts() {
 }
 
 #[test]
+fn short_ack_timeouts_wait_at_least_the_floor() {
+    assert_eq!(MIN_ACK_TIMEOUT, Duration::from_millis(4));
+    for timeout in [1u8, 4, 9, 10, 14] {
+        let asked = Duration::from_nanos(4096 << timeout);
+        let (mut node, _) = requester(QpAttr { timeout, retry_cnt: 1, ..attr() }, 100);
+        node.post_send(send(1, 0, 100));
+        let start = node.now;
+        assert_eq!(node.transmit().len(), 1);
+        let waited = asked.max(MIN_ACK_TIMEOUT);
+        assert_eq!(node.qp.poll_timeout(), Some(start + waited), "timeout {timeout}");
+        // Nothing goes again at the attribute's own time when that is shorter.
+        node.advance_to(start + asked.min(waited - Duration::from_nanos(1)));
+        assert!(node.transmit().is_empty(), "timeout {timeout}: resent before {waited:?}");
+        node.advance_to(start + waited);
+        assert_eq!(op_psn_ack_req(&node.transmit()), vec![(Operation::SendOnly, SQ_PSN, true)], "timeout {timeout}");
+        // The retry runs out a floor later, not sooner.
+        node.advance_to(start + 2 * waited - Duration::from_nanos(1));
+        assert!(node.completions().is_empty(), "timeout {timeout}");
+        node.advance_to(start + 2 * waited);
+        assert_eq!(summary(&node.completions()), vec![(CqKind::Send, 1, WcStatus::RetryExcErr, WcOpcode::Send)]);
+    }
+}
+
+#[test]
 fn progress_restores_the_retry_budget() {
     let (mut node, _) = requester(QpAttr { retry_cnt: 2, ..attr() }, 100);
     node.post_send(send(1, 0, 100));

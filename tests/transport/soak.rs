@@ -297,8 +297,9 @@ impl Run {
         }
     }
 
+    /// The ACK timeout the requester waits: the attribute's, at least the floor (T-32).
     fn ack_timeout(&self) -> Duration {
-        Duration::from_nanos(4096 << self.scenario.timeout)
+        Duration::from_nanos(4096 << self.scenario.timeout).max(MIN_ACK_TIMEOUT)
     }
 
     /// Runs until nothing is left to do and checks every completion, the
@@ -457,7 +458,8 @@ fn rnr_retry_forever_with_late_receives() {
     });
 }
 
-/// A scenario of `ops` requests without faults, with a 1 ms ACK timeout.
+/// A scenario of `ops` requests without faults, with the shortest ACK
+/// timeout (attribute 8, 1 ms, raised to the 4 ms floor).
 fn fault_free(seed: u64, ops: usize, retry_cnt: u8) -> Scenario {
     let mut scenario = Scenario::draw(seed, ops..=ops, &ALL_KINDS, 0.0);
     scenario.timeout = 8;

@@ -17,7 +17,7 @@ use softroce::capture;
 use softroce::wire::train;
 use softroce::wire::Packet;
 
-use decode::{Decoded, Malformed};
+use decode::{CensusProbe, Decoded, Malformed};
 use explain::Explainer;
 use flow::{Analysis, Tracker};
 use json::Origin;
@@ -25,7 +25,9 @@ use ladder::Ladder;
 
 #[derive(clap::Args)]
 #[command(after_help = "The last line counts packets, ICRC results and malformed packets \
-    (a damaged capture file counts as one), and the GSO/GRO trains split into packets. A datagram \
+    (a damaged capture file counts as one), the GSO/GRO trains split into packets, and the census \
+    probes of softroce's shared port (datagrams to the RoCE port that are not RoCE: programs that \
+    share a device's port count each other's sockets with them). A datagram \
     that holds a train of RoCE packets (a capture on lo, or on a NIC that offloads segmentation, \
     sees one before the kernel cuts it) is decoded packet by packet, each with its own ICRC and \
     IPv4 ID. Exits non-zero when a file cannot be read whole.")]
@@ -56,6 +58,7 @@ struct Totals {
     icrc_ok: usize,
     icrc_bad: usize,
     malformed: usize,
+    census_probes: usize,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -116,7 +119,7 @@ impl Dump {
             let whole_is_wrong = match &decoded {
                 Decoded::Roce(pkt) => !pkt.icrc_ok(),
                 Decoded::Malformed(_) => true,
-                Decoded::Other => false,
+                Decoded::CensusProbe(_) | Decoded::Other => false,
             };
             let segments =
                 if whole_is_wrong { capture::ip_bytes(frame.link, &frame.data).and_then(train::split) } else { None };
@@ -147,6 +150,7 @@ impl Dump {
                     self.packet(&origin, seconds, &pkt, &analysis);
                 }
                 Decoded::Malformed(malformed) => self.malformed(&origin, seconds, &malformed),
+                Decoded::CensusProbe(probe) => self.census_probe(&origin, seconds, &probe),
                 Decoded::Other => {}
             }
         }
@@ -203,6 +207,17 @@ impl Dump {
         }
     }
 
+    fn census_probe(&mut self, origin: &Origin<'_>, seconds: f64, probe: &CensusProbe) {
+        self.totals.census_probes += 1;
+        let explanation = self.explainer.as_ref().map(|_| explain::census_probe(probe));
+        if self.json {
+            self.print_json(json::census_probe(origin, probe), explanation);
+        } else {
+            self.print(&text::census_probe_line(origin.frame, seconds, probe));
+            self.print_explanation(explanation);
+        }
+    }
+
     /// Writes a line to stdout. A closed pipe (`| head`) is not worth a
     /// complaint, so write errors are ignored.
     fn print(&mut self, line: &str) {
@@ -236,6 +251,9 @@ impl Dump {
         );
         if t.trains > 0 {
             summary.push_str(&format!(", from GSO/GRO trains: {} datagrams", t.trains));
+        }
+        if t.census_probes > 0 {
+            summary.push_str(&format!(", softroce census probes: {}", t.census_probes));
         }
         if self.json {
             eprintln!("{summary}");

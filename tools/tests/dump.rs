@@ -133,6 +133,38 @@ fn trains_in_a_loopback_capture_are_split_into_packets() {
     assert!(run.stdout.contains("does not split into a GSO/GRO train"), "{}", run.stdout);
 }
 
+/// Two `ibv_rc_pingpong`s sharing sr_lo's port, captured on lo: the
+/// census probes of the shared port (on 127.0.0.1 and ::1) are named, not
+/// counted as RoCE packets or malformed ones.
+#[test]
+fn census_probes_of_the_shared_port_are_named() {
+    let capture = data("softroce/census_probes.pcap");
+    let run = dump(&[&capture]);
+    assert!(run.success, "{}", run.stderr);
+    assert_eq!(
+        run.last_line(),
+        "packets: 30, icrc ok: 30, icrc bad: 0, malformed: 0, from GSO/GRO trains: 6 datagrams, \
+         softroce census probes: 6"
+    );
+    let probes: Vec<&str> = run.stdout.lines().filter(|l| l.contains("softroce census probe (")).collect();
+    assert_eq!(probes.len(), 6, "{}", run.stdout);
+    assert!(
+        probes[0].ends_with(
+            "127.0.0.1 > 127.0.0.1 softroce census probe (shared port, not RoCE) nonce=0x0143c24a position=0"
+        ),
+        "{}",
+        probes[0]
+    );
+    assert!(probes[5].contains("::1 > ::1 ") && probes[5].ends_with("position=1"), "{}", probes[5]);
+
+    let explained = dump(&[&"--explain", &capture]);
+    assert!(explained.frame(2).1.join(" ").contains("sends 2 to steer to socket position 1"), "{}", explained.stdout);
+
+    let json = dump(&[&"--json", &capture]).json();
+    assert_eq!(json[0]["census_probe"], serde_json::json!({"nonce": 0x0143_c24a, "position": 0}));
+    assert_eq!(json.iter().filter(|o| o.get("census_probe").is_some()).count(), 6);
+}
+
 #[test]
 fn text_line_shows_headers() {
     let run = dump(&[&data("rc_atomic_fadd.pcap")]);

@@ -8,10 +8,16 @@
 //!
 //! A UD SEND to QP 1 carries a management datagram; [`gsi`] reads it as a
 //! CM message where it is one.
+//!
+//! softroce sends one kind of datagram to the RoCE port that is not RoCE:
+//! the census probes with which programs that share a device's port count
+//! each other's sockets (`softroce::net::share`). They are named, not
+//! called malformed.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use softroce::capture::{self, Frame};
+use softroce::net::bpf;
 use softroce::wire::mad::{Mad, MadRepr, GSI_QPN, MAD_LEN};
 use softroce::wire::{CmMad, Error, Packet, Transport, ROCE_UDP_PORT};
 
@@ -20,6 +26,8 @@ use softroce::wire::{CmMad, Error, Packet, Transport, ROCE_UDP_PORT};
 pub enum Decoded<'a> {
     Roce(Packet<'a>),
     Malformed(Malformed),
+    /// A census probe of softroce's shared port.
+    CensusProbe(CensusProbe),
     /// Not RoCEv2: skipped without a word.
     Other,
 }
@@ -30,6 +38,16 @@ pub struct Malformed {
     pub src: IpAddr,
     pub dst: IpAddr,
     pub error: String,
+}
+
+/// A census probe: the coordinator of the programs that share a port sends
+/// `position + 1` of them to the port, each with the census's nonce.
+#[derive(Debug)]
+pub struct CensusProbe {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub nonce: u32,
+    pub position: u32,
 }
 
 pub fn decode(frame: &Frame) -> Decoded<'_> {
@@ -46,6 +64,9 @@ pub fn decode(frame: &Frame) -> Decoded<'_> {
     };
     if fields.udp_dst_port(ip) != Some(ROCE_UDP_PORT) {
         return Decoded::Other;
+    }
+    if let Some((nonce, position)) = fields.udp_payload(ip).and_then(bpf::parse_probe) {
+        return Decoded::CensusProbe(CensusProbe { src: fields.src, dst: fields.dst, nonce, position });
     }
     Decoded::Malformed(Malformed {
         src: fields.src,
@@ -103,6 +124,13 @@ impl IpFields {
         let at = self.header_len + 2;
         let port = ip.get(at..at + 2)?;
         self.udp.then(|| u16::from_be_bytes([port[0], port[1]]))
+    }
+
+    /// The UDP payload, as far as the IP header's length says and the
+    /// frame holds.
+    fn udp_payload<'a>(&self, ip: &'a [u8]) -> Option<&'a [u8]> {
+        let end = self.total_len.min(ip.len());
+        ip.get(self.header_len + 8..end)
     }
 
     /// A more precise diagnosis than the library's `BadIp`, where one is easy.

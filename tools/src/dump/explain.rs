@@ -13,7 +13,7 @@ use softroce::wire::{
 };
 
 use super::cm;
-use super::decode;
+use super::decode::{self, CensusProbe};
 use super::flow::{
     read_span, Analysis, Answered, Awaiting, AwaitingRequest, Message, MessageKind, Role, Sequence, PATH_MTUS,
 };
@@ -704,4 +704,18 @@ fn micros(us: u32) -> String {
     } else {
         format!("{us} us")
     }
+}
+
+/// What a census probe is for.
+pub fn census_probe(probe: &CensusProbe) -> Vec<String> {
+    vec![format!(
+        "not RoCE: softroce's programs that share a device's UDP port take a census of each other's \
+         sockets with such probes, sent from the port to itself; every member's socket filter drops \
+         them, and the coordinator sends {} to steer to socket position {}, so each socket's drop \
+         count says where it sits (nonce {:#010x} tells this census from older ones). No RoCE peer \
+         sees them: they never leave the host",
+        probe.position + 1,
+        probe.position,
+        probe.nonce
+    )]
 }

@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 use softroce::wire::{Packet, Syndrome};
 
 use super::cm;
-use super::decode::{self, Malformed};
+use super::decode::{self, CensusProbe, Malformed};
 use super::flow::Analysis;
 use super::text::aeth_byte;
 
@@ -104,5 +104,17 @@ pub fn malformed(origin: &Origin<'_>, malformed: &Malformed) -> Value {
         "src": malformed.src.to_string(),
         "dst": malformed.dst.to_string(),
         "malformed": malformed.error,
+    })
+}
+
+/// `{"census_probe": {"nonce": N, "position": N}, "frame": N, ...}`.
+pub fn census_probe(origin: &Origin<'_>, probe: &CensusProbe) -> Value {
+    json!({
+        "file": origin.file,
+        "frame": origin.frame,
+        "time": origin.time,
+        "src": probe.src.to_string(),
+        "dst": probe.dst.to_string(),
+        "census_probe": {"nonce": probe.nonce, "position": probe.position},
     })
 }

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use softroce::wire::{BthRepr, Packet, RoceRepr, Syndrome};
 
 use super::cm;
-use super::decode::{self, Malformed};
+use super::decode::{self, CensusProbe, Malformed};
 use super::flow::Analysis;
 
 /// `frame time src > dst OPCODE qp= psn= ack_req= [headers] len= icrc=`, with
@@ -86,6 +86,14 @@ pub fn malformed_line(frame: usize, seconds: f64, malformed: &Malformed) -> Stri
     format!(
         "{frame:5} {seconds:10.6} {} > {} malformed RoCEv2 packet: {}",
         malformed.src, malformed.dst, malformed.error
+    )
+}
+
+/// `frame time src > dst softroce census probe nonce= position=`.
+pub fn census_probe_line(frame: usize, seconds: f64, probe: &CensusProbe) -> String {
+    format!(
+        "{frame:5} {seconds:10.6} {} > {} softroce census probe (shared port, not RoCE) nonce={:#010x} position={}",
+        probe.src, probe.dst, probe.nonce, probe.position
     )
 }
 
