@@ -184,7 +184,8 @@ impl ProtectionDomain {
         shared.add_qp(&mut qps, Arc::clone(&cell));
         drop(qps);
         let psn = Psn::new(random_u32());
-        if let Some(trace) = &self.ctx.trace {
+        // The CM's own QP 1 is not the program's call.
+        if let Some(trace) = self.ctx.trace.as_ref().filter(|_| !init.gsi) {
             trace.call(
                 "ibv_create_qp",
                 format_args!(
