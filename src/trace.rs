@@ -148,6 +148,24 @@ impl Tracer {
         self.call("ibv_modify_qp", format_args!("qp={qpn:#x} mask={mask}{} {}", Attrs(attr, mask), Outcome(result)));
     }
 
+    /// `QueuePair::connect` of QP `qpn`: the INIT, RTR and RTS steps, three
+    /// `ibv_modify_qp` calls in C, with the attributes they set.
+    pub(crate) fn connect(&self, qpn: u32, attr: &QpAttr, result: Result<(), &dyn fmt::Display>) {
+        let mask = AttrMask::ACCESS_FLAGS
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::SQ_PSN
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MIN_RNR_TIMER
+            | AttrMask::MAX_QP_RD_ATOMIC
+            | AttrMask::MAX_DEST_RD_ATOMIC;
+        self.call("connect", format_args!("qp={qpn:#x} states=INIT,RTR,RTS{} {}", Attrs(attr, mask), Outcome(result)));
+    }
+
     /// A completion `ibv_poll_cq` (or a wait) returned from CQ `cq`.
     pub(crate) fn completion(&self, cq: u32, wc: &WorkCompletion) {
         let imm = wc.imm.map(|i| format!(" imm={i:#x}")).unwrap_or_default();

@@ -216,7 +216,11 @@ impl QueuePair {
             dest_qpn: remote.qpn,
             ..QpAttr::default()
         };
-        lock(&self.cell.qp).connect(&attr)?;
+        let connected = lock(&self.cell.qp).connect(&attr);
+        if let Some(trace) = &self.ctx.trace {
+            trace.connect(self.qpn, &attr, connected.as_ref().map_err(|e| e as &dyn std::fmt::Display).copied());
+        }
+        connected?;
         self.ctx.engine.shared.handover.ring();
         Ok(())
     }
