@@ -189,7 +189,6 @@ pub struct PacketRow {
     pub explanation: Vec<String>,
     /// The rxe-spec statements that govern it.
     pub rules: Vec<&'static str>,
-    pub retransmission: bool,
     /// A NAK or a bad ICRC: something a learner should look at.
     pub alarm: bool,
     pub src: SocketAddr,
@@ -482,7 +481,6 @@ fn decode_packet(
             summary: format!("{} bytes that do not decode as RoCEv2", roce.len()),
             explanation: Vec::new(),
             rules: vec!["W-21"],
-            retransmission: false,
             alarm: true,
             src,
             dst,
@@ -503,7 +501,6 @@ fn decode_packet(
         summary,
         explanation,
         rules: rules(&pkt, &analysis, icrc_ok),
-        retransmission: analysis.retransmission,
         alarm: nak || !icrc_ok || matches!(fate, Fate::NotReceived | Fate::DroppedBadIcrc),
         src,
         dst,

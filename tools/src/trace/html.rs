@@ -21,12 +21,15 @@ th.time { width: 7em; }
 .call b { color: #063052; }
 .opened { color: #666; font-style: italic; }
 td.packet { background: #fafafa; }
-.arrow { font-family: monospace; white-space: nowrap; overflow: hidden; }
-.arrow.right { text-align: left; }
-.arrow.left { text-align: right; }
+.arrow { display: flex; align-items: center; gap: 4px; font-family: monospace; white-space: nowrap; }
+.arrow .line { flex: 1; border-top: 2px solid #0b4f8a; position: relative; text-align: center; }
+.arrow .line span { position: relative; top: -0.75em; background: #fafafa; padding: 0 4px; font-size: 0.9em; color: #555; }
+.alarm .arrow .line { border-top-color: #b00020; }
+.alarm .arrow .line span { color: #b00020; }
+.head { color: #0b4f8a; }
+.alarm .head { color: #b00020; }
 summary { cursor: pointer; font-family: monospace; word-break: break-word; }
 .alarm summary { color: #b00020; }
-.retransmission summary::after { content: ' (retransmission)'; color: #b36b00; }
 .fate { color: #555; font-size: 0.9em; }
 .explain { margin: 4px 0 4px 1em; padding: 0; }
 .explain li { margin: 2px 0; }
@@ -85,33 +88,29 @@ pub fn page(timeline: &Timeline) -> String {
                 for _ in 0..low {
                     out.push_str("<td></td>");
                 }
-                let (direction, arrow) = match packet.from.cmp(&packet.to) {
-                    std::cmp::Ordering::Less => ("right", "&#x2500;&#x2500;&#x2500;&#x2500;&#x25B6;"),
-                    std::cmp::Ordering::Greater => ("left", "&#x25C0;&#x2500;&#x2500;&#x2500;&#x2500;"),
-                    std::cmp::Ordering::Equal => ("right", "&#x21BA;"),
+                // The sender's letter, a line with what became of the
+                // packet on it, the head, the receiver's letter; reversed
+                // when the packet goes leftwards.
+                let fate = escape(&fate_text(packet.fate));
+                let line = format!("<div class=\"line\"><span>{fate}</span></div>");
+                let (from, to) = (Timeline::letter(packet.from), Timeline::letter(packet.to));
+                let arrow = if packet.from <= packet.to {
+                    format!("{from} {line}<span class=\"head\">&#x25B6;</span> {to}")
+                } else {
+                    format!("{to} <span class=\"head\">&#x25C0;</span>{line} {from}")
                 };
-                let mut classes = vec!["packet"];
-                if packet.alarm {
-                    classes.push("alarm");
-                }
-                if packet.retransmission {
-                    classes.push("retransmission");
-                }
+                let class = if packet.alarm { "packet alarm" } else { "packet" };
                 let _ = write!(
                     out,
-                    "<td class=\"{}\" colspan=\"{}\"><div class=\"arrow {direction}\">{} {arrow} {}</div>",
-                    classes.join(" "),
-                    high - low + 1,
-                    Timeline::letter(packet.from),
-                    Timeline::letter(packet.to)
+                    "<td class=\"{class}\" colspan=\"{}\"><div class=\"arrow\">{arrow}</div>",
+                    high - low + 1
                 );
                 let _ = write!(
                     out,
-                    "<details><summary>{}</summary><div class=\"fate\">{} &rarr; {}: {}</div>",
+                    "<details><summary>{}</summary><div class=\"fate\">{} &rarr; {}</div>",
                     escape(&packet.summary),
                     escape(&packet.src.to_string()),
                     escape(&packet.dst.to_string()),
-                    escape(&fate_text(packet.fate))
                 );
                 out.push_str("<ul class=\"explain\">");
                 for line in &packet.explanation {
