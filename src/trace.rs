@@ -338,3 +338,59 @@ impl fmt::Display for Attrs<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+    use std::time::Duration;
+
+    use crate::verbs::{
+        Access, ConnectOptions, Context, ContextOptions, Device, QpType, RecvWr, SendOp, SendWr, WcStatus,
+    };
+
+    /// Two devices tracing into one file: every packet each sent and
+    /// received is a line of its own, once, and the calls are there with
+    /// their arguments and results.
+    #[test]
+    fn every_packet_and_call_is_a_line() {
+        let (ip_a, ip_b): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        let port = crate::net::udp::free_port(&[ip_a, ip_b]).unwrap();
+        let path = std::env::temp_dir().join(format!("softroce-trace-test-{}.events", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let options = ContextOptions { port, trace: Some(path.clone()), ..ContextOptions::default() };
+        let a = Context::open(&Device::custom("trace_a", vec![ip_a], [2, 0, 0, 0, 0, 1], 1500), options.clone());
+        let b = Context::open(&Device::custom("trace_b", vec![ip_b], [2, 0, 0, 0, 0, 2], 1500), options);
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (cq_a, cq_b) = (a.create_cq(8, None).unwrap(), b.create_cq(8, None).unwrap());
+        let (qp_a, qp_b) =
+            (pd_a.create_qp(QpType::Rc, &cq_a).build().unwrap(), pd_b.create_qp(QpType::Rc, &cq_b).build().unwrap());
+        qp_a.connect(&qp_b.endpoint(1).unwrap(), &ConnectOptions::default()).unwrap();
+        qp_b.connect(&qp_a.endpoint(1).unwrap(), &ConnectOptions::default()).unwrap();
+        let (mr_a, mr_b) =
+            (pd_a.alloc_mr(4096, Access::LOCAL_WRITE).unwrap(), pd_b.alloc_mr(4096, Access::LOCAL_WRITE).unwrap());
+        qp_b.post_recv(RecvWr { wr_id: 7, sg_list: vec![mr_b.sge(0, 4096)] }).unwrap();
+        qp_a.post_send(SendWr::new(9, SendOp::Send).with_sge(mr_a.sge(0, 3000))).unwrap();
+        assert_eq!(cq_a.wait_one(Duration::from_secs(10)).unwrap().status, WcStatus::Success);
+        assert_eq!(cq_b.wait_one(Duration::from_secs(10)).unwrap().byte_len, 3000);
+        let (link_a, link_b) = (a.counters().link, b.counters().link);
+        drop((qp_a, qp_b, mr_a, mr_b, cq_a, cq_b, pd_a, pd_b, a, b));
+
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let count = |device: &str, kind: &str| {
+            text.lines().filter(|l| l.split(' ').nth(2) == Some(device) && l.split(' ').nth(3) == Some(kind)).count()
+                as u64
+        };
+        assert_eq!(count("trace_a", "sent"), link_a.sent);
+        assert_eq!(count("trace_a", "recv"), link_a.received);
+        assert_eq!(count("trace_b", "sent"), link_b.sent);
+        assert_eq!(count("trace_b", "recv"), link_b.received);
+        assert_eq!(link_a.sent, 3, "3000 bytes at MTU 1024");
+        let has = |needle: &str| text.lines().any(|l| l.contains(needle));
+        assert!(has("trace_b call ibv_post_recv qp="), "{text}");
+        assert!(has(" wr_id=9 opcode=SEND len=3000 flags=signaled -> ok"), "{text}");
+        assert!(has("ibv_poll_cq cq=") && has("-> wr_id=7 status=success opcode=Recv len=3000"), "{text}");
+        assert!(has("connect qp=") && has("states=INIT,RTR,RTS"), "{text}");
+    }
+}
