@@ -14,6 +14,7 @@
 //! understanding a program, not for measuring it; with tracing off a call
 //! pays one branch on an `Option` and nothing else.
 
+use std::cell::Cell;
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -65,6 +66,20 @@ impl Sink {
     }
 }
 
+thread_local! {
+    /// Calls made on this thread are not traced (see [`quietly`]).
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` without tracing the calls it makes on this thread: the
+/// connection manager's own verbs calls on QP 1 are not the program's.
+pub(crate) fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    let was = QUIET.with(|q| q.replace(true));
+    let result = f();
+    QUIET.with(|q| q.set(was));
+    result
+}
+
 /// Where one endpoint (a device of this process) writes its events.
 #[derive(Debug, Clone)]
 pub struct Tracer {
@@ -114,6 +129,9 @@ impl Tracer {
 
     /// A call the program made: `name` and what it said, with what it got.
     pub fn call(&self, name: &str, details: fmt::Arguments<'_>) {
+        if QUIET.with(Cell::get) {
+            return;
+        }
         self.sink.write(&self.endpoint, "call", format_args!("{name} {details}"));
     }
 
