@@ -36,6 +36,10 @@ pub struct Args {
     /// ending in .html; `-` is standard output.
     #[arg(short, long, default_value = "-")]
     output: PathBuf,
+    /// Under each packet in the text, what its fields mean and the rxe-spec
+    /// statements that govern it (the HTML page always has them).
+    #[arg(long)]
+    explain: bool,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -49,7 +53,8 @@ pub fn run(args: Args) -> ExitCode {
             }
         }
     }
-    let timeline = Timeline::build(&events.concat());
+    let mut timeline = Timeline::build(&events.concat());
+    timeline.explain = args.explain;
     let to = if args.output.as_os_str() == "-" { Output::Stdout } else { Output::File(args.output) };
     match timeline.write(&to) {
         Ok(()) => ExitCode::SUCCESS,
@@ -223,6 +228,8 @@ pub struct Timeline {
     pub rows: Vec<Row>,
     /// Lines that were not events (a file cut short by a full disk).
     pub unreadable: usize,
+    /// The text explains each packet under it.
+    pub explain: bool,
 }
 
 impl Timeline {
@@ -418,7 +425,18 @@ impl Timeline {
                 }
                 RowKind::Packet(p) => {
                     let arrow = format!("{who}->{}", Timeline::letter(p.to));
-                    writeln!(out, "{time} {arrow:<7} {}  [{}]", p.summary, fate_text(p.fate))
+                    let line = writeln!(out, "{time} {arrow:<7} {}  [{}]", p.summary, fate_text(p.fate));
+                    if self.explain {
+                        for explanation in &p.explanation {
+                            let _ = writeln!(out, "{:19}| {explanation}", "");
+                        }
+                        for id in &p.rules {
+                            if let Some((page, text)) = statement(id) {
+                                let _ = writeln!(out, "{:19}| rxe-spec/{page} {text}", "");
+                            }
+                        }
+                    }
+                    line
                 }
             };
         }
@@ -559,15 +577,19 @@ const SPEC_PAGES: [(&str, &str); 3] = [
     ("cm.md", include_str!("../../rxe-spec/cm.md")),
 ];
 
-/// Statement `id` (`T-22`): its page and its text, without the test names.
+/// Statement `id` (`T-22`): its page and the rule it states, without the
+/// tests that check it or the discussion of why and of rxe's differences.
 pub fn statement(id: &str) -> Option<(&'static str, String)> {
     let opening = format!("**{id}. ");
     SPEC_PAGES.iter().find_map(|(page, text)| {
         let start = text.find(&opening)?;
-        let paragraph = text[start..].split("\n\n").next()?;
-        let body: Vec<&str> =
-            paragraph.lines().take_while(|l| !l.starts_with("Test:") && !l.starts_with("Tests:")).collect();
-        Some((*page, body.join(" ").replace("**", "")))
+        let paragraph = text[start..].split("\n\n").next()?.lines().collect::<Vec<_>>().join(" ");
+        let end = ["Test:", "Tests:", "Difference:", "Why:"]
+            .iter()
+            .filter_map(|marker| paragraph.find(marker))
+            .min()
+            .unwrap_or(paragraph.len());
+        Some((*page, paragraph[..end].trim_end().replace("**", "")))
     })
 }
 
@@ -601,6 +623,10 @@ mod tests {
         assert_eq!(page, "transport.md");
         assert!(text.starts_with("T-22. Go-back-N."), "{text}");
         assert!(!text.contains("Test:"));
+        let (_, text) = statement("T-5").unwrap();
+        assert!(text.ends_with("the READ's plus ⌈n/m⌉."), "{text}");
+        let (_, text) = statement("T-6").unwrap();
+        assert!(!text.contains("Difference:") && !text.contains("Why:"), "{text}");
         assert!(statement("T-999").is_none());
     }
 
