@@ -42,7 +42,8 @@ struct Side {
 fn side(name: &str, addr: &str, mac_tail: u8, corrupt_every: u32) -> Result<Side> {
     let addr: IpAddr = addr.parse()?;
     let device = Device::custom(name, vec![addr], [2, 0, 0, 0, 0, mac_tail], 1500);
-    let ctx = Context::open(&device, ContextOptions { corrupt_icrc_every: corrupt_every, ..ContextOptions::default() })?;
+    let ctx =
+        Context::open(&device, ContextOptions { corrupt_icrc_every: corrupt_every, ..ContextOptions::default() })?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(16, None)?;
     let qp = pd.create_qp(QpType::Rc, &cq).build()?;

@@ -9,11 +9,11 @@ use super::error::{Error, Result};
 use super::stats::Publisher;
 use super::{CompletionChannel, CompletionQueue, ProtectionDomain};
 use crate::capture::LiveCapture;
-use crate::trace::Tracer;
 use crate::engine::threaded::{lock, ChannelShared, CqShared, Engine, EngineShared};
 use crate::engine::EventFd;
 use crate::net::share::{Member, ShareHandle};
 use crate::net::{LinkStats, UdpLink};
+use crate::trace::Tracer;
 use crate::transport::{AsyncEvent, Counters};
 use crate::wire::ROCE_UDP_PORT;
 
@@ -141,12 +141,13 @@ impl Context {
             })?),
             None => None,
         };
-        let trace = match &options.trace {
-            Some(path) => Some(Tracer::open(path, device.name()).map_err(|e| {
-                Error::Io(std::io::Error::new(e.kind(), format!("trace to {}: {e}", path.display())))
-            })?),
-            None => Tracer::from_env(device.name()),
-        };
+        let trace =
+            match &options.trace {
+                Some(path) => Some(Tracer::open(path, device.name()).map_err(|e| {
+                    Error::Io(std::io::Error::new(e.kind(), format!("trace to {}: {e}", path.display())))
+                })?),
+                None => Tracer::from_env(device.name()),
+            };
         let addrs: Vec<_> = device.addresses().collect();
         if let Some(trace) = &trace {
             trace.device(&addrs);

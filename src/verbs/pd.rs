@@ -88,7 +88,10 @@ impl ProtectionDomain {
         unsafe { registry.insert(key, RawRegion { base: ptr, len, iova, pd: self.pd, access }) };
         if let Some(trace) = &self.ctx.trace {
             // One key serves as both L_Key and R_Key, as in rxe.
-            trace.call("ibv_reg_mr", format_args!("addr={iova:#x} len={len} access={access:?} lkey={key:#x} rkey={key:#x} -> ok"));
+            trace.call(
+                "ibv_reg_mr",
+                format_args!("addr={iova:#x} len={len} access={access:?} lkey={key:#x} rkey={key:#x} -> ok"),
+            );
         }
         Ok(MemoryRegion { ctx: Arc::clone(&self.ctx), key, base: ptr, iova, len, access, map: None })
     }
@@ -191,7 +194,11 @@ impl ProtectionDomain {
                 format_args!(
                     "qp={qpn:#x} type={:?} send_cq={} recv_cq={} max_send_wr={} max_recv_wr={} max_inline_data={} \
                      first_psn={psn} -> ok",
-                    init.qp_type, init.send_cq.shared.id, init.recv_cq.shared.id, cap.max_send_wr, cap.max_recv_wr,
+                    init.qp_type,
+                    init.send_cq.shared.id,
+                    init.recv_cq.shared.id,
+                    cap.max_send_wr,
+                    cap.max_recv_wr,
                     cap.max_inline_data
                 ),
             );

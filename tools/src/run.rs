@@ -202,14 +202,13 @@ pub fn spawn_and_wait(command: &[OsString], env: Vec<(&'static str, OsString)>, 
         libc::signal(libc::SIGTERM, pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t);
         libc::signal(libc::SIGHUP, pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t);
     }
-    let mut child =
-        match Command::new(program).args(rest).envs(env).env(softroce::trace::ENV, events).spawn() {
-            Ok(child) => child,
-            Err(error) => {
-                eprintln!("softroce run: cannot run {}: {error}", program.to_string_lossy());
-                return ExitCode::from(127);
-            }
-        };
+    let mut child = match Command::new(program).args(rest).envs(env).env(softroce::trace::ENV, events).spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            eprintln!("softroce run: cannot run {}: {error}", program.to_string_lossy());
+            return ExitCode::from(127);
+        }
+    };
     CHILD.store(i32::try_from(child.id()).unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
     let status = child.wait();
     CHILD.store(0, std::sync::atomic::Ordering::Relaxed);

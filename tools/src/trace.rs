@@ -139,7 +139,7 @@ fn dest_qpn(roce: &[u8]) -> Option<u32> {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
@@ -274,11 +274,13 @@ impl Timeline {
         let mut receipt_of: HashMap<usize, usize> = HashMap::new();
         let mut matched: Vec<bool> = vec![false; events.len()];
         for (i, event) in events.iter().enumerate() {
-            let What::Packet { kind: PacketKind::Received | PacketKind::Dropped, src, dst, roce, .. } = &event.what else {
+            let What::Packet { kind: PacketKind::Received | PacketKind::Dropped, src, dst, roce, .. } = &event.what
+            else {
                 continue;
             };
             let Some(candidates) = sendings.get(&(*src, *dst, roce.as_slice())) else { continue };
-            let found = candidates.iter().rev().find(|&&s| events[s].time <= event.time && !receipt_of.contains_key(&s));
+            let found =
+                candidates.iter().rev().find(|&&s| events[s].time <= event.time && !receipt_of.contains_key(&s));
             if let Some(&s) = found {
                 receipt_of.insert(s, i);
                 matched[i] = true;
@@ -363,7 +365,13 @@ impl Timeline {
         timeline
     }
 
-    fn endpoint(&mut self, columns: &mut HashMap<(u32, String), usize>, pid: u32, device: &str, process: &str) -> usize {
+    fn endpoint(
+        &mut self,
+        columns: &mut HashMap<(u32, String), usize>,
+        pid: u32,
+        device: &str,
+        process: &str,
+    ) -> usize {
         *columns.entry((pid, device.to_string())).or_insert_with(|| {
             self.endpoints.push(Endpoint {
                 pid: Some(pid),

@@ -25,13 +25,7 @@ pub fn packet_line(frame: usize, seconds: f64, pkt: &Packet<'_>, analysis: &Anal
 pub fn packet_fields(pkt: &Packet<'_>, analysis: &Analysis, icrc_ok: bool) -> String {
     let h = &pkt.roce.header;
     let bth = &h.bth;
-    let mut line = format!(
-        "{} qp={:#x} psn={} ack_req={}",
-        bth.opcode,
-        bth.dest_qpn,
-        bth.psn,
-        u8::from(bth.ack_req),
-    );
+    let mut line = format!("{} qp={:#x} psn={} ack_req={}", bth.opcode, bth.dest_qpn, bth.psn, u8::from(bth.ack_req),);
     for (set, flag) in [(bth.solicited, "se"), (bth.mig_req, "mig_req"), (bth.fecn, "fecn"), (bth.becn, "becn")] {
         if set {
             let _ = write!(line, " {flag}");

@@ -74,11 +74,7 @@ pub fn page(timeline: &Timeline) -> String {
                         }
                         _ => {
                             let endpoint = &timeline.endpoints[row.endpoint];
-                            let _ = write!(
-                                out,
-                                "<td class=\"opened\">opened device {}</td>",
-                                escape(&endpoint.device)
-                            );
+                            let _ = write!(out, "<td class=\"opened\">opened device {}</td>", escape(&endpoint.device));
                         }
                     }
                 }
@@ -137,11 +133,8 @@ pub fn page(timeline: &Timeline) -> String {
     }
     out.push_str("</tbody></table>\n");
     if timeline.unreadable > 0 {
-        let _ = write!(
-            out,
-            "<p>{} lines of the events file were not events and are left out.</p>\n",
-            timeline.unreadable
-        );
+        let _ =
+            writeln!(out, "<p>{} lines of the events file were not events and are left out.</p>", timeline.unreadable);
     }
     out.push_str("</body></html>\n");
     out
