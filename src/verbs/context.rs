@@ -232,7 +232,12 @@ impl Context {
 
     /// The next asynchronous event (`ibv_get_async_event`, without blocking).
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.inner.engine.shared.events.pop()
+        let event = self.inner.engine.shared.events.pop();
+        if let (Some(trace), Some(event)) = (&self.inner.trace, &event) {
+            // A QP the transport moved to ERR by itself says so here.
+            trace.call("ibv_get_async_event", format_args!("-> {event:?}"));
+        }
+        event
     }
 
     /// A descriptor that is readable while asynchronous events wait
