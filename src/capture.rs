@@ -188,12 +188,21 @@ impl<W: Write> IpPcapWriter<W> {
     }
 }
 
-/// A capture a link writes as it sends and receives: one RoCE packet per
-/// record, with the IP and UDP headers it has on the wire (after GSO cuts
-/// its train; the IPv4 ID of a received packet recovered from its ICRC),
-/// up to a number of packets. Records are buffered and written out when the
-/// link flushes, so a program that dies loses at most the last round's.
+/// What a link records as it sends and receives: a pcap capture, a trace
+/// ([`crate::trace`]), or both. The link holds one `Option` of this, so a
+/// link that records nothing pays one branch per packet.
+#[derive(Debug, Default)]
 pub struct LiveCapture {
+    pcap: Option<LivePcap>,
+    trace: Option<crate::trace::Tracer>,
+}
+
+/// A pcap capture a link writes: one RoCE packet per record, with the IP
+/// and UDP headers it has on the wire (after GSO cuts its train; the IPv4
+/// ID of a received packet recovered from its ICRC), up to a number of
+/// packets. Records are buffered and written out when the link flushes, so
+/// a program that dies loses at most the last round's.
+struct LivePcap {
     writer: IpPcapWriter<SharedFile>,
     file: SharedFile,
     left: u64,
@@ -219,25 +228,14 @@ impl Write for SharedFile {
     }
 }
 
-impl fmt::Debug for LiveCapture {
+impl fmt::Debug for LivePcap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LiveCapture").field("left", &self.left).finish_non_exhaustive()
+        f.debug_struct("LivePcap").field("left", &self.left).finish_non_exhaustive()
     }
 }
 
-impl LiveCapture {
-    /// Creates (or truncates) `path` for at most `max_packets` packets.
-    pub fn create(path: &std::path::Path, max_packets: u64) -> std::io::Result<LiveCapture> {
-        let file = std::fs::File::create(path)?;
-        let file =
-            SharedFile(std::sync::Arc::new(std::sync::Mutex::new(std::io::BufWriter::with_capacity(1 << 16, file))));
-        let writer = IpPcapWriter::new(file.clone()).map_err(|e| std::io::Error::other(e.to_string()))?;
-        Ok(LiveCapture { writer, file, left: max_packets })
-    }
-
-    /// Records one RoCE packet (`roce`, BTH to ICRC, exactly as sent or
-    /// received) between the given addresses and ports, with IPv4 ID `id`.
-    pub fn record(&mut self, src: SocketAddr, dst: SocketAddr, id: u16, roce: &[u8]) {
+impl LivePcap {
+    fn record(&mut self, src: SocketAddr, dst: SocketAddr, id: u16, roce: &[u8]) {
         if self.left == 0 {
             return;
         }
@@ -250,10 +248,44 @@ impl LiveCapture {
         }
         self.left -= 1;
     }
+}
+
+impl LiveCapture {
+    /// A pcap capture into `path` (created or truncated) of at most
+    /// `max_packets` packets.
+    pub fn create(path: &std::path::Path, max_packets: u64) -> std::io::Result<LiveCapture> {
+        let file = std::fs::File::create(path)?;
+        let file =
+            SharedFile(std::sync::Arc::new(std::sync::Mutex::new(std::io::BufWriter::with_capacity(1 << 16, file))));
+        let writer = IpPcapWriter::new(file.clone()).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(LiveCapture { pcap: Some(LivePcap { writer, file, left: max_packets }), trace: None })
+    }
+
+    /// Also writes every packet into `tracer`'s trace.
+    pub fn trace(&mut self, tracer: crate::trace::Tracer) {
+        self.trace = Some(tracer);
+    }
+
+    /// Records one RoCE packet (`roce`, BTH to ICRC, exactly as sent or
+    /// received) between the given addresses and ports, with IPv4 ID `id`.
+    pub fn record(&mut self, direction: Direction, src: SocketAddr, dst: SocketAddr, id: u16, roce: &[u8]) {
+        if let Some(trace) = &self.trace {
+            trace.packet(direction, src, dst, id, roce);
+        }
+        if direction == Direction::DroppedBadIcrc {
+            // The pcap holds what the link accepted and sent.
+            return;
+        }
+        if let Some(pcap) = &mut self.pcap {
+            pcap.record(src, dst, id, roce);
+        }
+    }
 
     /// Writes buffered records out.
     pub fn flush(&mut self) {
-        let _ = self.file.flush();
+        if let Some(pcap) = &mut self.pcap {
+            let _ = pcap.file.flush();
+        }
     }
 }
 
@@ -263,6 +295,7 @@ impl Drop for LiveCapture {
     }
 }
 
+pub use crate::trace::Direction;
 use std::net::SocketAddr;
 
 /// The IP packet of `roce` from `src` to `dst` as it is on the wire: DF and

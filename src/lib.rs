@@ -6,6 +6,7 @@
 //! - [`wire`]: header views and value types for every RoCEv2 header, the opcode
 //!   table, PSN arithmetic, the ICRC, and whole-packet parse and build.
 //! - [`capture`]: reading and writing pcap/pcapng files of RoCEv2 traffic.
+//! - [`trace`]: a timeline of a program's calls and the packets they cause.
 //! - [`net`]: networks that carry whole IP packets between endpoints; [`net::sim`]
 //!   is a deterministic in-memory one with fault injection.
 //! - [`transport`]: the RC/UC/UD queue pair as a sans-IO state machine
@@ -98,6 +99,7 @@ pub mod cm;
 pub mod engine;
 pub mod net;
 pub mod rundir;
+pub mod trace;
 pub mod transport;
 pub mod verbs;
 pub mod wire;

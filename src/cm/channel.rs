@@ -58,6 +58,8 @@ impl EventChannel {
         loop {
             if let Some(event) = events.pop_front() {
                 self.shared.fd.take_one();
+                drop(events);
+                trace_event(&event);
                 return Some(event);
             }
             events = match deadline {
@@ -90,4 +92,13 @@ impl ChannelShared {
         drop(events);
         self.arrived.notify_one();
     }
+}
+
+/// Writes an event the program got into the trace of its id's device, if traced.
+fn trace_event(event: &CmEvent) {
+    let Some(context) = event.id.context() else { return };
+    let Some(trace) = context.tracer() else { return };
+    let peer = event.id.peer_addr().map_or_else(|| "-".to_string(), |a| a.to_string());
+    let qp = event.conn.as_ref().map(|c| format!(" peer_qp={:#x}", c.qp_num)).unwrap_or_default();
+    trace.call("rdma_get_cm_event", format_args!("-> {:?} status={} peer={peer}{qp}", event.kind, event.status));
 }

@@ -317,6 +317,12 @@ impl CmId {
     /// program's private data follows the CMA header, 56 bytes at most (180
     /// for SIDR). `param.qp_num` stands for the QP if the id has none.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        let result = self.connect_untraced(param);
+        self.trace_call("rdma_connect", param, &result);
+        result
+    }
+
+    fn connect_untraced(&self, param: &ConnParam) -> Result<()> {
         let service = self.service()?;
         service.with_state(|protocol_state, now| {
             let mut state = self.state();
@@ -398,6 +404,12 @@ impl CmId {
     /// SIDR_REP names the QP and the Q_Key (RDMA_UDP_QKEY in the UDP port
     /// space); no event follows.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
+        let result = self.accept_untraced(param);
+        self.trace_call("rdma_accept", param, &result);
+        result
+    }
+
+    fn accept_untraced(&self, param: &ConnParam) -> Result<()> {
         let service = self.service()?;
         service.with_state(|protocol_state, now| {
             let mut state = self.state();
@@ -508,6 +520,32 @@ impl CmId {
     pub fn migrate(&self, channel: &EventChannel) -> Result<()> {
         *self.inner.channel.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&channel.shared);
         Ok(())
+    }
+
+    /// Writes a connection call into the trace of the id's device, if traced.
+    fn trace_call(&self, name: &str, param: &ConnParam, result: &Result<()>) {
+        let Some(context) = self.context() else { return };
+        let Some(trace) = context.tracer() else { return };
+        let outcome = match result {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        let peer = self.peer_addr().map_or_else(|| "-".to_string(), |a| a.to_string());
+        let qpn = self.state().qp.as_ref().map_or(param.qp_num, |(qp, _)| qp.qpn());
+        trace.call(
+            name,
+            format_args!(
+                "local={} peer={peer} qp={:#x} responder_resources={} initiator_depth={} retry_count={} \
+                 rnr_retry_count={} private_data_len={} -> {outcome}",
+                self.local_addr().map_or_else(|| "-".to_string(), |a| a.to_string()),
+                qpn,
+                param.responder_resources,
+                param.initiator_depth,
+                param.retry_count,
+                param.rnr_retry_count,
+                param.private_data.len()
+            ),
+        );
     }
 
     /// The verbs context of the id's device, once it is bound to an address

@@ -70,7 +70,9 @@ impl Service {
         if let Some(service) = services.iter().filter_map(Weak::upgrade).find(|s| s.context.same_as(context)) {
             return Ok(service);
         }
-        let service = Service::start(context, options)?;
+        // The CM's own verbs calls on QP 1 are not the program's: they stay
+        // out of the trace, and the MADs they send stay in it as packets.
+        let service = crate::trace::quietly(|| Service::start(context, options))?;
         services.push(Arc::downgrade(&service));
         Ok(service)
     }
@@ -175,7 +177,7 @@ impl Service {
             ud: Some(UdDest { dest: to.gid.to_ip(), remote_qpn: to.qpn, remote_qkey: GSI_QKEY }),
             ..SendWr::new(u64::MAX, SendOp::Send)
         };
-        if let Err(e) = self.gsi.post_send(wr) {
+        if let Err(e) = crate::trace::quietly(|| self.gsi.post_send(wr)) {
             tracing::debug!("CM MAD to {:?} not sent: {e}", to.gid);
         }
     }
@@ -185,7 +187,7 @@ impl Service {
     fn turn(self: &Arc<Service>) {
         self.cq.req_notify(false);
         self.with_state(|state, now| {
-            while let Some(wc) = self.cq.poll_queued() {
+            while let Some(wc) = crate::trace::quietly(|| self.cq.poll_queued()) {
                 self.received(state, now, &wc);
             }
             if state.protocol.poll_timeout().is_some_and(|t| t <= now) {
@@ -210,7 +212,7 @@ impl Service {
             state.protocol.handle_mad(now, from, &received[GRH_LEN..len]);
         }
         let again = RecvWr { wr_id: wc.wr_id, sg_list: vec![self.receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] };
-        if let Err(e) = self.gsi.post_recv(again) {
+        if let Err(e) = crate::trace::quietly(|| self.gsi.post_recv(again)) {
             tracing::warn!("GSI receive {slot} not reposted: {e}");
         }
     }

@@ -32,7 +32,7 @@ use etherparse::{IpNumber, Ipv6Header, UdpHeader};
 use super::mmsg::{RecvBatch, SendBatch, MAX_DATAGRAM};
 use super::share::{Forwarded, Member};
 use super::{Link, LinkStats, Outgoing, Received};
-use crate::capture::LiveCapture;
+use crate::capture::{Direction, LiveCapture};
 use crate::wire::icrc;
 use crate::wire::roce::ICRC_LEN;
 use crate::wire::ROCE_UDP_PORT;
@@ -111,8 +111,8 @@ impl UdpLink {
         }
     }
 
-    /// Records every packet sent and received from now on into `capture`,
-    /// each as it is on the wire (rxe-spec V-13).
+    /// Records every packet sent and received from now on into `capture`
+    /// (a pcap file, a trace, or both), each as it is on the wire (rxe-spec V-13).
     pub fn capture(&mut self, capture: LiveCapture) {
         self.capture = Some(capture);
     }
@@ -293,10 +293,13 @@ impl UdpLink {
             let roce = held.bytes(&self.rx, &self.forwarded);
             let Some(id) = icrc_check(&mut self.rx_icrc, src, local, self.port, roce) else {
                 self.stats.icrc_errors += 1;
+                if let Some(capture) = &mut self.capture {
+                    capture.record(Direction::DroppedBadIcrc, src, SocketAddr::new(local, self.port), 0, roce);
+                }
                 continue;
             };
             if let Some(capture) = &mut self.capture {
-                capture.record(src, SocketAddr::new(local, self.port), id, roce);
+                capture.record(Direction::Received, src, SocketAddr::new(local, self.port), id, roce);
             }
             let len = roce.len();
             return Some((Received { src: src.ip(), src_port: src.port(), dst: local, len }, held));
@@ -589,7 +592,7 @@ impl Link for UdpLink {
         };
         let crc = seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, out.src, dest, copy, id)?;
         if let Some(capture) = &mut self.capture {
-            capture.record(SocketAddr::new(out.src, self.port), dest, id, copy);
+            capture.record(Direction::Sent, SocketAddr::new(out.src, self.port), dest, id, copy);
         }
         // The caller's bytes get the same ICRC.
         let at = out.roce.len() - ICRC_LEN;
@@ -627,7 +630,7 @@ impl Link for UdpLink {
         let (queued, id) = built.ok_or_else(|| io::Error::other("no room was taken for the packet"))?;
         seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, src, dest, queued, id)?;
         if let Some(capture) = &mut self.capture {
-            capture.record(SocketAddr::new(src, self.port), dest, id, queued);
+            capture.record(Direction::Sent, SocketAddr::new(src, self.port), dest, id, queued);
         }
         Ok(())
     }

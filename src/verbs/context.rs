@@ -13,6 +13,7 @@ use crate::engine::threaded::{lock, ChannelShared, CqShared, Engine, EngineShare
 use crate::engine::EventFd;
 use crate::net::share::{Member, ShareHandle};
 use crate::net::{LinkStats, UdpLink};
+use crate::trace::Tracer;
 use crate::transport::{AsyncEvent, Counters};
 use crate::wire::ROCE_UDP_PORT;
 
@@ -38,6 +39,10 @@ pub struct ContextOptions {
     pub publish_counters: bool,
     /// Record every packet the device sends and receives into a pcap file.
     pub capture: Option<CaptureOptions>,
+    /// Trace the program's calls on this device and the packets they cause
+    /// into this file, appending ([`crate::trace`]); without it, into the
+    /// file `SOFTROCE_TRACE` names, if any.
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// Where a device records its packets: one RoCE packet per record, each
@@ -71,6 +76,7 @@ impl Default for ContextOptions {
             socket_buffer: None,
             publish_counters: true,
             capture: None,
+            trace: None,
         }
     }
 }
@@ -83,6 +89,8 @@ pub(super) struct ContextInner {
     _publisher: Option<Publisher>,
     pub(super) device: Device,
     pub(super) engine: Engine,
+    /// Where calls on this device are traced, if anywhere.
+    pub(crate) trace: Option<Tracer>,
     /// This context's QPNs are `qpn_base | n`, `n` counted from a random
     /// start: the base is its slot on the shared port, which steers their
     /// packets here.
@@ -127,13 +135,27 @@ impl Context {
         if let Some(bytes) = options.socket_buffer {
             link.socket_buffer(bytes);
         }
-        if let Some(capture) = &options.capture {
-            let live = LiveCapture::create(&capture.path, capture.max_packets).map_err(|e| {
+        let mut recording = match &options.capture {
+            Some(capture) => Some(LiveCapture::create(&capture.path, capture.max_packets).map_err(|e| {
                 Error::Io(std::io::Error::new(e.kind(), format!("capture to {}: {e}", capture.path.display())))
-            })?;
-            link.capture(live);
-        }
+            })?),
+            None => None,
+        };
+        let trace =
+            match &options.trace {
+                Some(path) => Some(Tracer::open(path, device.name()).map_err(|e| {
+                    Error::Io(std::io::Error::new(e.kind(), format!("trace to {}: {e}", path.display())))
+                })?),
+                None => Tracer::from_env(device.name()),
+            };
         let addrs: Vec<_> = device.addresses().collect();
+        if let Some(trace) = &trace {
+            trace.device(&addrs);
+            recording.get_or_insert_with(LiveCapture::default).trace(trace.clone());
+        }
+        if let Some(recording) = recording {
+            link.capture(recording);
+        }
         // The port is shared with the user's other processes on this host,
         // as kernel rxe shares a device (rxe-spec N-1).
         let slot = link.join(&addrs)?;
@@ -145,6 +167,7 @@ impl Context {
             _publisher: publisher,
             device: device.clone(),
             engine,
+            trace,
             qpn_base: u32::from(slot) << 16,
             share,
             next_qpn: AtomicU32::new(crate::random_u32()),
@@ -168,6 +191,11 @@ impl Context {
         &self.inner
     }
 
+    /// Where calls on this context are traced, if they are.
+    pub fn tracer(&self) -> Option<&Tracer> {
+        self.inner.trace.as_ref()
+    }
+
     /// The device this context was opened on.
     pub fn device(&self) -> &Device {
         &self.inner.device
@@ -175,7 +203,11 @@ impl Context {
 
     /// `ibv_alloc_pd`: a new protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
-        Ok(ProtectionDomain::new(Arc::clone(&self.inner)))
+        let pd = ProtectionDomain::new(Arc::clone(&self.inner));
+        if let Some(trace) = &self.inner.trace {
+            trace.call("ibv_alloc_pd", format_args!("pd={} -> ok", pd.id()));
+        }
+        Ok(pd)
     }
 
     /// A completion queue of `cqe` entries; completions beyond that are lost
@@ -186,6 +218,9 @@ impl Context {
             return Err(Error::Limit { what: "cqe", max: u64::from(max_cqe) });
         }
         let shared = CqShared::new(self.inner.id(), cqe, channel.map(|c| Arc::clone(&c.shared)));
+        if let Some(trace) = &self.inner.trace {
+            trace.call("ibv_create_cq", format_args!("cq={} cqe={cqe} -> ok", shared.id));
+        }
         Ok(CompletionQueue { ctx: Arc::clone(&self.inner), shared: Arc::new(shared) })
     }
 
@@ -197,7 +232,12 @@ impl Context {
 
     /// The next asynchronous event (`ibv_get_async_event`, without blocking).
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.inner.engine.shared.events.pop()
+        let event = self.inner.engine.shared.events.pop();
+        if let (Some(trace), Some(event)) = (&self.inner.trace, &event) {
+            // A QP the transport moved to ERR by itself says so here.
+            trace.call("ibv_get_async_event", format_args!("-> {event:?}"));
+        }
+        event
     }
 
     /// A descriptor that is readable while asynchronous events wait

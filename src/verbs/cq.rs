@@ -43,7 +43,18 @@ impl CompletionQueue {
                 None => break,
             }
         }
+        if let Some(trace) = &self.ctx.trace {
+            out[..n].iter().for_each(|wc| trace.completion(self.shared.id, wc));
+        }
         n
+    }
+
+    /// Writes a completion the program got into the trace, if tracing.
+    fn traced(&self, wc: Option<WorkCompletion>) -> Option<WorkCompletion> {
+        if let (Some(trace), Some(wc)) = (&self.ctx.trace, &wc) {
+            trace.completion(self.shared.id, wc);
+        }
+        wc
     }
 
     /// The next completion, if one is queued.
@@ -51,7 +62,7 @@ impl CompletionQueue {
         if self.shared.is_empty() {
             self.ctx.engine.poll_progress(&self.shared);
         }
-        self.shared.pop()
+        self.traced(self.shared.pop())
     }
 
     /// The next completion already queued, without driving progress: for a
@@ -59,7 +70,7 @@ impl CompletionQueue {
     /// the engine and to the threads that wait in their CQs (a poll that
     /// drives keeps the engine thread off the sockets for a while).
     pub(crate) fn poll_queued(&self) -> Option<WorkCompletion> {
-        self.shared.pop()
+        self.traced(self.shared.pop())
     }
 
     /// `ibv_resize_cq`: room for `cqe` completions (within the device's
@@ -93,7 +104,7 @@ impl CompletionQueue {
 
     /// Waits up to `timeout` for a completion (blocking mode).
     pub fn wait_one(&self, timeout: Duration) -> Option<WorkCompletion> {
-        self.ctx.engine.wait_completion(&self.shared, timeout)
+        self.traced(self.ctx.engine.wait_completion(&self.shared, timeout))
     }
 
     /// `ibv_req_notify_cq`: the next completion (or, with `solicited_only`,

@@ -86,6 +86,13 @@ impl ProtectionDomain {
         // SAFETY: the caller promised the range stays valid until the region
         // is dropped, and `MemoryRegion::drop` removes the key first.
         unsafe { registry.insert(key, RawRegion { base: ptr, len, iova, pd: self.pd, access }) };
+        if let Some(trace) = &self.ctx.trace {
+            // One key serves as both L_Key and R_Key, as in rxe.
+            trace.call(
+                "ibv_reg_mr",
+                format_args!("addr={iova:#x} len={len} access={access:?} lkey={key:#x} rkey={key:#x} -> ok"),
+            );
+        }
         Ok(MemoryRegion { ctx: Arc::clone(&self.ctx), key, base: ptr, iova, len, access, map: None })
     }
 
@@ -180,6 +187,22 @@ impl ProtectionDomain {
         shared.add_qp(&mut qps, Arc::clone(&cell));
         drop(qps);
         let psn = Psn::new(random_u32());
+        // The CM's own QP 1 is not the program's call.
+        if let Some(trace) = self.ctx.trace.as_ref().filter(|_| !init.gsi) {
+            trace.call(
+                "ibv_create_qp",
+                format_args!(
+                    "qp={qpn:#x} type={:?} send_cq={} recv_cq={} max_send_wr={} max_recv_wr={} max_inline_data={} \
+                     first_psn={psn} -> ok",
+                    init.qp_type,
+                    init.send_cq.shared.id,
+                    init.recv_cq.shared.id,
+                    cap.max_send_wr,
+                    cap.max_recv_wr,
+                    cap.max_inline_data
+                ),
+            );
+        }
         Ok(QueuePair { ctx: Arc::clone(&self.ctx), cell, qpn, psn, sig_all })
     }
 

@@ -56,7 +56,7 @@ impl QueuePair {
     /// A move to RESET also removes the QP's completions not yet polled
     /// from its CQs (rxe-spec V-19).
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
-        modify_cell(&self.cell, attr, mask)?;
+        modify_cell(&self.ctx, &self.cell, attr, mask)?;
         self.ctx.engine.shared.mark_ready(&self.cell);
         Ok(())
     }
@@ -84,7 +84,13 @@ impl QueuePair {
             if self.sig_all {
                 wr.flags.signaled = true;
             }
-            if let Err(e) = qp.post_send(wr) {
+            // A copy for the trace, taken only when tracing.
+            let traced = self.ctx.trace.as_ref().map(|trace| (trace, wr.clone()));
+            let result = qp.post_send(wr);
+            if let Some((trace, wr)) = traced {
+                trace.post_send(self.qpn, &wr, result.as_ref().map_err(|e| e as &dyn std::fmt::Display).copied());
+            }
+            if let Err(e) = result {
                 refused = Some((index, e.into()));
                 break;
             }
@@ -149,7 +155,12 @@ impl QueuePair {
     /// is not woken (a peer that met RNR retries on its own timer).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let mut qp = lock(&self.cell.qp);
-        qp.post_recv(wr)?;
+        let traced = self.ctx.trace.as_ref().map(|trace| (trace, wr.clone()));
+        let result = qp.post_recv(wr);
+        if let Some((trace, wr)) = traced {
+            trace.post_recv(self.qpn, &wr, result.as_ref().map_err(|e| e as &dyn std::fmt::Display).copied());
+        }
+        result?;
         self.cell.drain(&mut qp, &self.ctx.engine.shared.events);
         Ok(())
     }
@@ -205,7 +216,11 @@ impl QueuePair {
             dest_qpn: remote.qpn,
             ..QpAttr::default()
         };
-        lock(&self.cell.qp).connect(&attr)?;
+        let connected = lock(&self.cell.qp).connect(&attr);
+        if let Some(trace) = &self.ctx.trace {
+            trace.connect(self.qpn, &attr, connected.as_ref().map_err(|e| e as &dyn std::fmt::Display).copied());
+        }
+        connected?;
         self.ctx.engine.shared.handover.ring();
         Ok(())
     }
@@ -252,7 +267,7 @@ impl QpController {
         if !live {
             return Err(gone());
         }
-        modify_cell(&cell, attr, mask)?;
+        modify_cell(&ctx, &cell, attr, mask)?;
         // The engine visits the QP: a move to ERR has flush completions
         // for its CQs, and nothing else may bring the engine to it.
         ctx.engine.shared.mark_ready(&cell);
@@ -279,9 +294,13 @@ impl QpController {
 
 /// `ibv_modify_qp` on the shared QP; a move to RESET purges its CQs of
 /// its completions once its queues are gone.
-fn modify_cell(cell: &QpCell, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+fn modify_cell(ctx: &ContextInner, cell: &QpCell, attr: &QpAttr, mask: AttrMask) -> Result<()> {
     let mut qp = lock(&cell.qp);
-    qp.modify(attr, mask)?;
+    let modified = qp.modify(attr, mask);
+    if let Some(trace) = &ctx.trace {
+        trace.modify_qp(cell.qpn, attr, mask, modified.as_ref().map_err(|e| e as &dyn std::fmt::Display).copied());
+    }
+    modified?;
     if mask.contains(AttrMask::STATE) && attr.state == QpState::Reset {
         cell.send_cq.purge_qp(cell.qpn);
         cell.recv_cq.purge_qp(cell.qpn);

@@ -2,9 +2,9 @@
 //! object) each, optionally explained field by field and drawn as a ladder.
 
 mod cm;
-mod decode;
-mod explain;
-mod flow;
+pub(crate) mod decode;
+pub(crate) mod explain;
+pub(crate) mod flow;
 mod json;
 mod ladder;
 pub(crate) mod text;

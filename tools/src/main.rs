@@ -17,6 +17,7 @@ mod perf;
 mod pingpong;
 mod run;
 mod stat;
+mod trace;
 
 #[derive(Parser)]
 #[command(name = "softroce", version, about = "Userspace RoCEv2 with kernel rxe semantics")]
@@ -43,6 +44,8 @@ enum Command {
     Perf(perf::Args),
     /// Run a program with softroce as its libibverbs and librdmacm: `softroce run [--addr IP] -- CMD [ARGS...]`.
     Run(run::Args),
+    /// Merge the events programs traced (SOFTROCE_TRACE) into one timeline of calls and packets, text or HTML.
+    Trace(trace::Args),
     /// Show the counters of softroce devices open in running programs, as `rdma statistic` does.
     Stat(stat::Args),
     /// The second process of `softroce bench`'s two-process rows.
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(args),
         Command::Run(args) => run::run(args),
         Command::Stat(args) => stat::run(args),
+        Command::Trace(args) => trace::run(args),
         Command::BenchPeer(args) => bench::peer(args),
     }
 }

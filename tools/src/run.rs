@@ -52,6 +52,13 @@ pub struct Args {
     /// /dev/infiniband/uverbsN and /sys/class/infiniband files of its devices.
     #[arg(long)]
     no_namespace: bool,
+    /// Trace the program's verbs and CM calls and the packets they cause,
+    /// in every process it starts, into one timeline: text, or one HTML
+    /// page for a FILE ending in .html; `-` writes text to stderr. `run`
+    /// then waits for the program instead of becoming it, and renders the
+    /// timeline when it ends (SOFTROCE_TRACE).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Also preload the library (LD_PRELOAD).
     #[arg(long)]
     preload: bool,
@@ -73,11 +80,16 @@ pub fn run(args: Args) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(env) => {
+            // Before any thread: the kernel refuses a user namespace to a
+            // threaded process, and a traced program inherits it from here.
             if !args.no_namespace {
                 if let Err(message) = enter_namespace(&args) {
                     eprintln!("softroce run: {message}");
                     return ExitCode::FAILURE;
                 }
+            }
+            if let Some(output) = &args.trace {
+                return crate::trace::run_traced(&args.command, env, output);
             }
             let (program, rest) = args.command.split_first().expect("clap requires a command");
             let error = Command::new(program).args(rest).envs(env).exec();
@@ -202,4 +214,56 @@ fn link_soname(dir: &Path, library: &Path) -> std::io::Result<()> {
         std::fs::rename(&temporary, &link)?;
     }
     Ok(())
+}
+
+/// The process `run --trace` waits for: signals that ask `run` to end go on
+/// to it, so that `run` lives to render the trace.
+static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn pass_on(signal: libc::c_int) {
+    let child = CHILD.load(std::sync::atomic::Ordering::Relaxed);
+    if child > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(child, signal) };
+    }
+}
+
+/// Where nothing is to be done: the terminal sends SIGINT and SIGQUIT to
+/// the program too.
+extern "C" fn ignore(_signal: libc::c_int) {}
+
+/// Runs `command` with `env` and a trace into `events`, waits for it and
+/// returns its exit code (128 + the signal that killed it, as shells say).
+pub fn spawn_and_wait(command: &[OsString], env: Vec<(&'static str, OsString)>, events: &Path) -> ExitCode {
+    let (program, rest) = command.split_first().expect("clap requires a command");
+    // Handlers, unlike ignored signals, are reset for the program by exec.
+    // SAFETY: installing handlers that only call kill or nothing.
+    unsafe {
+        libc::signal(libc::SIGINT, ignore as extern "C" fn(libc::c_int) as libc::sighandler_t);
+        libc::signal(libc::SIGQUIT, ignore as extern "C" fn(libc::c_int) as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t);
+    }
+    let mut child = match Command::new(program).args(rest).envs(env).env(softroce::trace::ENV, events).spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            eprintln!("softroce run: cannot run {}: {error}", program.to_string_lossy());
+            return ExitCode::from(127);
+        }
+    };
+    CHILD.store(i32::try_from(child.id()).unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    let status = child.wait();
+    CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            (None, Some(signal)) => ExitCode::from(u8::try_from(128 + signal).unwrap_or(255)),
+            (None, None) => ExitCode::FAILURE,
+        },
+        Err(error) => {
+            eprintln!("softroce run: waiting for {}: {error}", program.to_string_lossy());
+            ExitCode::FAILURE
+        }
+    }
 }

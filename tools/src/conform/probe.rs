@@ -7,7 +7,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use softroce::capture::LiveCapture;
+use softroce::capture::{Direction, LiveCapture};
 use softroce::net::RoceSocket;
 use softroce::wire::{Operation, RoceRepr, Syndrome};
 
@@ -126,7 +126,7 @@ impl Probe {
     fn record_sent(&mut self, ours: u32, from: SocketAddr, roce: &[u8], text: String) {
         let to = SocketAddr::new(self.peer, self.port);
         if let Some(c) = &mut self.capture {
-            c.record(from, to, 0, roce);
+            c.record(Direction::Sent, from, to, 0, roce);
         }
         self.ladders.entry(ours).or_default().push(Instant::now(), "→", text);
     }
@@ -181,7 +181,7 @@ impl Probe {
             let left = deadline.saturating_duration_since(Instant::now());
             let Some(arrival) = self.socket.receive(left)? else { return Ok(None) };
             if let Some(c) = &mut self.capture {
-                c.record(arrival.from, self.socket.local_addr(), 0, &arrival.roce);
+                c.record(Direction::Received, arrival.from, self.socket.local_addr(), 0, &arrival.roce);
             }
             match RoceRepr::parse(&arrival.roce) {
                 Ok(p) => {

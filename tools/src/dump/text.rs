@@ -12,17 +12,20 @@ use super::flow::Analysis;
 /// rarely set BTH fields (SE, M, FECN, BECN, a non-default P_Key) only when set,
 /// and the MAD of a packet to QP 1 after its DETH (`CM REQ(...)`).
 pub fn packet_line(frame: usize, seconds: f64, pkt: &Packet<'_>, analysis: &Analysis, icrc_ok: bool) -> String {
-    let h = &pkt.roce.header;
-    let bth = &h.bth;
-    let mut line = format!(
-        "{frame:5} {seconds:10.6} {} > {} {} qp={:#x} psn={} ack_req={}",
+    format!(
+        "{frame:5} {seconds:10.6} {} > {} {}",
         pkt.ip.source(),
         pkt.ip.destination(),
-        bth.opcode,
-        bth.dest_qpn,
-        bth.psn,
-        u8::from(bth.ack_req),
-    );
+        packet_fields(pkt, analysis, icrc_ok)
+    )
+}
+
+/// The packet line without frame, time and addresses: `OPCODE qp= psn= ...
+/// icrc=` (what `softroce trace` shows of a packet).
+pub fn packet_fields(pkt: &Packet<'_>, analysis: &Analysis, icrc_ok: bool) -> String {
+    let h = &pkt.roce.header;
+    let bth = &h.bth;
+    let mut line = format!("{} qp={:#x} psn={} ack_req={}", bth.opcode, bth.dest_qpn, bth.psn, u8::from(bth.ack_req),);
     for (set, flag) in [(bth.solicited, "se"), (bth.mig_req, "mig_req"), (bth.fecn, "fecn"), (bth.becn, "becn")] {
         if set {
             let _ = write!(line, " {flag}");
