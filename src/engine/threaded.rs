@@ -618,9 +618,11 @@ impl Engine {
     }
 
     /// Lets go of driving progress, ringing the engine if the hand-over
-    /// says it must hear of it ([`Handover::release`]); returns when.
+    /// says it must hear of it ([`Handover::release`]); returns when: when
+    /// the round just driven began (every caller drove one), so that a
+    /// program that spins on its CQ reads the clock once a poll, not twice.
     fn release(&self, p: MutexGuard<'_, Progress>) -> Duration {
-        let now = p.now();
+        let now = p.round_at;
         let ring = self.shared.handover.release(now, p.owed, || p.next_timer());
         drop(p);
         if ring {
