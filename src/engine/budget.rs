@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::threaded::QpCell;
+use super::threaded::{replace_bool, replace_u64, replace_usize, QpCell};
 use crate::transport::{buffer_charge, Qp, QpType, MAX_UNACKED_PSNS};
 
 /// New bytes a QP sends per turn while others wait for room: one 64 KiB
@@ -128,14 +128,14 @@ impl SendBudget {
     pub(super) fn settle(&mut self, cell: &Arc<QpCell>, qp: &Qp, now: Duration) {
         let Some(limit) = self.limit else { return };
         let charge = buffer_charge(qp.attr().path_mtu.bytes()) * qp.packets_in_flight() as usize;
-        let before = cell.marks.charged.swap(charge, Ordering::Relaxed);
+        let before = replace_usize(&cell.marks.charged, charge);
         self.in_flight = self.in_flight + charge - before;
         // The peer's queue is the device's: a QP's long round trip, its
         // timeout or a packet lost says the device sends more than the peer
         // takes in (or than processes sharing its port leave room for).
         let c = qp.counters();
         let losses = c.timeouts + c.seq_naks_received;
-        let lost = cell.marks.losses.swap(losses, Ordering::Relaxed) < losses;
+        let lost = replace_u64(&cell.marks.losses, losses) < losses;
         let fast = qp.peer_is_fast();
         if lost || (fast == Some(false) && charge > 0) {
             if self.cut_at.is_none_or(|at| now >= at + CUT_EVERY) {
@@ -146,14 +146,14 @@ impl SendBudget {
             // Doubles per round trip while the peer keeps up, as windows do (T-7).
             self.cap = (self.cap + before - charge).min(limit);
         }
-        if qp.allowance() == Some(0) && qp.unsent_packets(1) > 0 && !cell.marks.in_line.swap(true, Ordering::Relaxed) {
+        if qp.allowance() == Some(0) && qp.unsent_packets(1) > 0 && !replace_bool(&cell.marks.in_line, true) {
             self.line.push_back(Arc::clone(cell));
         }
     }
 
     /// `cell`'s QP was destroyed: what it had in flight no longer counts.
     pub(super) fn release(&mut self, cell: &QpCell) {
-        self.in_flight -= cell.marks.charged.swap(0, Ordering::Relaxed);
+        self.in_flight -= replace_usize(&cell.marks.charged, 0);
     }
 
     /// The QP at the front of the line (destroyed ones leave it as they

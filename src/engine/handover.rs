@@ -13,7 +13,8 @@
 //!   doorbell, which calls whoever drives in for a full round;
 //! - a driver that lets go rings the engine if it sleeps past a timer the
 //!   driver armed, or if it left answers unsent (which the engine otherwise
-//!   sends before it next sleeps).
+//!   sends before it next sleeps); an engine that is awake is not rung but
+//!   told, and looks at the timers again before it sleeps.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -39,6 +40,9 @@ pub(crate) struct Handover {
     engine_wake_at: AtomicU64,
     /// A thread that stopped driving left answers unsent.
     answers_owed: AtomicBool,
+    /// A thread armed a QP timer while the engine was awake: the engine
+    /// looks at the timers again before it sleeps.
+    timer_armed: AtomicBool,
     /// [`Tuning::handover`].
     handover: Duration,
     /// [`Tuning::kick_handover`].
@@ -61,6 +65,7 @@ impl Handover {
             driven_at: AtomicU64::new(0),
             engine_wake_at: AtomicU64::new(0),
             answers_owed: AtomicBool::new(false),
+            timer_armed: AtomicBool::new(false),
             handover: tuning.handover,
             kick_handover: tuning.kick_handover,
         }
@@ -145,11 +150,19 @@ impl Handover {
         (owed && asleep_long) || next_timer.is_some_and(|t| self.engine_sleeps_past(t))
     }
 
-    /// Whether the engine thread is awake, or asleep until after `timer`:
-    /// then it must be rung to honour it.
+    /// Whether the engine thread is asleep until after `timer`: then it
+    /// must be rung to honour it. An engine that is awake is told instead
+    /// ([`Handover::engine_may_sleep_until`]): ringing it cost a system call
+    /// and woke a thread that was up anyway, at every poll of a program
+    /// that spins on its CQ (seven a message in ib_send_lat).
     pub(crate) fn engine_sleeps_past(&self, timer: Duration) -> bool {
-        let wake = self.engine_wake_at.load(Ordering::SeqCst);
-        wake == 0 || nanos(timer) < wake
+        let mut wake = self.engine_wake_at.load(Ordering::SeqCst);
+        if wake == 0 {
+            self.timer_armed.store(true, Ordering::SeqCst);
+            // It may have gone to sleep meanwhile, without seeing the flag.
+            wake = self.engine_wake_at.load(Ordering::SeqCst);
+        }
+        wake != 0 && nanos(timer) < wake
     }
 
     /// How long the engine keeps off the sockets at `now`: a whole handover
@@ -175,10 +188,13 @@ impl Handover {
     }
 
     /// The engine thread, idle, would sleep until `at`: it may, unless a
-    /// driver left answers owed, which it then sends first.
+    /// driver left answers owed, which it then sends first, or armed a
+    /// timer while it was awake, which a round then finds.
     pub(crate) fn engine_may_sleep_until(&self, at: Duration) -> bool {
         self.engine_sleeps_until(at);
-        if self.answers_owed.swap(false, Ordering::SeqCst) {
+        let owed = self.answers_owed.swap(false, Ordering::SeqCst);
+        let armed = self.timer_armed.swap(false, Ordering::SeqCst);
+        if owed || armed {
             self.engine_wakes();
             return false;
         }
@@ -244,8 +260,9 @@ mod tests {
     #[test]
     fn a_release_rings_the_engine_only_if_it_sleeps_past_the_next_timer() {
         let h = Handover::default();
-        assert!(h.release(T, false, || Some(T + MS)), "an awake engine may have looked at the timers before this one");
-        h.engine_sleeps_until(T + 10 * MS);
+        assert!(!h.release(T, false, || Some(T + MS)), "an awake engine is not rung");
+        assert!(!h.engine_may_sleep_until(T + 10 * MS), "but looks at the timers before it sleeps");
+        assert!(h.engine_may_sleep_until(T + 10 * MS), "once");
         assert!(h.release(T, false, || Some(T + 5 * MS)), "it would sleep past the timer");
         assert!(!h.release(T, false, || Some(T + 20 * MS)), "it wakes before the timer");
         assert!(!h.release(T, false, || None));

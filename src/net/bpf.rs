@@ -35,6 +35,7 @@ const CM_SERVICE_ID: u32 = CM_FIRST_ID + 8;
 /// The rdma_cm service a REQ or SIDR_REQ to QP 1 asks for: the low word
 /// of its Service ID, whose high word is zero for rdma_cm's IP services
 /// (`None` for any other packet).
+#[inline]
 pub fn cm_request_service(roce: &[u8]) -> Option<u32> {
     let word = |at: u32| -> Option<u32> {
         let at = at as usize;

@@ -210,6 +210,7 @@ impl Member {
     /// The slot of another member that owns `roce`, which arrived at
     /// `local`; `None` if it is this member's (or nobody's to say: a packet
     /// for QP0, a QPN of slot 0, or a GSI MAD no rule places).
+    #[inline]
     pub fn owner_elsewhere(&self, local: IpAddr, roce: &[u8]) -> Option<u8> {
         let slot = match roce.get(4..8) {
             Some(&[_, slot, b6, b7]) if (slot, b6, b7) != (0, 0, 1) => slot,
@@ -222,6 +223,7 @@ impl Member {
     /// The rdma_cm service of `roce`, a REQ or SIDR_REQ that arrived at
     /// `local`, if no member listens on it as far as this one knows: a
     /// listener may be on its way (rxe-spec N-8).
+    #[inline]
     pub fn unclaimed_request(&self, local: IpAddr, roce: &[u8]) -> Option<u32> {
         let service = bpf::cm_request_service(roce)?;
         let known = lock(&self.shared.steering).get(&local).and_then(|s| s.owner(roce));

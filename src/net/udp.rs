@@ -48,6 +48,9 @@ pub struct UdpLink {
     share: Option<Member>,
     /// A packet another member forwarded, and its length.
     forwarded: Vec<u8>,
+    /// Looks that found the sockets empty since the inbox was last read
+    /// ([`INBOX_EVERY`]).
+    empty_looks: u32,
     /// Datagrams received and not yet handed out, and the address they came to.
     rx: RecvBatch,
     rx_local: Option<IpAddr>,
@@ -67,6 +70,13 @@ pub struct UdpLink {
     /// When the held requests are next looked at.
     unclaimed_check: Duration,
 }
+
+/// The inbox of packets other members forwarded is read at one look in
+/// this many that find the sockets empty: a thread waiting for a packet
+/// looks again and again, and a system call more each look made every
+/// message wait longer (forwarded packets are rare: only those the
+/// steering sent to the wrong member while it changed).
+const INBOX_EVERY: u32 = 8;
 
 /// A REQ or SIDR_REQ that arrived for a service nobody listens on.
 #[derive(Debug)]
@@ -98,6 +108,7 @@ impl UdpLink {
             groups: BTreeMap::new(),
             share: None,
             forwarded: Vec::new(),
+            empty_looks: 0,
             rx: RecvBatch::default(),
             rx_local: None,
             stats: LinkStats::default(),
@@ -281,6 +292,9 @@ impl UdpLink {
                             }
                             return None;
                         };
+                        // Forwarded packets come in bursts: the next empty
+                        // look reads the inbox again.
+                        self.empty_looks = INBOX_EVERY - 1;
                         self.stats.received += 1;
                         if len > limit {
                             self.stats.malformed += 1;
@@ -370,9 +384,15 @@ impl UdpLink {
     }
 
     /// A packet another process sharing the port passed on, into
-    /// `self.forwarded`.
+    /// `self.forwarded`; the inbox is read at every [`INBOX_EVERY`]th look
+    /// that found the sockets empty.
     fn receive_forwarded(&mut self) -> Option<(SocketAddr, IpAddr, usize)> {
         let member = self.share.as_mut()?;
+        self.empty_looks += 1;
+        if self.empty_looks < INBOX_EVERY {
+            return None;
+        }
+        self.empty_looks = 0;
         self.forwarded.resize(LARGEST_PACKET, 0);
         member.receive_forwarded(&mut self.forwarded)
     }

@@ -74,3 +74,39 @@ fn a_train_of_two_owners_packets_reaches_both() {
     assert_eq!(first.stats().forwarded, 2);
     assert_eq!((second.stats().forwarded, second.stats().icrc_errors), (0, 0));
 }
+
+/// rxe-spec N-4: a link reads its inbox at one look in eight that find its
+/// sockets empty (a system call more at every look made every message
+/// wait longer), and a burst of forwarded packets one look after another.
+#[test]
+fn forwarded_packets_are_read_at_one_empty_look_in_eight() {
+    let port = softroce::net::udp::free_port(&[A]).unwrap();
+    let (mut first, mut second) = (UdpLink::new(port), UdpLink::new(port));
+    let (s1, s2) = (u32::from(first.join(&[A]).unwrap()), u32::from(second.join(&[A]).unwrap()));
+    let sender = UdpSocket::bind((B, 0)).unwrap();
+    let from = sender.local_addr().unwrap().port();
+    // Sent to the first link's socket (its QPN first), two of them for the second.
+    let qpns = [s1 << 16 | 1, s2 << 16 | 2, s2 << 16 | 3];
+    let train: Vec<u8> = qpns.iter().flat_map(|&qpn| packet(qpn, from, port)).collect();
+    let segment = train.len() / qpns.len();
+    // SAFETY: a valid socket and a c_int of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            sender.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            (&(segment as libc::c_int) as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "UDP GSO: {}", std::io::Error::last_os_error());
+    sender.send_to(&train, (A, port)).unwrap();
+    assert_eq!(drain(&mut first, Duration::from_millis(100)), [qpns[0]]);
+    assert_eq!(first.stats().forwarded, 2);
+    let mut buf = vec![0u8; 9216];
+    let looks: Vec<bool> = (0..10).map(|_| second.receive(Duration::ZERO, &mut buf).is_some()).collect();
+    let mut expected = [false; 10];
+    expected[7] = true;
+    expected[8] = true;
+    assert_eq!(looks, expected, "the 8th and 9th looks read the two forwarded packets");
+}
