@@ -648,6 +648,18 @@ mod tests {
     }
 
     #[test]
+    fn addresses_choose_the_devices_in_their_order() {
+        let devices = Device::list_for(Some("127.0.0.2, 198.51.100.7")).unwrap();
+        let names: Vec<&str> = devices.iter().map(Device::name).collect();
+        assert_eq!(names, ["sr_lo", "sr_198.51.100.7"]);
+        assert_eq!(devices[0].gid(1), Some(Gid::from_ip("127.0.0.2".parse().unwrap())));
+        assert_eq!(Device::list_for(Some(" ")).unwrap(), Device::list().unwrap());
+        assert_eq!(Device::list_for(None).unwrap(), Device::list().unwrap());
+        let error = Device::list_for(Some("127.0.0.1,lo")).unwrap_err();
+        assert!(matches!(&error, Error::InvalidArgument(why) if why.contains("\"lo\" is not an address")), "{error}");
+    }
+
+    #[test]
     fn interfaces_are_named_without_address_labels() {
         let interfaces = interfaces();
         let lo = interfaces.iter().find(|i| i.is_loopback()).expect("a loopback interface");

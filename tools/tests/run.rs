@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::net::Ipv6Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const SOFTROCE: &str = env!("CARGO_BIN_EXE_softroce");
@@ -18,6 +18,37 @@ fn library() -> PathBuf {
         .into_iter()
         .find(|p| p.is_file())
         .expect("the cdylib is built with the tests (dev-dependency softroce-ibverbs)")
+}
+
+/// `softroce` and its library where nobody may run them: the build's
+/// directory may be closed to it (a checkout under /root). Links if it can,
+/// copies otherwise; removed when dropped.
+struct PublicCopy(PathBuf);
+
+impl PublicCopy {
+    fn new(test: &str) -> PublicCopy {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("softroce-run-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for (from, name) in [(library(), "libsoftroce_ibverbs.so"), (PathBuf::from(SOFTROCE), "softroce")] {
+            let to = dir.join(name);
+            if std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to).unwrap();
+            }
+        }
+        PublicCopy(dir)
+    }
+
+    fn softroce(&self) -> PathBuf {
+        self.0.join("softroce")
+    }
+}
+
+impl Drop for PublicCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 struct Run {
@@ -34,20 +65,31 @@ fn finish(output: Output) -> Run {
     }
 }
 
-/// `PREFIX... softroce run RUN_ARGS... -- sh -c SCRIPT`.
-fn run_as(prefix: &[&str], run_args: &[&str], script: &str) -> Run {
-    let mut words: Vec<&str> = prefix.to_vec();
-    words.push(SOFTROCE);
-    words.push("run");
-    words.extend(run_args);
-    words.extend(["--", "sh", "-c", script]);
-    let output = Command::new(words[0])
-        .args(&words[1..])
-        .env("SOFTROCE_LIBIBVERBS", library())
+/// `PREFIX... SOFTROCE run RUN_ARGS... -- sh -c SCRIPT`; `$SOFTROCE` in
+/// the script is the `softroce` that runs it.
+fn run_with(softroce: &Path, prefix: &[&str], run_args: &[&str], script: &str) -> Run {
+    let mut command = match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut command = Command::new(program);
+            command.args(rest).arg(softroce);
+            command
+        }
+        None => Command::new(softroce),
+    };
+    let output = command
+        .arg("run")
+        .args(run_args)
+        .args(["--", "sh", "-c", script])
+        .env("SOFTROCE", softroce)
+        .env_remove("SOFTROCE_LIBIBVERBS")
         .env_remove("SOFTROCE_ADDR")
         .output()
         .unwrap();
     finish(output)
+}
+
+fn run_as(prefix: &[&str], run_args: &[&str], script: &str) -> Run {
+    run_with(Path::new(SOFTROCE), prefix, run_args, script)
 }
 
 fn run(run_args: &[&str], script: &str) -> Run {
@@ -97,9 +139,9 @@ for i in range(count.value):
 "#;
 
 /// The lines [`DEVICE_PATHS`] prints, under `softroce run` as `prefix`.
-fn device_paths(prefix: &[&str]) -> Result<Vec<String>, Run> {
+fn device_paths(softroce: &Path, prefix: &[&str]) -> Result<Vec<String>, Run> {
     let script = format!("exec python3 -c '{DEVICE_PATHS}'");
-    let run = run_as(prefix, &[], &script);
+    let run = run_with(softroce, prefix, &[], &script);
     if !run.success {
         return Err(run);
     }
@@ -117,7 +159,7 @@ fn each_listed_device_has_its_character_device_and_sysfs_directories() {
         eprintln!("skipped: root makes the mount namespace (the unprivileged path has its own test)");
         return;
     }
-    let found = device_paths(&[]).unwrap_or_else(|run| panic!("{}{}", run.stdout, run.stderr));
+    let found = device_paths(Path::new(SOFTROCE), &[]).unwrap_or_else(|run| panic!("{}{}", run.stdout, run.stderr));
     assert!(!found.is_empty(), "no devices");
     assert_eq!(found, expected_paths());
 }
@@ -131,7 +173,8 @@ fn an_unprivileged_user_gets_the_same_files_mapped_to_itself() {
         eprintln!("skipped: becoming another user takes root");
         return;
     }
-    let id = run_as(&NOBODY, &[], "id -u; test -c /dev/infiniband/uverbs0 && echo char");
+    let copy = PublicCopy::new("nobody");
+    let id = run_with(&copy.softroce(), &NOBODY, &[], "id -u; test -c /dev/infiniband/uverbs0 && echo char");
     if id.stderr.contains("no namespace for them") {
         eprintln!("skipped: this kernel allows no user namespace: {}", id.stderr);
         return;
@@ -139,7 +182,7 @@ fn an_unprivileged_user_gets_the_same_files_mapped_to_itself() {
     assert!(id.success, "{}", id.stderr);
     // Mapped to itself, so its softroce state is its own.
     assert_eq!(id.stdout, "65534\nchar\n");
-    let found = device_paths(&NOBODY).unwrap_or_else(|run| panic!("{}{}", run.stdout, run.stderr));
+    let found = device_paths(&copy.softroce(), &NOBODY).unwrap_or_else(|run| panic!("{}{}", run.stdout, run.stderr));
     assert_eq!(found, expected_paths());
 }
 
@@ -273,9 +316,10 @@ fn children_and_nested_runs_see_their_own_devices() {
     let child = run(&[], "(sleep 0.1; test -c /dev/infiniband/uverbs0 && echo inherited) & wait");
     assert_eq!(child.stdout, "inherited\n", "{}", child.stderr);
     // A run inside a run makes the files of its own devices.
-    let nested = format!("exec {SOFTROCE} run --addr 127.0.0.2 -- sh -c 'ls /dev/infiniband /sys/class/infiniband'");
-    for prefix in [&[][..], &NOBODY[..]] {
-        let run = run_as(prefix, &[], &nested);
+    let nested = "exec \"$SOFTROCE\" run --addr 127.0.0.2 -- sh -c 'ls /dev/infiniband /sys/class/infiniband'";
+    let copy = PublicCopy::new("nested");
+    for (softroce, prefix) in [(PathBuf::from(SOFTROCE), &[][..]), (copy.softroce(), &NOBODY[..])] {
+        let run = run_with(&softroce, prefix, &[], nested);
         if run.stderr.contains("no namespace for them") {
             eprintln!("skipped as {prefix:?}: {}", run.stderr);
             continue;

@@ -41,8 +41,9 @@ const NODE_DESC: &str = "rxe";
 
 /// Why the program runs without the files.
 pub(crate) enum Error {
-    /// The kernel lets this user make no namespace: the program can still
-    /// run, without the files.
+    /// The kernel lets this user make no namespace, or no mount in it,
+    /// before any directory was covered: the program can still run, with
+    /// the host's files.
     Unavailable(String),
     /// The namespace was made but could not be filled: this process is in
     /// it, half set up, and must not become the program.
@@ -66,7 +67,7 @@ pub(crate) fn enter(devices: &[Device]) -> Result<(), Error> {
         probe(&maps)?;
         maps.enter().map_err(|(step, e)| Error::Failed(format!("{step}: {e}")))?;
     }
-    fill(devices).map_err(Error::Failed)
+    fill(devices)
 }
 
 /// The user and group mapped to themselves in a new user namespace.
@@ -197,11 +198,14 @@ fn user_is_mapped() -> bool {
 /// Fills the new mount namespace: `/dev` with the host's entries and
 /// `infiniband/`, `/sys/class` with the host's classes and the generated
 /// `infiniband` and `infiniband_verbs`.
-fn fill(devices: &[Device]) -> Result<(), String> {
-    // Mounts made from here on stay in this namespace.
+fn fill(devices: &[Device]) -> Result<(), Error> {
+    // Mounts made from here on stay in this namespace. Until a tmpfs covers
+    // a directory, the namespace looks like the host's, and a refusal (a
+    // container's AppArmor profile refuses mounts to root) leaves the
+    // program no worse off than without one.
     mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)
-        .map_err(|e| format!("making / private: {e}"))?;
-    let null = fs::metadata("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        .map_err(|e| Error::Unavailable(format!("making / private: {e}")))?;
+    let null = fs::metadata("/dev/null").map_err(|e| Error::Unavailable(format!("/dev/null: {e}")))?;
     let null_number = format!("{}:{}", libc::major(null.rdev()), libc::minor(null.rdev()));
     rebuild(Path::new("/dev"), &["infiniband"], |dev, host| {
         let dir = dev.join("infiniband");
@@ -265,8 +269,8 @@ fn device_files(count: usize) -> impl Iterator<Item = String> {
 /// Replaces `dir` by a tmpfs holding each of its entries but `replaced`
 /// (bound back, symbolic links copied), then lets `add` put the new ones in.
 /// `add` gets the directory and a path to the host's `dir`.
-fn rebuild(dir: &Path, replaced: &[&str], add: impl FnOnce(&Path, &Path) -> Result<(), String>) -> Result<(), String> {
-    let context = |e: io::Error| format!("{}: {e}", dir.display());
+fn rebuild(dir: &Path, replaced: &[&str], add: impl FnOnce(&Path, &Path) -> Result<(), String>) -> Result<(), Error> {
+    let context = |e: io::Error| Error::Unavailable(format!("{}: {e}", dir.display()));
     // The host's directory stays reachable through this descriptor once
     // the tmpfs covers it.
     let host = OpenOptions::new()
@@ -286,19 +290,23 @@ fn rebuild(dir: &Path, replaced: &[&str], add: impl FnOnce(&Path, &Path) -> Resu
         let target = if kind.is_symlink() { Some(fs::read_link(entry.path()).map_err(context)?) } else { None };
         entries.push((name, kind, target));
     }
-    mount_tmpfs(dir).map_err(context)?;
-    for (name, kind, target) in entries {
-        let path = dir.join(&name);
-        match target {
-            Some(target) => {
-                std::os::unix::fs::symlink(target, &path).map_err(|e| format!("{}: {e}", path.display()))?
+    mount_tmpfs(dir).map_err(|e| Error::Unavailable(format!("mounting a tmpfs on {}: {e}", dir.display())))?;
+    // From here on the directory is ours, and a failure leaves it half made.
+    let populate = || {
+        for (name, kind, target) in entries {
+            let path = dir.join(&name);
+            match target {
+                Some(target) => {
+                    std::os::unix::fs::symlink(target, &path).map_err(|e| format!("{}: {e}", path.display()))?
+                }
+                None => bind(&host_path.join(&name), &path, kind.is_dir())?,
             }
-            None => bind(&host_path.join(&name), &path, kind.is_dir())?,
         }
-    }
-    // Sockets, pipes and devices were bound like files; `host` stays open
-    // until the new entries are in.
-    add(dir, &host_path)
+        // Sockets, pipes and devices were bound like files; `host` stays
+        // open until the new entries are in.
+        add(dir, &host_path)
+    };
+    populate().map_err(Error::Failed)
 }
 
 /// Binds `source` (with everything mounted below it) onto a new `target`
