@@ -308,7 +308,7 @@ fn churn_a_context(a: &Node, context: ContextOptions, rng: &mut Rng, graves: &mu
     let qp_a = a.qp(QpType::Rc);
     let mr_a = a.mr(1 << 20);
     let mtu = random_mtu(rng);
-    // A finds C dead after 3 timeouts of 4 ms.
+    // A finds C dead after 3 timeouts of 16 ms (4.2 ms raised to the floor, rxe-spec T-32).
     let a_options = ConnectOptions { timeout: AckTimeout::from_exponent(10).unwrap(), retry_cnt: 2, ..options(mtu) };
     connect(&qp_a, &qp_c, &a_options, &options(mtu));
 

@@ -7,12 +7,12 @@ use std::time::Duration;
 /// The shortest local ACK timeout a requester waits, whatever the attribute
 /// asks (rxe-spec T-32). Kernel rxe counts the timeout in jiffies, at least
 /// one, so it never retries sooner than the next timer tick (up to 4 ms at
-/// the usual 250 Hz), and some NICs have floors of their own. Below this floor
-/// (attributes 1 to 9: 8 µs to 2.1 ms) a peer process that is merely
-/// descheduled for a few time slices, on a host whose CPUs are busy, would
-/// exhaust `retry_cnt` before it could answer: rxe answers from the kernel,
-/// softroce from the peer's own threads.
-pub const MIN_ACK_TIMEOUT: Duration = Duration::from_millis(4);
+/// the usual 250 Hz), and it answers from the kernel, which a busy host does
+/// not delay. softroce's peer answers from its own threads, which a busy
+/// host can keep waiting for several scheduler slices: with a 4 ms floor,
+/// `ib_write_bw -u 4` pairs among two CPU hogs and other work (load 13 on 2
+/// cores) still failed 2 runs in 6, with 16 ms none in 6 at load 17-22.
+pub const MIN_ACK_TIMEOUT: Duration = Duration::from_millis(16);
 
 /// What a QP waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -40,8 +40,9 @@ pub const RKEY: u32 = 0x99;
 pub const MAX_DEST_RD_ATOMIC: u8 = 4;
 /// The code [`attr`] advertises in RNR NAKs.
 pub const MIN_RNR_TIMER: u8 = 12;
-/// [`attr`]'s local ACK timeout: 4.096 µs × 2^10.
-pub const ACK_TIMEOUT: Duration = Duration::from_nanos(4096 << 10);
+/// [`attr`]'s local ACK timeout: 4.096 µs × 2^12, above the requester's
+/// 16 ms floor (rxe-spec T-32).
+pub const ACK_TIMEOUT: Duration = Duration::from_nanos(4096 << 12);
 /// The only positive ACK syndrome rxe sends (0x1f: credits invalid).
 pub const ACK: Syndrome = Syndrome::Ack { credits: 0x1f };
 
@@ -50,7 +51,7 @@ pub fn attr() -> QpAttr {
     QpAttr {
         access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
         path_mtu: Mtu::Mtu1024,
-        timeout: 10,
+        timeout: 12,
         retry_cnt: 7,
         rnr_retry: 7,
         min_rnr_timer: MIN_RNR_TIMER,

@@ -459,7 +459,7 @@ fn rnr_retry_forever_with_late_receives() {
 }
 
 /// A scenario of `ops` requests without faults, with the shortest ACK
-/// timeout (attribute 8, 1 ms, raised to the 4 ms floor).
+/// timeout (attribute 8, 1 ms, raised to the 16 ms floor).
 fn fault_free(seed: u64, ops: usize, retry_cnt: u8) -> Scenario {
     let mut scenario = Scenario::draw(seed, ops..=ops, &ALL_KINDS, 0.0);
     scenario.timeout = 8;
