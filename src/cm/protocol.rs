@@ -784,6 +784,18 @@ impl Protocol {
         }
     }
 
+    /// Destroys every ID the consumer still holds, as the kernel destroys
+    /// a process's ids when it exits (`ucma_close`): each gets what
+    /// [`Protocol::destroy`] sends for its state (a DREP to a DREQ that was
+    /// received, a DREQ, a REJ), and requests no consumer took yet are
+    /// rejected.
+    pub fn destroy_all(&mut self, now: Instant) {
+        let held: Vec<CommId> = self.ids.iter().filter(|(_, c)| !c.orphaned).map(|(&id, _)| id).collect();
+        for id in held {
+            self.destroy(now, id);
+        }
+    }
+
     /// A received MAD (the UD payload after the 40-byte GRH). Never panics:
     /// malformed or unexpected input is counted and dropped, or answered as
     /// the kernel answers it.

@@ -228,6 +228,19 @@ impl Drop for Service {
     }
 }
 
+/// Before the process exits: every context's CM destroys the ids the
+/// program still holds and sends what that owes its peers (a DREP to the
+/// DREQ a program that exits without destroying its id got, say), as the
+/// kernel does for an exiting process. The MADs are posted to the GSI QPs;
+/// the engines' settling sends them.
+pub(crate) fn destroy_all_ids() {
+    let services: Vec<Arc<Service>> =
+        SERVICES.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect();
+    for service in services {
+        service.with_state(|state, now| state.protocol.destroy_all(now));
+    }
+}
+
 /// The service thread. It sleeps on the CQ's channel and leaves receiving
 /// to the engine thread and to the application's threads that wait in
 /// their CQs: a thread that polls a CQ drives the engine, which then keeps
