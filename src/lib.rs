@@ -117,6 +117,7 @@ pub fn settle_before_exit(limit: std::time::Duration) {
         cm::destroy_all_ids();
         let contexts = verbs::open_contexts();
         std::thread::scope(|scope| {
+            scope.spawn(|| cm::resend_unanswered_until(deadline));
             for context in &contexts {
                 scope.spawn(|| context.settle(deadline));
             }

@@ -77,17 +77,18 @@ symver!(rdma_ack_cm_event);
 fn deliver(found: CmEvent) -> Option<*mut rdma_cm_event> {
     let (id, listen) = match (found.kind, &found.listen_id) {
         (CmEventKind::ConnectRequest, Some(listen_id)) => {
-            let listen = Id::of(listen_id)?;
+            let listen = Id::of_counted(listen_id)?;
             match Id::for_request(listen, found.id.clone()) {
                 Ok(id) => (id, Some(listen)),
                 Err(_) => {
+                    listen.acknowledged();
                     // No C id, no program to answer: refuse the peer (the id goes with the event).
                     let _ = found.id.reject(&[]);
                     return None;
                 }
             }
         }
-        _ => (Id::of(&found.id)?, None),
+        _ => (Id::of_counted(&found.id)?, None),
     };
     id.refresh();
     super::qp::refresh_qp_state(id);
@@ -129,7 +130,6 @@ fn deliver(found: CmEvent) -> Option<*mut rdma_cm_event> {
         // SAFETY: writing the union's common first field.
         unsafe { event.c.param.conn.as_mut().private_data = data };
     }
-    counted.delivered();
     Some(Box::into_raw(event).cast())
 }
 
