@@ -109,7 +109,7 @@ pub mod wire;
 /// ([`verbs::Context::settle`]). Returns within `limit` whatever happens:
 /// the work runs on a thread of its own, so a lock that a thread
 /// interrupted by the signal whose handler exits holds cannot hold the exit
-/// up. The C library calls it at exit (rxe-spec T-33, M-73).
+/// up. The C library calls it at exit (rxe-spec C-17, M-73).
 pub fn settle_before_exit(limit: std::time::Duration) {
     let deadline = std::time::Instant::now() + limit;
     let (done, finished) = std::sync::mpsc::channel();

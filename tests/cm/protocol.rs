@@ -560,7 +560,10 @@ fn an_exit_answers_the_dreq_and_resends_its_own_until_answered() {
     pipe.b.auto_answer = false;
     pipe.a.cm.disconnect(pipe.now, first, b"").unwrap();
     pipe.deliver();
-    assert!(matches!(pipe.b.take_events()[..], [Event::Request { .. }, Event::Established { .. }, Event::DisconnectRequest { .. }]));
+    assert!(matches!(
+        pipe.b.take_events()[..],
+        [Event::Request { .. }, Event::Established { .. }, Event::DisconnectRequest { .. }]
+    ));
     assert!(pipe.a.take_events().is_empty(), "A waits for the DREP");
     pipe.b.cm.destroy_all(pipe.now);
     pipe.deliver();
