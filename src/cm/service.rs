@@ -254,9 +254,12 @@ impl Drop for Service {
 /// How often a process about to exit sends again the DREQs no DREP answered.
 const EXIT_RESEND: Duration = Duration::from_millis(40);
 
-/// The process's CM services.
+/// The process's CM services, on contexts it opened itself (not those a
+/// child of `fork` has of its parent's).
 fn services() -> Vec<Arc<Service>> {
-    SERVICES.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect()
+    let services: Vec<Arc<Service>> =
+        SERVICES.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect();
+    services.into_iter().filter(|s| s.context.opened_here()).collect()
 }
 
 /// Before the process exits: every context's CM destroys the ids the

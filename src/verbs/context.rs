@@ -112,15 +112,22 @@ impl ContextInner {
     }
 }
 
-/// Every context the process opened, while it is open: those
-/// [`crate::settle_before_exit`] settles.
-static OPEN: Mutex<Vec<Weak<ContextInner>>> = Mutex::new(Vec::new());
+/// Every context the process opened, while it is open, with the process
+/// that opened it: those [`crate::settle_before_exit`] settles.
+static OPEN: Mutex<Vec<(u32, Weak<ContextInner>)>> = Mutex::new(Vec::new());
 
-/// The contexts the process has open.
+/// The contexts this process opened and has open. A child of `fork` has
+/// its parent's too, whose sockets it shares and whose engine threads it
+/// does not have: they are the parent's to settle.
 pub(crate) fn open_contexts() -> Vec<Context> {
     let mut open = lock(&OPEN);
-    open.retain(|inner| inner.strong_count() > 0);
-    open.iter().filter_map(Weak::upgrade).map(|inner| Context { inner }).collect()
+    open.retain(|(_, inner)| inner.strong_count() > 0);
+    let here = std::process::id();
+    open.iter()
+        .filter(|(pid, _)| *pid == here)
+        .filter_map(|(_, inner)| inner.upgrade())
+        .map(|inner| Context { inner })
+        .collect()
 }
 
 /// An open device (`ibv_context`): its engine thread runs while any object
@@ -164,8 +171,8 @@ impl Context {
         };
         let inner = Arc::new(inner);
         let mut open = lock(&OPEN);
-        open.retain(|inner| inner.strong_count() > 0);
-        open.push(Arc::downgrade(&inner));
+        open.retain(|(_, inner)| inner.strong_count() > 0);
+        open.push((std::process::id(), Arc::downgrade(&inner)));
         drop(open);
         Ok(Context { inner })
     }
@@ -242,6 +249,11 @@ impl Context {
     pub fn unlisten_cm(&self, service: u32) -> Result<()> {
         let share = self.inner.share.as_ref().ok_or_else(|| Error::InvalidArgument("no shared port".into()))?;
         Ok(share.unlisten(service)?)
+    }
+
+    /// Whether this process opened it (not the parent of a `fork`).
+    pub(crate) fn opened_here(&self) -> bool {
+        lock(&OPEN).iter().any(|(pid, inner)| *pid == std::process::id() && inner.as_ptr() == Arc::as_ptr(&self.inner))
     }
 
     /// Sends what the device owes its peers before the program lets it go
