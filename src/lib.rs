@@ -106,10 +106,11 @@ pub mod wire;
 /// would from a kernel driver that outlives the process: every CM id still
 /// held is destroyed as the kernel destroys an exiting process's (a DREP
 /// to the DREQ received, a DREQ, a REJ), and every open context settles
-/// ([`verbs::Context::settle`]). Returns within `limit` whatever happens:
-/// the work runs on a thread of its own, so a lock that a thread
-/// interrupted by the signal whose handler exits holds cannot hold the exit
-/// up. The C library calls it at exit (rxe-spec C-17, M-73).
+/// ([`verbs::Context::settle`]). Returns once that is done, or a few
+/// milliseconds after `limit` whatever happens: the work runs on a thread
+/// of its own, so a lock held by a thread that the signal whose handler
+/// exits interrupted cannot hold the exit up. The C library calls it at
+/// exit (rxe-spec C-17, M-73).
 pub fn settle_before_exit(limit: std::time::Duration) {
     let deadline = std::time::Instant::now() + limit;
     let (done, finished) = std::sync::mpsc::channel();

@@ -683,9 +683,7 @@ impl Engine {
         self.release(p);
         true
     }
-}
 
-impl Engine {
     /// Before the program goes (it closes the device, or exits): sends
     /// every answer the device owes — the ACK a waiter left for its next
     /// post, responses, what destroyed QPs and the CM queued — in full

@@ -251,7 +251,7 @@ impl Context {
         Ok(share.unlisten(service)?)
     }
 
-    /// Whether this process opened it (not the parent of a `fork`).
+    /// Whether this process opened it, rather than the parent it was forked from.
     pub(crate) fn opened_here(&self) -> bool {
         lock(&OPEN).iter().any(|(pid, inner)| *pid == std::process::id() && inner.as_ptr() == Arc::as_ptr(&self.inner))
     }
