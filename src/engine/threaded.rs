@@ -713,10 +713,10 @@ impl Engine {
                 break;
             }
         }
-        // A peer resends an ACK timeout after its packet arrived here; the
-        // half more covers the time it took to get here and back.
+        // A peer resends an ACK timeout after its packet arrived here; a
+        // second one covers a resend that comes late (a peer short of CPU).
         let resend_at = p.resend_window().map(|window| p.last_received + window);
-        if let Some(until) = resend_at.filter(|&at| at < end).map(|at| (at + (at - p.last_received) / 2).min(end)) {
+        if let Some(until) = resend_at.filter(|&at| at < end).map(|at| (at + (at - p.last_received)).min(end)) {
             while p.now() < until {
                 let ready = wait_readable(&p.fds, until.saturating_sub(p.now()));
                 self.shared.handover.drain_doorbell(&p.fds, ready);
