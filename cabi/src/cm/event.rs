@@ -33,7 +33,8 @@ struct Event {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
     guard_neg(|| {
-        let Some(ch) = Channel::from_c(channel) else { return fail(libc::EINVAL) };
+        let Some(getter) = Channel::enter(channel) else { return fail(libc::EINVAL) };
+        let ch = getter.0;
         if event.is_null() {
             return fail(libc::EINVAL);
         }
