@@ -110,7 +110,7 @@ pub mod wire;
 /// milliseconds after `limit` whatever happens: the work runs on a thread
 /// of its own, so a lock held by a thread that the signal whose handler
 /// exits interrupted cannot hold the exit up. The C library calls it at
-/// exit (rxe-spec C-17, M-73).
+/// exit (rxe-spec C-23, M-73).
 pub fn settle_before_exit(limit: std::time::Duration) {
     let deadline = std::time::Instant::now() + limit;
     let (done, finished) = std::sync::mpsc::channel();

@@ -3,7 +3,7 @@
 //! it would from a kernel driver, which outlives the process. librdmacm never closes its devices,
 //! and many programs exit with theirs open, so the library settles them at exit (`atexit`, which
 //! `exit` runs, also from a signal handler; `_exit` and SIGKILL skip it) and when a program
-//! closes a device (rxe-spec C-17).
+//! closes a device (rxe-spec C-23).
 
 use std::time::{Duration, Instant};
 

@@ -120,7 +120,7 @@ fn exit_owed_pair(
     (server, client)
 }
 
-/// rxe-spec C-17: a server that gets the DREQ and exits without destroying its id (qperf's server
+/// rxe-spec C-23: a server that gets the DREQ and exits without destroying its id (qperf's server
 /// does) still answers it: the client's DISCONNECTED comes at once, not after the DREQ's retries.
 #[test]
 fn an_exit_sends_the_drep_owed() {
@@ -132,7 +132,7 @@ fn an_exit_sends_the_drep_owed() {
     assert!(client.0 == Some(0) && client.1.contains("drep: ok"), "client: {client:?}");
 }
 
-/// rxe-spec C-17: a server that exits right after it polled the receive of the client's SEND
+/// rxe-spec C-23: a server that exits right after it polled the receive of the client's SEND
 /// leaves the ACK it owes on the wire: the client's SEND completes at once. Without the settling
 /// at exit the engine thread sends it first in most runs (within its few milliseconds of
 /// hand-over), so several pairs run.
@@ -148,7 +148,7 @@ fn an_exit_sends_the_ack_owed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// rxe-spec C-17: a SIGKILLed process owes what it owes; its peer's SEND ends in RETRY_EXC_ERR
+/// rxe-spec C-23: a SIGKILLed process owes what it owes; its peer's SEND ends in RETRY_EXC_ERR
 /// once its retries run out (none here: one ACK timeout, about 2 s), not in a hang.
 #[test]
 fn a_killed_peer_ends_in_retry_exc_err() {

@@ -259,7 +259,7 @@ impl Context {
     /// Sends what the device owes its peers before the program lets it go
     /// or exits — the ACKs, responses and CM messages queued, then, for a
     /// short while, answers to the resends of peers whose last answer was
-    /// lost — and returns by `deadline` (rxe-spec T-32). Closing a context
+    /// lost — and returns by `deadline` (rxe-spec T-33). Closing a context
     /// or exiting does not wait for this by itself: the C library calls it
     /// from `ibv_close_device` and at exit ([`crate::settle_before_exit`]).
     pub fn settle(&self, deadline: Instant) {

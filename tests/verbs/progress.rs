@@ -352,7 +352,7 @@ fn four_thousand_busy_qps_all_complete_without_running_out_of_retries() {
     assert!(contents(&mr_b) == data, "the WRITEs' bytes");
 }
 
-/// rxe-spec T-32: B's ACK of A's last SEND is lost (B breaks the ICRC of
+/// rxe-spec T-33: B's ACK of A's last SEND is lost (B breaks the ICRC of
 /// every other packet it sends); B's program destroys its QP, settles its
 /// context and lets it go, as a program that exits does. A resends an ACK
 /// timeout later, within the settling, and B's destroyed QP answers it: A's

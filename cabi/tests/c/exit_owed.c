@@ -1,4 +1,4 @@
-/* A program that exits owes its peers nothing (rxe-spec C-17): two processes
+/* A program that exits owes its peers nothing (rxe-spec C-23): two processes
  * connected through rdma_cm, one of which goes away as programs do. Built
  * against Debian's librdmacm-dev and libibverbs-dev and run with softroce's
  * library under both sonames (cabi/tests/librdmacm.rs).
