@@ -104,6 +104,36 @@ pub mod transport;
 pub mod verbs;
 pub mod wire;
 
+/// What a program that exits owes its peers leaves before it does, as it
+/// would from a kernel driver that outlives the process: every CM id still
+/// held is destroyed as the kernel destroys an exiting process's (a DREP
+/// to the DREQ received, a DREQ, a REJ), and every open context settles
+/// ([`verbs::Context::settle`]). Returns once that is done, or a few
+/// milliseconds after `limit` whatever happens: the work runs on a thread
+/// of its own, so a lock held by a thread that the signal whose handler
+/// exits interrupted cannot hold the exit up. The C library calls it at
+/// exit (rxe-spec C-23, M-73).
+pub fn settle_before_exit(limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let (done, finished) = std::sync::mpsc::channel();
+    let settling = std::thread::Builder::new().name("softroce-exit".into()).spawn(move || {
+        cm::destroy_all_ids();
+        let contexts = verbs::open_contexts();
+        std::thread::scope(|scope| {
+            scope.spawn(|| cm::resend_unanswered_until(deadline));
+            for context in &contexts {
+                scope.spawn(|| context.settle(deadline));
+            }
+        });
+        let _ = done.send(());
+    });
+    if settling.is_ok() {
+        // A few milliseconds more for the last round begun before the deadline.
+        let wait = deadline.saturating_duration_since(std::time::Instant::now()) + std::time::Duration::from_millis(5);
+        let _ = finished.recv_timeout(wait);
+    }
+}
+
 /// A 32-bit value from the kernel's CSPRNG: keys and initial PSNs must not be
 /// guessable by an off-path attacker (ReDMArk, USENIX Security 2021).
 #[allow(unsafe_code)]

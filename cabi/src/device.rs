@@ -401,6 +401,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             srqs: Mutex::default(),
             _cmd_fd: cmd_fd,
         });
+        crate::exit::settle_at_exit();
         let leaked = Box::leak(boxed);
         open.get_or_insert_with(|| Opened { ctx, ctxs: Vec::new() }).ctxs.push(ptr::from_ref(leaked) as usize);
         leaked.ibv()
@@ -419,6 +420,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         if let Some(opened) = open.as_mut() {
             opened.ctxs.retain(|&c| c != ptr::from_ref(ctx) as usize);
             if opened.ctxs.is_empty() {
+                crate::exit::settle_before_close(&ctx.ctx);
                 // The last one: the next open starts afresh.
                 *open = None;
             }

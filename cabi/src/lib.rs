@@ -15,6 +15,7 @@ pub mod cm_sys;
 mod cq;
 mod device;
 pub mod errno;
+mod exit;
 mod fork;
 pub mod guard;
 mod mw;

@@ -40,6 +40,7 @@ use std::io;
 pub use addr::{context_for, set_context_opener, set_devices, ContextOpener};
 pub use channel::EventChannel;
 pub use id::CmId;
+pub(crate) use service::{destroy_all_ids, resend_unanswered_until};
 
 use crate::transport::Mtu;
 use crate::verbs::{Context, ContextOptions, Error, Gid};

@@ -422,6 +422,10 @@ struct Connection {
     backlog_of: Option<u64>,
     /// The consumer destroyed it: it only lingers, and reports nothing.
     orphaned: bool,
+    /// The DREQ it was destroyed with or after, until a DREP answers it:
+    /// the kernel sends it no more, but a process about to exit sends it
+    /// again ([`Protocol::resend_unanswered`]).
+    dreq_unanswered: Option<[u8; MAD_LEN]>,
 }
 
 impl Connection {
@@ -446,6 +450,7 @@ impl Connection {
             answer: None,
             backlog_of: None,
             orphaned: false,
+            dreq_unanswered: None,
         }
     }
 }
@@ -488,6 +493,9 @@ pub struct Protocol {
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     stats: ProtocolStats,
+    /// IDs with a DREQ no DREP answered yet after their consumer destroyed
+    /// them ([`Protocol::resend_unanswered`]).
+    unanswered: usize,
 }
 
 impl Protocol {
@@ -506,6 +514,7 @@ impl Protocol {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: ProtocolStats::default(),
+            unanswered: 0,
         }
     }
 
@@ -771,9 +780,13 @@ impl Protocol {
             State::Established => {
                 // One DREQ, not resent: the kernel enters TimeWait at once.
                 self.send_dreq(now, id, [0; DREQ_PRIVATE_DATA_LEN]);
+                self.keep_unanswered_dreq(id);
                 self.enter_timewait(now, id);
             }
-            State::DreqSent => self.enter_timewait(now, id),
+            State::DreqSent => {
+                self.keep_unanswered_dreq(id);
+                self.enter_timewait(now, id);
+            }
             State::DreqRcvd => self.send_drep(now, id, [0; DREP_PRIVATE_DATA_LEN]),
             State::TimeWait => {}
             State::SidrReqSent => self.remove(id),
@@ -782,6 +795,41 @@ impl Protocol {
                 self.remove(id);
             }
         }
+    }
+
+    /// Destroys every ID the consumer still holds, as the kernel destroys
+    /// a process's ids when it exits (`ucma_close`): each gets what
+    /// [`Protocol::destroy`] sends for its state (a DREP to a DREQ that was
+    /// received, a DREQ, a REJ), and requests no consumer took yet are
+    /// rejected.
+    pub fn destroy_all(&mut self, now: Instant) {
+        let held: Vec<CommId> = self.ids.iter().filter(|(_, c)| !c.orphaned).map(|(&id, _)| id).collect();
+        for id in held {
+            self.destroy(now, id);
+        }
+    }
+
+    /// Sends once more every DREQ that IDs were destroyed with and that no
+    /// DREP answered yet; says whether there were any. For a process about
+    /// to exit, which would otherwise leave a lost DREQ's peer waiting for
+    /// its DISCONNECTED (the kernel's CM, which outlives the process, does
+    /// not resend it either). A repeat is harmless: a peer that answered
+    /// answers the repeat with its DREP again.
+    pub fn resend_unanswered(&mut self) -> bool {
+        if self.unanswered == 0 {
+            return false;
+        }
+        let unanswered: Vec<(MadPeer, [u8; MAD_LEN])> =
+            self.ids.values().filter_map(|c| c.dreq_unanswered.map(|mad| (c.peer, mad))).collect();
+        for &(peer, mad) in &unanswered {
+            self.retransmit(peer, mad);
+        }
+        !unanswered.is_empty()
+    }
+
+    /// Whether an ID destroyed with a DREQ still waits for its DREP.
+    pub fn has_unanswered(&self) -> bool {
+        self.unanswered > 0
     }
 
     /// A received MAD (the UD payload after the 40-byte GRH). Never panics:
@@ -1169,8 +1217,23 @@ impl Protocol {
                 }
                 self.enter_timewait(now, id);
             }
+            State::TimeWait if connection.dreq_unanswered.is_some() => {
+                connection.dreq_unanswered = None;
+                self.unanswered -= 1;
+            }
             _ => self.stats.duplicates.drep += 1,
         }
+    }
+
+    /// Keeps the DREQ `id` is waiting on as unanswered: its consumer is
+    /// going, and the DREQ will not be resent by the timer.
+    fn keep_unanswered_dreq(&mut self, id: CommId) {
+        let Some(connection) = self.ids.get_mut(&id) else { return };
+        let dreq = connection.resend.filter(|mad| attribute_of(mad) == attr::DREQ);
+        if dreq.is_some() && connection.dreq_unanswered.is_none() {
+            self.unanswered += 1;
+        }
+        connection.dreq_unanswered = dreq.or(connection.dreq_unanswered);
     }
 
     /// A SIDR_REQ: a new request for a listener, a repeat, or one nobody
@@ -1500,6 +1563,9 @@ impl Protocol {
         self.forget_remote_qpn(id);
         self.set_deadline(id, None);
         let Some(connection) = self.ids.remove(&id) else { return };
+        if connection.dreq_unanswered.is_some() {
+            self.unanswered -= 1;
+        }
         let remote = (connection.remote_comm_id, connection.remote_ca_guid);
         if self.by_remote.get(&remote) == Some(&id) {
             self.by_remote.remove(&remote);

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,9 @@ const MAX_CONNECTIONS: usize = 4096;
 
 /// The process's CM services, one per context.
 static SERVICES: Mutex<Vec<Weak<Service>>> = Mutex::new(Vec::new());
+/// Services kept after their last id went, while a DREQ of theirs waits
+/// for its DREP: an exit sends it again ([`resend_unanswered_until`]).
+static KEPT: Mutex<Vec<Arc<Service>>> = Mutex::new(Vec::new());
 
 pub(super) struct Service {
     pub(super) context: Context,
@@ -45,6 +49,8 @@ pub(super) struct Service {
     /// Wakes the thread: a deadline came earlier, or the service goes away.
     wake: Arc<EventFd>,
     state: Mutex<State>,
+    /// Whether [`KEPT`] holds it.
+    kept: AtomicBool,
 }
 
 /// What the service's lock guards: the protocol and who its ids are.
@@ -115,6 +121,7 @@ impl Service {
             _pd: pd,
             wake: Arc::new(EventFd::new()?),
             state: Mutex::new(state),
+            kept: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&service);
         let wake = Arc::clone(&service.wake);
@@ -135,6 +142,7 @@ impl Service {
             let deadline = state.protocol.poll_timeout();
             let result = f(&mut state, now);
             self.flush(&mut state, now, &mut released);
+            self.keep_while_unanswered(state.protocol.has_unanswered());
             if state.protocol.poll_timeout().is_some_and(|t| deadline.is_none_or(|d| t < d)) {
                 self.wake.signal();
             }
@@ -142,6 +150,21 @@ impl Service {
         };
         drop(released);
         result
+    }
+
+    /// Keeps the service (and so its context) alive while a DREQ of an id
+    /// destroyed waits for its DREP, and lets it go after.
+    fn keep_while_unanswered(self: &Arc<Service>, unanswered: bool) {
+        if self.kept.swap(unanswered, Ordering::AcqRel) == unanswered {
+            return;
+        }
+        let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+        if unanswered {
+            kept.push(Arc::clone(self));
+        } else {
+            // The caller holds the service: this is never the last handle.
+            kept.retain(|s| !Arc::ptr_eq(s, self));
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -227,6 +250,44 @@ impl Service {
 impl Drop for Service {
     fn drop(&mut self) {
         self.wake.signal();
+    }
+}
+
+/// How often a process about to exit sends again the DREQs no DREP answered.
+const EXIT_RESEND: Duration = Duration::from_millis(40);
+
+/// The process's CM services, on contexts it opened itself (not those a
+/// child of `fork` has of its parent's).
+fn services() -> Vec<Arc<Service>> {
+    let services: Vec<Arc<Service>> =
+        SERVICES.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect();
+    services.into_iter().filter(|s| s.context.opened_here()).collect()
+}
+
+/// Before the process exits: every context's CM destroys the ids the
+/// program still holds and sends what that owes its peers (a DREP to the
+/// DREQ a program that exits without destroying its id got, say), as the
+/// kernel does for an exiting process.
+pub(crate) fn destroy_all_ids() {
+    for service in services() {
+        service.with_state(|state, now| state.protocol.destroy_all(now));
+    }
+}
+
+/// Then, until `deadline`, sends again the DREQs no DREP answered yet, so
+/// that one lost on the way does not leave the peer waiting for its
+/// DISCONNECTED.
+pub(crate) fn resend_unanswered_until(deadline: Instant) {
+    let services = services();
+    while Instant::now() + EXIT_RESEND < deadline {
+        std::thread::sleep(EXIT_RESEND);
+        let mut unanswered = false;
+        for service in &services {
+            unanswered |= service.with_state(|state, _| state.protocol.resend_unanswered());
+        }
+        if !unanswered {
+            return;
+        }
     }
 }
 

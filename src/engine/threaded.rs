@@ -40,7 +40,7 @@ use super::registry::{Registry, RegistryAccess};
 use super::tuning::Tuning;
 use crate::net::{wait_readable, Link, LinkStats};
 use crate::transport::{
-    AsyncEvent, Counters, CqKind, Qp, QpType, Srq, TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
+    AsyncEvent, Counters, CqKind, Qp, QpState, QpType, Srq, TransmitOrder, WorkCompletion, TRANSMIT_HEADROOM,
 };
 use crate::wire::{BthRepr, RoceRepr};
 
@@ -716,6 +716,49 @@ impl Engine {
         self.release(p);
         true
     }
+
+    /// Before the program goes (it closes the device, or exits): sends
+    /// every answer the device owes — the ACK a waiter left for its next
+    /// post, responses, what destroyed QPs and the CM queued — in full
+    /// rounds until one finds nothing to do. Then, if an RC peer would
+    /// resend what got no answer (an ACK lost on the way) before
+    /// `deadline`, stays to answer it: a process's QPs go with it, and its
+    /// peer's retries would run out into nobody. Returns by `deadline`
+    /// whatever happens: if another thread holds progress throughout (the
+    /// program exits from a signal handler that interrupted it), that
+    /// thread is rung to send instead.
+    pub fn settle(&self, deadline: Instant) {
+        let mut p = loop {
+            if let Some(p) = try_lock(&self.progress) {
+                break p;
+            }
+            self.shared.handover.ring();
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        };
+        let end = deadline.saturating_duration_since(p.start);
+        loop {
+            p.quiet_until = Duration::ZERO;
+            let step = p.iterate(&self.shared, None);
+            if !step.busy || p.now() >= end {
+                break;
+            }
+        }
+        // A peer resends an ACK timeout after its packet arrived here; a
+        // second one covers a resend that comes late (a peer short of CPU).
+        let resend_at = p.resend_window().map(|window| p.last_received + window);
+        if let Some(until) = resend_at.filter(|&at| at < end).map(|at| (at + (at - p.last_received)).min(end)) {
+            while p.now() < until {
+                let ready = wait_readable(&p.fds, until.saturating_sub(p.now()));
+                self.shared.handover.drain_doorbell(&p.fds, ready);
+                p.quiet_until = Duration::ZERO;
+                p.iterate(&self.shared, None);
+            }
+        }
+        self.release(p);
+    }
 }
 
 impl Drop for Engine {
@@ -786,6 +829,9 @@ pub(crate) struct Progress {
     quiet_until: Duration,
     /// The earliest QP timer the last full round saw.
     seen_timer: Option<Duration>,
+    /// When a round last received a packet: a peer's resend of what it
+    /// got no answer to comes an ACK timeout after it ([`Engine::settle`]).
+    last_received: Duration,
     tuning: Tuning,
 }
 
@@ -850,6 +896,7 @@ impl Progress {
             lingering: Lingering::new(&tuning),
             quiet_until: Duration::ZERO,
             seen_timer: None,
+            last_received: Duration::ZERO,
             tuning,
         }
     }
@@ -918,12 +965,16 @@ impl Progress {
             Batch::Ready => {
                 self.owed = true;
                 self.quiet_until = Duration::ZERO;
+                self.last_received = now;
                 *lock(&shared.link_stats) = self.out.link.stats();
                 return Step { busy: true, next_timer: None };
             }
             Batch::Done { received, drained } => (received, drained),
         };
         self.owed = false;
+        if received {
+            self.last_received = now;
+        }
         // The link may hold packets it looks at again later (rdma_cm
         // requests waiting for a listener).
         let link_event = self.out.link.next_event();
@@ -941,6 +992,24 @@ impl Progress {
         self.quiet_until =
             if busy { Duration::ZERO } else { (now + self.tuning.quiet_span).min(next_timer.unwrap_or(Duration::MAX)) };
         Step { busy, next_timer }
+    }
+
+    /// The shortest local ACK timeout of the RC QPs that have a peer (and
+    /// of those destroyed that still answer it): about when a peer whose
+    /// last packet got no answer sends it again, if both ends set the same
+    /// timeout, as programs do.
+    fn resend_window(&self) -> Option<Duration> {
+        let connected = |qp: &Qp| {
+            qp.is_lingering() || matches!(qp.state(), QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+        };
+        self.by_qpn
+            .values()
+            .chain(self.lingering.cells.values())
+            .filter_map(|cell| {
+                let qp = lock(&cell.qp);
+                (qp.qp_type() == QpType::Rc && connected(&qp)).then(|| qp.ack_timeout()).flatten()
+            })
+            .min()
     }
 
     /// Takes in the QP table's changes since the last round; says whether

@@ -731,7 +731,7 @@ impl Qp {
 
     /// The local ACK timeout: 4.096 µs × 2^timeout, at least
     /// [`MIN_ACK_TIMEOUT`], or none for 0.
-    fn ack_timeout(&self) -> Option<Duration> {
+    pub(crate) fn ack_timeout(&self) -> Option<Duration> {
         match self.attr.timeout {
             0 => None,
             t => Some(Duration::from_nanos(4096u64 << t).max(MIN_ACK_TIMEOUT)),

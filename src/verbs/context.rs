@@ -2,7 +2,8 @@
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
 
 use super::device::Device;
 use super::error::{Error, Result};
@@ -119,6 +120,24 @@ impl ContextInner {
     }
 }
 
+/// Every context the process opened, while it is open, with the process
+/// that opened it: those [`crate::settle_before_exit`] settles.
+static OPEN: Mutex<Vec<(u32, Weak<ContextInner>)>> = Mutex::new(Vec::new());
+
+/// The contexts this process opened and has open. A child of `fork` has
+/// its parent's too, whose sockets it shares and whose engine threads it
+/// does not have: they are the parent's to settle.
+pub(crate) fn open_contexts() -> Vec<Context> {
+    let mut open = lock(&OPEN);
+    open.retain(|(_, inner)| inner.strong_count() > 0);
+    let here = std::process::id();
+    open.iter()
+        .filter(|(pid, _)| *pid == here)
+        .filter_map(|(_, inner)| inner.upgrade())
+        .map(|inner| Context { inner })
+        .collect()
+}
+
 /// An open device (`ibv_context`): its engine thread runs while any object
 /// of the context lives.
 #[derive(Debug, Clone)]
@@ -173,7 +192,12 @@ impl Context {
             next_qpn: AtomicU32::new(crate::random_u32()),
             next_id: AtomicU32::new(1),
         };
-        Ok(Context { inner: Arc::new(inner) })
+        let inner = Arc::new(inner);
+        let mut open = lock(&OPEN);
+        open.retain(|(_, inner)| inner.strong_count() > 0);
+        open.push((std::process::id(), Arc::downgrade(&inner)));
+        drop(open);
+        Ok(Context { inner })
     }
 
     /// A reference that does not keep the context open: registries of the
@@ -265,6 +289,21 @@ impl Context {
     pub fn unlisten_cm(&self, service: u32) -> Result<()> {
         let share = self.inner.share.as_ref().ok_or_else(|| Error::InvalidArgument("no shared port".into()))?;
         Ok(share.unlisten(service)?)
+    }
+
+    /// Whether this process opened it, rather than the parent it was forked from.
+    pub(crate) fn opened_here(&self) -> bool {
+        lock(&OPEN).iter().any(|(pid, inner)| *pid == std::process::id() && inner.as_ptr() == Arc::as_ptr(&self.inner))
+    }
+
+    /// Sends what the device owes its peers before the program lets it go
+    /// or exits — the ACKs, responses and CM messages queued, then, for a
+    /// short while, answers to the resends of peers whose last answer was
+    /// lost — and returns by `deadline` (rxe-spec T-33). Closing a context
+    /// or exiting does not wait for this by itself: the C library calls it
+    /// from `ibv_close_device` and at exit ([`crate::settle_before_exit`]).
+    pub fn settle(&self, deadline: Instant) {
+        self.inner.engine.settle(deadline);
     }
 
     /// Device-wide counters, like rxe's hw_counters: the sum over every QP

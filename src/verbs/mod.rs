@@ -52,7 +52,7 @@ mod srq;
 pub mod stats;
 
 pub use ah::AddressHandle;
-pub(crate) use context::WeakContext;
+pub(crate) use context::{open_contexts, WeakContext};
 pub use context::{CaptureOptions, Context, ContextOptions, DeviceCounters};
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Device, DeviceAttr, PortAttr};

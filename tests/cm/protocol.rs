@@ -547,3 +547,45 @@ fn a_req_from_a_qp_still_connected_is_stale() {
     pipe.run_for(Duration::from_secs(1));
     assert!(matches!(pipe.b.events[..], [Event::Request { .. }, Event::Established { .. }]));
 }
+
+#[test]
+fn an_exit_answers_the_dreq_and_resends_its_own_until_answered() {
+    let mut pipe = Pipe::new();
+    pipe.b.cm.listen(SERVICE, 16).unwrap();
+    let first = pipe.connect(0x28);
+    pipe.run_for(Duration::from_secs(1));
+    pipe.a.take_events();
+    // B's consumer got the DREQ and exits without destroying its id: the
+    // exit destroys it, and the DREP goes.
+    pipe.b.auto_answer = false;
+    pipe.a.cm.disconnect(pipe.now, first, b"").unwrap();
+    pipe.deliver();
+    assert!(matches!(
+        pipe.b.take_events()[..],
+        [Event::Request { .. }, Event::Established { .. }, Event::DisconnectRequest { .. }]
+    ));
+    assert!(pipe.a.take_events().is_empty(), "A waits for the DREP");
+    pipe.b.cm.destroy_all(pipe.now);
+    pipe.deliver();
+    assert!(matches!(pipe.a.take_events()[..], [Event::Disconnected { id }] if id == first));
+    assert!(!pipe.b.cm.has_unanswered(), "a DREP waits for nothing");
+
+    // A destroys an established id; its DREQ is lost. The kernel would
+    // leave it there; a process about to exit sends it again until the DREP.
+    pipe.b.auto_answer = true;
+    let second = pipe.connect(0x29);
+    pipe.run_for(Duration::from_secs(1));
+    pipe.a.take_events();
+    pipe.b.take_events();
+    pipe.lose = lose_first(0, attr::DREQ, 1);
+    pipe.a.cm.destroy(pipe.now, second);
+    pipe.deliver();
+    assert!(pipe.b.events.is_empty(), "the DREQ was lost");
+    assert!(pipe.a.cm.has_unanswered());
+    assert!(pipe.a.cm.resend_unanswered());
+    pipe.deliver();
+    assert!(matches!(pipe.b.take_events()[..], [Event::DisconnectRequest { .. }]));
+    assert_eq!((pipe.a.sent_of(attr::DREQ), pipe.b.sent_of(attr::DREP)), (3, 2));
+    assert!(!pipe.a.cm.has_unanswered() && !pipe.a.cm.resend_unanswered(), "the DREP answered it");
+    assert!(pipe.a.events.is_empty(), "a destroyed id reports nothing");
+}

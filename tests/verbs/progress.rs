@@ -352,3 +352,39 @@ fn four_thousand_busy_qps_all_complete_without_running_out_of_retries() {
     assert!(done.iter().all(|&d| d == PER_QP));
     assert!(contents(&mr_b) == data, "the WRITEs' bytes");
 }
+
+/// rxe-spec T-33: B's ACK of A's last SEND is lost (B breaks the ICRC of
+/// every other packet it sends); B's program destroys its QP, settles its
+/// context and lets it go, as a program that exits does. A resends an ACK
+/// timeout later, within the settling, and B's destroyed QP answers it: A's
+/// SEND completes. Without the settling the resend finds nobody and A's
+/// retries run out (RETRY_EXC_ERR).
+#[test]
+fn settling_answers_the_resend_of_a_lost_last_ack() {
+    let port = free_port(&[IP_A, IP_B]);
+    let a = Node::open("settle_a", IP_A, ContextOptions { port, ..ContextOptions::default() });
+    let b = Node::open("settle_b", IP_B, ContextOptions { port, corrupt_icrc_every: 2, ..ContextOptions::default() });
+    // 67 ms apart, twice: all within the settling's 200 ms.
+    let quick =
+        ConnectOptions { timeout: AckTimeout::from_exponent(14).unwrap(), retry_cnt: 2, ..options(Mtu::Mtu1024) };
+    let NodePair { a, b, qp_a, qp_b, mr_a, mr_b } = NodePair::new((a, b), QpType::Rc, &quick, &quick);
+    for wr_id in 0..2 {
+        qp_b.post_recv(RecvWr { wr_id, sg_list: vec![mr_b.sge(0, 64)] }).unwrap();
+    }
+    for wr_id in 0..2 {
+        qp_a.post_send(SendWr::new(wr_id, SendOp::Send).with_sge(mr_a.sge(0, 64))).unwrap();
+        assert_eq!(next_wc(&b.cq).wr_id, wr_id);
+        if wr_id == 0 {
+            // B's first ACK arrives; its second, of the last SEND, will not.
+            let wc = a.cq.wait_one(WAIT).expect("the first SEND completes");
+            assert_eq!((wc.wr_id, wc.status), (0, WcStatus::Success));
+        }
+    }
+    drop(qp_b);
+    b.ctx.settle(Instant::now() + Duration::from_millis(200));
+    let corrupted = b.ctx.counters().link.corrupted;
+    drop((b, mr_b));
+    let wc = a.cq.wait_one(WAIT).expect("the last SEND completes");
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success), "B's settling answered A's resend");
+    assert!(corrupted >= 1 && a.ctx.counters().qp.timeouts >= 1, "the last ACK was lost and resent for");
+}

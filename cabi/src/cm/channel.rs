@@ -4,6 +4,7 @@
 
 use std::os::raw::c_int;
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use softroce::cm::EventChannel;
@@ -21,6 +22,17 @@ static CHANNELS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 pub(super) struct Channel {
     c: rdma_event_channel,
     pub(super) channel: EventChannel,
+    /// Threads inside `rdma_get_cm_event` on it ([`Channel::enter`]).
+    getters: AtomicUsize,
+}
+
+/// A thread inside `rdma_get_cm_event` on a channel, until dropped.
+pub(super) struct Getter<'a>(pub(super) &'a Channel);
+
+impl Drop for Getter<'_> {
+    fn drop(&mut self) {
+        self.0.getters.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Channel {
@@ -28,7 +40,8 @@ impl Channel {
     pub(super) fn create() -> Result<*mut rdma_event_channel, c_int> {
         crate::device::open_cm_contexts();
         let channel = EventChannel::new().map_err(|e| e.errno())?;
-        let boxed = Box::new(Channel { c: rdma_event_channel { fd: channel.fd() }, channel });
+        let boxed =
+            Box::new(Channel { c: rdma_event_channel { fd: channel.fd() }, channel, getters: AtomicUsize::new(0) });
         let leaked = Box::into_raw(boxed);
         locked(&CHANNELS).push(leaked as usize);
         Ok(leaked.cast())
@@ -42,14 +55,31 @@ impl Channel {
         known.then(|| unsafe { &*channel.cast::<Channel>() })
     }
 
+    /// [`Channel::from_c`] for `rdma_get_cm_event`, which may block in it: counted, under the
+    /// list's lock, so that a destroy meanwhile does not free it under the waiting thread.
+    pub(super) fn enter<'a>(channel: *mut rdma_event_channel) -> Option<Getter<'a>> {
+        let channels = locked(&CHANNELS);
+        let known = channels.contains(&(channel as usize));
+        // SAFETY: a listed channel is a live Channel, whose rdma_event_channel opens it.
+        let found: &'a Channel = known.then(|| unsafe { &*channel.cast::<Channel>() })?;
+        found.getters.fetch_add(1, Ordering::AcqRel);
+        Some(Getter(found))
+    }
+
     /// # Safety
-    /// Nothing uses the channel after.
+    /// No id uses the channel after, as librdmacm asks. A thread still waiting in it (a
+    /// program's event thread it never joined, rping's of rdma-core 44) keeps waiting, as on
+    /// the kernel's channel whose descriptor was closed under its read: the channel is then
+    /// left allocated, never freed under it.
     pub(super) unsafe fn free(channel: *mut rdma_event_channel) {
         let mut channels = locked(&CHANNELS);
         if let Some(at) = channels.iter().position(|&c| c == channel as usize) {
             channels.swap_remove(at);
             // SAFETY: leaked from a Box by create, and no longer listed.
-            drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+            let channel = unsafe { Box::from_raw(channel.cast::<Channel>()) };
+            if channel.getters.load(Ordering::Acquire) > 0 {
+                Box::leak(channel);
+            }
         }
     }
 }

@@ -33,7 +33,8 @@ struct Event {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
     guard_neg(|| {
-        let Some(ch) = Channel::from_c(channel) else { return fail(libc::EINVAL) };
+        let Some(getter) = Channel::enter(channel) else { return fail(libc::EINVAL) };
+        let ch = getter.0;
         if event.is_null() {
             return fail(libc::EINVAL);
         }
@@ -77,17 +78,18 @@ symver!(rdma_ack_cm_event);
 fn deliver(found: CmEvent) -> Option<*mut rdma_cm_event> {
     let (id, listen) = match (found.kind, &found.listen_id) {
         (CmEventKind::ConnectRequest, Some(listen_id)) => {
-            let listen = Id::of(listen_id)?;
+            let listen = Id::of_counted(listen_id)?;
             match Id::for_request(listen, found.id.clone()) {
                 Ok(id) => (id, Some(listen)),
                 Err(_) => {
+                    listen.acknowledged();
                     // No C id, no program to answer: refuse the peer (the id goes with the event).
                     let _ = found.id.reject(&[]);
                     return None;
                 }
             }
         }
-        _ => (Id::of(&found.id)?, None),
+        _ => (Id::of_counted(&found.id)?, None),
     };
     id.refresh();
     super::qp::refresh_qp_state(id);
@@ -129,7 +131,6 @@ fn deliver(found: CmEvent) -> Option<*mut rdma_cm_event> {
         // SAFETY: writing the union's common first field.
         unsafe { event.c.param.conn.as_mut().private_data = data };
     }
-    counted.delivered();
     Some(Box::into_raw(event).cast())
 }
 

@@ -145,12 +145,16 @@ impl Id {
         known.then(|| unsafe { &*id.cast::<Id>() })
     }
 
-    /// The C id of `id`, if it has one.
-    pub(super) fn of(id: &CmId) -> Option<&'static Id> {
+    /// The C id of `id`, if it has one (any more), with an event counted as delivered to it, which `rdma_destroy_id` then waits
+    /// for the program to acknowledge. Found and counted under the registry's lock: a destroy
+    /// unregisters the id before it waits, so none comes between and frees it under the event.
+    pub(super) fn of_counted(id: &CmId) -> Option<&'static Id> {
         let ids = locked(&IDS);
-        let found = ids.iter().find(|(known, _)| known.same_as(id)).map(|&(_, p)| p);
+        let found = ids.iter().find(|(known, _)| known.same_as(id)).map(|&(_, p)| p)?;
         // SAFETY: ids stay registered until rdma_destroy_id frees them, after unregistering.
-        found.map(|p| unsafe { &*(p as *const Id) })
+        let found = unsafe { &*(found as *const Id) };
+        found.delivered();
+        Some(found)
     }
 
     pub(super) fn c(&self) -> *mut rdma_cm_id {
@@ -372,8 +376,9 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         if found.is_sync() {
             found.ack_kept_event();
         }
-        found.wait_acknowledged();
+        // Unregistered first: no event is delivered to it after the wait.
         locked(&IDS).retain(|&(_, p)| p != ptr::from_ref(found) as usize);
+        found.wait_acknowledged();
         // SAFETY: leaked by Id::register and no longer registered; the channel, if the id's
         // own, is used by nothing else.
         unsafe {
