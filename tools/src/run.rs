@@ -9,6 +9,10 @@
 //! device and inode), so a program using both has one softroce. `--preload` adds
 //! `LD_PRELOAD`, for programs that load libibverbs with `dlopen` by full
 //! path or that carry an RPATH.
+//!
+//! `run` becomes the program (exec), except with `--trace`: then it starts
+//! the program, waits for it and everything it started to end, and renders
+//! the trace they wrote (`crate::trace`).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -44,7 +48,7 @@ pub struct Args {
     /// page for a FILE ending in .html; `-` writes text to stderr. `run`
     /// then waits for the program instead of becoming it, and renders the
     /// timeline when it ends (SOFTROCE_TRACE).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "print_env")]
     trace: Option<PathBuf>,
     /// Also preload the library (LD_PRELOAD).
     #[arg(long)]
