@@ -11,8 +11,8 @@
 //! path or that carry an RPATH.
 //!
 //! `run` becomes the program (exec), except with `--trace`: then it starts
-//! the program, waits for it and everything it started to end, and renders
-//! the trace they wrote (`crate::trace`).
+//! the program, waits for it and for every process it left behind (`run`
+//! is their subreaper), and renders the trace they wrote (`crate::trace`).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -206,6 +206,11 @@ pub fn spawn_and_wait(command: &[OsString], env: Vec<(&'static str, OsString)>, 
         libc::signal(libc::SIGTERM, pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t);
         libc::signal(libc::SIGHUP, pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t);
     }
+    // Orphans (a server the program started in the background and did not
+    // wait for, mpirun's daemons) become ours, so that `run` waits for them
+    // too: their events are part of the trace.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let mut child = match Command::new(program).args(rest).envs(env).env(softroce::trace::ENV, events).spawn() {
         Ok(child) => child,
         Err(error) => {
@@ -216,6 +221,7 @@ pub fn spawn_and_wait(command: &[OsString], env: Vec<(&'static str, OsString)>, 
     CHILD.store(i32::try_from(child.id()).unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
     let status = child.wait();
     CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
+    reap_orphans();
     use std::os::unix::process::ExitStatusExt;
     match status {
         Ok(status) => match (status.code(), status.signal()) {
@@ -226,6 +232,19 @@ pub fn spawn_and_wait(command: &[OsString], env: Vec<(&'static str, OsString)>, 
         Err(error) => {
             eprintln!("softroce run: waiting for {}: {error}", program.to_string_lossy());
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Waits until every process the program left behind has ended (a
+/// terminal's Ctrl-C reaches them too).
+fn reap_orphans() {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes only the status it is given.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
         }
     }
 }
