@@ -395,7 +395,9 @@ mod tests {
     /// their arguments and results.
     #[test]
     fn every_packet_and_call_is_a_line() {
-        let (ip_a, ip_b): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        // Addresses of its own: two tests that pick the same free port on
+        // the same addresses at once see each other's packets.
+        let (ip_a, ip_b): (IpAddr, IpAddr) = ("127.0.0.61".parse().unwrap(), "127.0.0.62".parse().unwrap());
         let port = crate::net::udp::free_port(&[ip_a, ip_b]).unwrap();
         let path = std::env::temp_dir().join(format!("softroce-trace-test-{}.events", std::process::id()));
         let _ = std::fs::remove_file(&path);

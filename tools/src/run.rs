@@ -13,6 +13,10 @@
 //! The program also gets the `/dev/infiniband` and `/sys/class/infiniband`
 //! files a kernel rxe host has for its devices ([`namespace`]), in a mount
 //! namespace of its own, which `--no-namespace` does without.
+//!
+//! `run` becomes the program (exec), except with `--trace`: then it starts
+//! the program, waits for it and for every process it left behind (`run`
+//! is their subreaper), and renders the trace they wrote (`crate::trace`).
 
 mod namespace;
 
@@ -57,7 +61,7 @@ pub struct Args {
     /// page for a FILE ending in .html; `-` writes text to stderr. `run`
     /// then waits for the program instead of becoming it, and renders the
     /// timeline when it ends (SOFTROCE_TRACE).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "print_env")]
     trace: Option<PathBuf>,
     /// Also preload the library (LD_PRELOAD).
     #[arg(long)]
@@ -244,6 +248,11 @@ pub fn spawn_and_wait(command: &[OsString], env: Vec<(&'static str, OsString)>, 
         libc::signal(libc::SIGTERM, pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t);
         libc::signal(libc::SIGHUP, pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t);
     }
+    // Orphans (a server the program started in the background and did not
+    // wait for, mpirun's daemons) become ours, so that `run` waits for them
+    // too: their events are part of the trace.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let mut child = match Command::new(program).args(rest).envs(env).env(softroce::trace::ENV, events).spawn() {
         Ok(child) => child,
         Err(error) => {
@@ -254,6 +263,7 @@ pub fn spawn_and_wait(command: &[OsString], env: Vec<(&'static str, OsString)>, 
     CHILD.store(i32::try_from(child.id()).unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
     let status = child.wait();
     CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
+    reap_orphans();
     use std::os::unix::process::ExitStatusExt;
     match status {
         Ok(status) => match (status.code(), status.signal()) {
@@ -264,6 +274,19 @@ pub fn spawn_and_wait(command: &[OsString], env: Vec<(&'static str, OsString)>, 
         Err(error) => {
             eprintln!("softroce run: waiting for {}: {error}", program.to_string_lossy());
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Waits until every process the program left behind has ended (a
+/// terminal's Ctrl-C reaches them too).
+fn reap_orphans() {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes only the status it is given.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
         }
     }
 }

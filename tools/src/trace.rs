@@ -153,6 +153,8 @@ pub struct Endpoint {
     pub device: String,
     pub process: String,
     pub addresses: Vec<IpAddr>,
+    /// The QPs the program created on it.
+    pub qps: Vec<u32>,
 }
 
 impl Endpoint {
@@ -160,7 +162,11 @@ impl Endpoint {
     pub fn describe(&self) -> String {
         let addresses: Vec<String> = self.addresses.iter().map(ToString::to_string).collect();
         match self.pid {
-            Some(pid) => format!("pid {pid} {}, device {} ({})", self.process, self.device, addresses.join(", ")),
+            Some(pid) => {
+                let qps: Vec<String> = self.qps.iter().map(|q| format!("{q:#x}")).collect();
+                let qps = if qps.is_empty() { String::new() } else { format!(", QP {}", qps.join(", ")) };
+                format!("pid {pid} {}, device {} ({}){qps}", self.process, self.device, addresses.join(", "))
+            }
             None => format!("peer {} (not traced)", addresses.join(", ")),
         }
     }
@@ -296,6 +302,7 @@ impl Timeline {
                     let endpoint = (event.pid, event.endpoint.clone());
                     if let Some(&index) = columns.get(&endpoint) {
                         owners.insert(qpn, index);
+                        timeline.endpoints[index].qps.push(qpn);
                     }
                 }
             }
@@ -378,6 +385,7 @@ impl Timeline {
                 device: device.to_string(),
                 process: process.to_string(),
                 addresses: Vec::new(),
+                qps: Vec::new(),
             });
             self.endpoints.len() - 1
         })
@@ -388,7 +396,13 @@ impl Timeline {
         if let Some(i) = self.endpoints.iter().position(|e| e.pid.is_none() && e.addresses == [ip]) {
             return i;
         }
-        self.endpoints.push(Endpoint { pid: None, device: String::new(), process: String::new(), addresses: vec![ip] });
+        self.endpoints.push(Endpoint {
+            pid: None,
+            device: String::new(),
+            process: String::new(),
+            addresses: vec![ip],
+            qps: Vec::new(),
+        });
         self.endpoints.len() - 1
     }
 

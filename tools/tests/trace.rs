@@ -186,6 +186,18 @@ fn run_merges_processes_and_survives_a_killed_child() {
     std::fs::remove_file(trace).unwrap();
 }
 
+/// A process the program started and did not wait for is waited for: its
+/// events are in the timeline.
+#[test]
+fn run_waits_for_what_the_program_left_behind() {
+    let trace = scratch("orphan.txt");
+    let output = run_traced(&trace, r#"(sleep 1; "$1" atomic) & exit 0"#);
+    assert!(output.status.success());
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert_line(&text, &["RC_ATOMIC_ACKNOWLEDGE", "received"]);
+    std::fs::remove_file(trace).unwrap();
+}
+
 /// `--trace -` writes the text timeline to stderr.
 #[test]
 fn run_trace_dash_writes_to_stderr() {
