@@ -15,7 +15,7 @@
 //! (as in `examples/rc_pingpong.rs`).
 
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use softroce::verbs::{
     Access, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, ProtectionDomain, QpType,
@@ -34,7 +34,7 @@ struct Side {
     mr: MemoryRegion,
     cq: CompletionQueue,
     _pd: ProtectionDomain,
-    _ctx: Context,
+    ctx: Context,
 }
 
 /// Opens a device on `addr`, allocates a PD, a CQ, an RC QP and 4 KiB of
@@ -49,7 +49,7 @@ fn side(name: &str, addr: &str, mac_tail: u8, corrupt_every: u32) -> Result<Side
     let qp = pd.create_qp(QpType::Rc, &cq).build()?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mr = pd.alloc_mr(4096, access)?;
-    Ok(Side { qp, mr, cq, _pd: pd, _ctx: ctx })
+    Ok(Side { qp, mr, cq, _pd: pd, ctx })
 }
 
 /// Two connected sides: each QP learns the other's number, first PSN and
@@ -139,7 +139,13 @@ fn rnr() -> Result<()> {
     let (alice, bob) = pair(0)?;
     alice.mr.write(0, b"too early")?;
     alice.qp.post_send(SendWr::new(6, SendOp::Send).with_sge(alice.mr.sge(0, 9)))?;
-    std::thread::sleep(Duration::from_millis(3));
+    // Bob posts his receive only once his device has said "not ready": on
+    // a busy machine the SEND may take longer than any fixed sleep.
+    let since = Instant::now();
+    while bob.ctx.counters().qp.rnr_naks_sent == 0 {
+        check(since.elapsed() < WAIT, "bob's device sent no RNR NAK")?;
+        std::thread::sleep(Duration::from_millis(1));
+    }
     bob.qp.post_recv(RecvWr { wr_id: 7, sg_list: vec![bob.mr.sge(0, 4096)] })?;
     completion(&alice.cq)?;
     let received = completion(&bob.cq)?;
