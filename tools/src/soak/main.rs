@@ -108,6 +108,15 @@ struct Running {
     last_counts: (Vec<u64>, Instant),
 }
 
+impl Drop for Running {
+    /// Whatever ends the soak, no member outlives it (a child already
+    /// waited for is not signalled again).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn spawn(dir: &Path, index: u32, generation: u32, place: &Place, peers: &[(u32, SocketAddr)]) -> Result<Child, String> {
     let spec = Spec {
         dir: dir.to_path_buf(),
@@ -208,7 +217,18 @@ fn soak(duration: Duration) -> Result<bool, String> {
                 continue;
             }
             if let Ok(Some(status)) = r.child.try_wait() {
-                return Err(format!("member {index} generation {} exited by itself ({status})", r.generation));
+                // A crash: recorded, and the member started again so that
+                // the soak goes on.
+                let log = Spec::file(&dir, index as u32, r.generation, "log");
+                failures.push(format!(
+                    "member {index} generation {} exited by itself ({status}): {}",
+                    r.generation,
+                    log.display()
+                ));
+                r.generation += 1;
+                r.child = spawn(&dir, index as u32, r.generation, &places[r.place], &r.spec_peers)?;
+                r.last_counts = (Vec::new(), now);
+                continue;
             }
             let c = counts(&dir, index as u32, r.generation);
             let moving: Vec<u64> =
@@ -421,10 +441,11 @@ impl Report {
             mib(t("ud_bytes"))
         );
         println!(
-            "connections: {} made over rdma_cm ({} accepted, {} closed by disconnect), {} refused or unanswered (peer down), {} keep-alive probes",
+            "connections: {} made over rdma_cm ({} accepted, {} closed by disconnect, {} given up by the client before they were up), {} refused or unanswered (peer down), {} keep-alive probes",
             t("connections"),
             t("accepted"),
             t("served"),
+            t("abandoned"),
             t("refused"),
             t("probes")
         );

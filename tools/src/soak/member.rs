@@ -151,6 +151,7 @@ struct Tally {
     accepted: AtomicU64,
     refused: AtomicU64,
     served: AtomicU64,
+    abandoned: AtomicU64,
     probes: AtomicU64,
 }
 
@@ -306,6 +307,7 @@ fn write_progress(shared: &Shared, path: &Path) {
         ("accepted", t.accepted.load(Ordering::Relaxed)),
         ("refused", t.refused.load(Ordering::Relaxed)),
         ("served", t.served.load(Ordering::Relaxed)),
+        ("abandoned", t.abandoned.load(Ordering::Relaxed)),
         ("probes", t.probes.load(Ordering::Relaxed)),
         ("retries", c.qp.retries),
         ("timeouts", c.qp.timeouts),
@@ -416,6 +418,14 @@ fn serve(shared: &Shared) {
                         let gone = served.swap_remove(at);
                         let _ = gone.id.disconnect();
                         shared.tally.served.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                // The client gave up before the connection was up (its CM
+                // timed out and rejected, or it could not move its QP).
+                CmEventKind::Rejected | CmEventKind::Unreachable | CmEventKind::ConnectError => {
+                    if let Some(at) = served.iter().position(|s| s.id.same_as(&event.id)) {
+                        served.swap_remove(at);
+                        shared.tally.abandoned.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 _ => {}
