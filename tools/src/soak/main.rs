@@ -33,6 +33,8 @@ const HOST_B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 const CM_PORT: u16 = 7400;
 /// A member whose counts do not move for this long has hung.
 const HANG: Duration = Duration::from_secs(90);
+/// A restarted member that lives this long must carry traffic again.
+const REJOIN: Duration = Duration::from_secs(5);
 
 /// `len` bytes that differ from one `seed` to the next (tests/support's).
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -105,6 +107,7 @@ struct Running {
     place: usize,
     generation: u32,
     child: Child,
+    spawned: Instant,
     last_counts: (Vec<u64>, Instant),
 }
 
@@ -180,6 +183,7 @@ fn soak(duration: Duration) -> Result<bool, String> {
             place,
             generation: 0,
             child,
+            spawned: Instant::now(),
             last_counts: (Vec::new(), Instant::now()),
         });
     }
@@ -189,31 +193,42 @@ fn soak(duration: Duration) -> Result<bool, String> {
     let mut killed: BTreeSet<(u32, u32)> = BTreeSet::new();
     let mut failures: Vec<String> = Vec::new();
     let mut next_kill = start + Duration::from_secs(3 + rng.below(4));
-    let mut restart: Option<(usize, Instant)> = None;
-    let mut rejoined = Vec::new();
-    while start.elapsed() < duration || restart.is_some() {
+    // Members killed and when each starts again.
+    let mut restart: Vec<(usize, Instant)> = Vec::new();
+    // Restarted generations and how long they lived.
+    let mut restarts: Vec<(u32, u32, Duration)> = Vec::new();
+    while start.elapsed() < duration || !restart.is_empty() {
         std::thread::sleep(Duration::from_millis(100));
         let now = Instant::now();
-        if let Some((index, at)) = restart {
-            if now >= at {
-                let r = &mut running[index];
-                r.generation += 1;
-                r.child = spawn(&dir, index as u32, r.generation, &places[r.place], &r.spec_peers)?;
-                r.last_counts = (Vec::new(), now);
-                restart = None;
-            }
-        } else if now >= next_kill && start.elapsed() + Duration::from_secs(5) < duration {
-            let index = rng.below(running.len() as u64) as usize;
+        for &(index, _) in restart.iter().filter(|(_, at)| now >= *at) {
             let r = &mut running[index];
-            let _ = r.child.kill();
-            let _ = r.child.wait();
-            killed.insert((index as u32, r.generation));
-            rejoined.push((index as u32, r.generation + 1));
-            restart = Some((index, now + Duration::from_millis(300 + rng.below(1200))));
+            r.generation += 1;
+            r.child = spawn(&dir, index as u32, r.generation, &places[r.place], &r.spec_peers)?;
+            r.spawned = now;
+            r.last_counts = (Vec::new(), now);
+        }
+        restart.retain(|(_, at)| now < *at);
+        if restart.is_empty() && now >= next_kill && start.elapsed() + Duration::from_secs(5) < duration {
+            // One member, or one time in four two at once (both of a
+            // namespace, say: its group is left empty with a stale state).
+            let mut victims = vec![rng.below(running.len() as u64) as usize];
+            if rng.below(4) == 0 {
+                victims.push((victims[0] + 1 + rng.below(running.len() as u64 - 1) as usize) % running.len());
+            }
+            for index in victims {
+                let r = &mut running[index];
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                killed.insert((index as u32, r.generation));
+                if r.generation > 0 {
+                    restarts.push((index as u32, r.generation, now - r.spawned));
+                }
+                restart.push((index, now + Duration::from_millis(300 + rng.below(1200))));
+            }
             next_kill = now + Duration::from_secs(3 + rng.below(5));
         }
         for (index, r) in running.iter_mut().enumerate() {
-            if restart.is_some_and(|(i, _)| i == index) {
+            if restart.iter().any(|&(i, _)| i == index) {
                 continue;
             }
             if let Ok(Some(status)) = r.child.try_wait() {
@@ -227,6 +242,7 @@ fn soak(duration: Duration) -> Result<bool, String> {
                 ));
                 r.generation += 1;
                 r.child = spawn(&dir, index as u32, r.generation, &places[r.place], &r.spec_peers)?;
+                r.spawned = now;
                 r.last_counts = (Vec::new(), now);
                 continue;
             }
@@ -243,6 +259,14 @@ fn soak(duration: Duration) -> Result<bool, String> {
         }
     }
     let ran = start.elapsed();
+    let end = Instant::now();
+    restarts.extend(
+        running
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.generation > 0)
+            .map(|(i, r)| (i as u32, r.generation, end - r.spawned)),
+    );
 
     // Stop: clients finish their round and disconnect; then servers close.
     fs::write(dir.join("stop"), "").map_err(|e| e.to_string())?;
@@ -288,7 +312,7 @@ fn soak(duration: Duration) -> Result<bool, String> {
     let leaked_slots: usize = port_dirs.iter().map(|d| live_slots(d)).sum();
     drop(lossy);
 
-    let report = Report::gather(&dir, &running, &killed, &rejoined);
+    let report = Report::gather(&dir, &running, &killed, &restarts);
     let ok = report.print(ran, port, &injected, leaked_slots, &failures);
     if ok {
         let _ = fs::remove_dir_all(&dir);
@@ -343,7 +367,12 @@ struct Report {
 }
 
 impl Report {
-    fn gather(dir: &Path, running: &[Running], killed: &BTreeSet<(u32, u32)>, rejoined: &[(u32, u32)]) -> Report {
+    fn gather(
+        dir: &Path,
+        running: &[Running],
+        killed: &BTreeSet<(u32, u32)>,
+        restarts: &[(u32, u32, Duration)],
+    ) -> Report {
         let mut report = Report { killed: killed.len(), ..Report::default() };
         for (index, r) in running.iter().enumerate() {
             let index = index as u32;
@@ -378,8 +407,9 @@ impl Report {
             }
         }
         // A restarted member must have taken a slot on the shared port again
-        // and carried traffic there, as a client or a server.
-        for &(index, generation) in rejoined {
+        // and carried traffic there, as a client or a server, unless it was
+        // killed again before it could.
+        for &(index, generation, _) in restarts.iter().filter(|(_, _, lived)| *lived >= REJOIN) {
             let c = counts(dir, index, generation);
             let worked = ["rounds", "accepted"].iter().any(|k| c.get(*k).copied().unwrap_or(0) > 0);
             if !worked || c.get("slot").is_none_or(|&s| s == 0) {
@@ -472,7 +502,7 @@ impl Report {
         );
         let hangs = self.hangs.len() + failures.iter().filter(|f| f.starts_with("hang")).count();
         println!(
-            "checks: {} lost, {} corrupted, {hangs} hangs; leaked over {} surviving processes: {} threads, {} fds; {leaked_slots} shared-port slots left after all exited; {} restarts that never rejoined",
+            "checks: {} lost, {} corrupted, {hangs} hangs; leaked over {} surviving processes: {} threads, {} fds; {leaked_slots} shared-port slots left after all exited; {} restarts (living {REJOIN:?} or more) that never rejoined",
             self.lost.len(),
             self.corrupted.len(),
             self.survivors,
