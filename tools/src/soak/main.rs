@@ -102,12 +102,15 @@ struct Place {
     namespace: Option<String>,
 }
 
+/// A member's current process: generation 0, or the one that replaced the
+/// last one killed.
 struct Running {
-    spec_peers: Vec<(u32, SocketAddr)>,
+    peers: Vec<(u32, SocketAddr)>,
     place: usize,
     generation: u32,
     child: Child,
     spawned: Instant,
+    /// Its counts of work done as last seen, and since when they stand still.
     last_counts: (Vec<u64>, Instant),
 }
 
@@ -179,7 +182,7 @@ fn soak(duration: Duration) -> Result<bool, String> {
             .collect();
         let child = spawn(&dir, index as u32, 0, &places[place], &peers)?;
         running.push(Running {
-            spec_peers: peers,
+            peers,
             place,
             generation: 0,
             child,
@@ -203,7 +206,7 @@ fn soak(duration: Duration) -> Result<bool, String> {
         for &(index, _) in restart.iter().filter(|(_, at)| now >= *at) {
             let r = &mut running[index];
             r.generation += 1;
-            r.child = spawn(&dir, index as u32, r.generation, &places[r.place], &r.spec_peers)?;
+            r.child = spawn(&dir, index as u32, r.generation, &places[r.place], &r.peers)?;
             r.spawned = now;
             r.last_counts = (Vec::new(), now);
         }
@@ -241,7 +244,7 @@ fn soak(duration: Duration) -> Result<bool, String> {
                     log.display()
                 ));
                 r.generation += 1;
-                r.child = spawn(&dir, index as u32, r.generation, &places[r.place], &r.spec_peers)?;
+                r.child = spawn(&dir, index as u32, r.generation, &places[r.place], &r.peers)?;
                 r.spawned = now;
                 r.last_counts = (Vec::new(), now);
                 continue;
