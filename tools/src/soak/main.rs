@@ -362,6 +362,8 @@ struct Report {
     lost: Vec<String>,
     corrupted: Vec<String>,
     hangs: Vec<String>,
+    /// rdma_cm steps of live peers that ended in an unexpected event.
+    cm_errors: Vec<String>,
     other: Vec<String>,
     leaked_threads: i64,
     leaked_fds: i64,
@@ -435,6 +437,10 @@ impl Report {
                 _ => self.lost.push(at),
             },
             "lost" => self.lost.push(at),
+            "cm-error" => match (field("peer"), field("peer_gen")) {
+                (Some(p), Some(g)) if killed.contains(&(p, g)) => self.expected_errors += 1,
+                _ => self.cm_errors.push(at),
+            },
             "corrupt" => self.corrupted.push(at),
             "cm-timeout" => self.hangs.push(at),
             _ => self.other.push(at),
@@ -505,9 +511,10 @@ impl Report {
         );
         let hangs = self.hangs.len() + failures.iter().filter(|f| f.starts_with("hang")).count();
         println!(
-            "checks: {} lost, {} corrupted, {hangs} hangs; leaked over {} surviving processes: {} threads, {} fds; {leaked_slots} shared-port slots left after all exited; {} restarts (living {REJOIN:?} or more) that never rejoined",
+            "checks: {} lost, {} corrupted, {hangs} hangs, {} rdma_cm failures; leaked over {} surviving processes: {} threads, {} fds; {leaked_slots} shared-port slots left after all exited; {} restarts (living {REJOIN:?} or more) that never rejoined",
             self.lost.len(),
             self.corrupted.len(),
+            self.cm_errors.len(),
             self.survivors,
             self.leaked_threads,
             self.leaked_fds,
@@ -518,6 +525,7 @@ impl Report {
             .iter()
             .chain(&self.corrupted)
             .chain(&self.hangs)
+            .chain(&self.cm_errors)
             .chain(&self.other)
             .chain(&self.never_rejoined)
             .chain(failures)
@@ -527,6 +535,7 @@ impl Report {
         self.lost.is_empty()
             && self.corrupted.is_empty()
             && hangs == 0
+            && self.cm_errors.is_empty()
             && self.other.is_empty()
             && self.never_rejoined.is_empty()
             && failures.is_empty()
@@ -550,9 +559,11 @@ mod tests {
         report.judge(2, 0, "corrupt side=server peer=1 peer_gen=0 conn=0x4 UC message", &killed);
         report.judge(2, 0, "cm-timeout peer=1 conn=0x5 step=connect", &killed);
         report.judge(2, 0, "fatal post", &killed);
+        report.judge(1, 0, "cm-error side=client peer=2 peer_gen=0 conn=0x6 disconnect ended in Rejected", &killed);
         assert_eq!(report.expected_errors, 1);
         assert_eq!(report.lost.len(), 2, "{:?}", report.lost);
         assert_eq!((report.corrupted.len(), report.hangs.len(), report.other.len()), (1, 1, 1));
+        assert_eq!(report.cm_errors.len(), 1);
     }
 
     #[test]

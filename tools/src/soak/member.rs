@@ -615,11 +615,13 @@ fn client(shared: &Shared, k: u64) {
     }
 }
 
-fn expect(channel: &EventChannel, kind: CmEventKind) -> Result<softroce::cm::CmEvent, CmEventKind> {
+/// The next CM event, if it is `kind`; else what came instead and its
+/// status (no event within [`BOUND`]: `DeviceRemoval`, never raised).
+fn expect(channel: &EventChannel, kind: CmEventKind) -> Result<softroce::cm::CmEvent, (CmEventKind, i32)> {
     match channel.get_event(Some(BOUND)) {
         Some(event) if event.kind == kind && event.status == 0 => Ok(event),
-        Some(event) => Err(event.kind),
-        None => Err(CmEventKind::DeviceRemoval),
+        Some(event) => Err((event.kind, event.status)),
+        None => Err((CmEventKind::DeviceRemoval, 0)),
     }
 }
 
@@ -634,7 +636,7 @@ fn connection(
     rounds: u64,
 ) -> Result<(), String> {
     let spec = &shared.spec;
-    let refused = |step: &str, kind: CmEventKind| {
+    let refused = |step: &str, (kind, _): (CmEventKind, i32)| {
         shared.tally.refused.fetch_add(1, Ordering::Relaxed);
         if kind == CmEventKind::DeviceRemoval {
             shared.event(format!("cm-timeout peer={peer} conn={conn:#x} step={step}"));
@@ -644,12 +646,12 @@ fn connection(
     let channel = EventChannel::with_options(shared.cm.clone()).map_err(|e| format!("fatal channel: {e}"))?;
     let id = CmId::new(&channel, PortSpace::Tcp).map_err(|e| format!("fatal id: {e}"))?;
     id.resolve_addr(Some(SocketAddr::new(spec.addr, 0)), addr, BOUND).map_err(|e| format!("fatal resolve: {e}"))?;
-    if let Err(kind) = expect(&channel, CmEventKind::AddrResolved) {
-        return refused("addr", kind);
+    if let Err(got) = expect(&channel, CmEventKind::AddrResolved) {
+        return refused("addr", got);
     }
     id.resolve_route(BOUND).map_err(|e| format!("fatal route: {e}"))?;
-    if let Err(kind) = expect(&channel, CmEventKind::RouteResolved) {
-        return refused("route", kind);
+    if let Err(got) = expect(&channel, CmEventKind::RouteResolved) {
+        return refused("route", got);
     }
     let res = Resources::new(&id, &shared.ctx, cli::LEN).map_err(|e| format!("fatal resources: {e}"))?;
     for i in 0..2 {
@@ -663,7 +665,7 @@ fn connection(
     id.connect(&conn_param(request)).map_err(|e| format!("fatal connect: {e}"))?;
     let established = match expect(&channel, CmEventKind::Established) {
         Ok(event) => event,
-        Err(kind) => return refused("connect", kind),
+        Err(got) => return refused("connect", got),
     };
     let reply = established.conn.map(|c| c.private_data).unwrap_or_default();
     let short = || format!("corrupt side=client peer={peer} conn={conn:#x} reply {reply:?}");
@@ -780,8 +782,10 @@ fn connection(
         t.ud_sent.fetch_add(1, Ordering::Relaxed);
     }
     id.disconnect().map_err(|e| format!("fatal disconnect {who}: {e}"))?;
-    if let Err(kind) = expect(&channel, CmEventKind::Disconnected) {
-        return Err(format!("lost side=client {who} disconnect: {kind:?}"));
+    // A live peer answers the DREQ; a killed one leaves the CM's retries
+    // to end in DISCONNECTED too. Anything else is the CM's failure.
+    if let Err((kind, status)) = expect(&channel, CmEventKind::Disconnected) {
+        return Err(format!("cm-error side=client {who} disconnect ended in {kind:?} status={status}"));
     }
     Ok(())
 }
