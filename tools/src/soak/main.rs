@@ -493,8 +493,13 @@ impl Report {
             self.killed, self.expected_errors
         );
         println!(
-            "injector (nftables and HTB on the veth, both directions): {} packets seen, {} dropped, {} duplicated, {} sent through the 1 Mbit/s lane ({} of them held back there while later packets passed)",
-            injected.offered, injected.dropped, injected.duplicated, injected.slowed, injected.held_back
+            "injector (nftables and HTB on the veth, both directions): {} packets seen, {} dropped, {} duplicated, {} sent through the 1 Mbit/s lane ({} of them held back there while later packets passed, {} dropped as it was full)",
+            injected.offered,
+            injected.dropped,
+            injected.duplicated,
+            injected.slowed,
+            injected.held_back,
+            injected.lane_dropped
         );
         println!(
             "devices: {} packets sent, {} received; {} retries, {} ACK timeouts, {} sequence NAKs sent, {} duplicate requests, {} RNR NAKs sent, {} forwarded between members, {} forward drops, {} for unknown QPs",

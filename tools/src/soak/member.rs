@@ -229,8 +229,10 @@ pub fn main(spec: Spec) -> Result<(), String> {
     let device = Device::holding(spec.addr).map_err(|e| format!("device of {}: {e}", spec.addr))?;
     let ctx = Context::open(&device, ContextOptions { port: spec.port, busy_poll: false, ..ContextOptions::default() })
         .map_err(|e| format!("opening {}: {e}", spec.addr))?;
-    // Short CM timeouts: a REQ to a killed member goes unanswered.
-    let cm = CmOptions { response_timeout: 16, max_cm_retries: 3, ..CmOptions::with_context(&ctx) };
+    // CM timeouts shorter than the kernel's (4 s, 15 retries), so that a
+    // REQ to a killed member is given up within seconds, yet longer than the
+    // injector's slow lane holds a packet.
+    let cm = CmOptions { response_timeout: 17, max_cm_retries: 4, ..CmOptions::with_context(&ctx) };
     let shared = Arc::new(Shared {
         spec,
         ctx,

@@ -17,6 +17,8 @@ const DROP_PER_MILLE: u32 = 10;
 const DUPLICATE_PER_MILLE: u32 = 10;
 /// Packets in a thousand sent through the slow lane.
 const SLOW_PER_MILLE: u32 = 20;
+/// Packets the slow lane holds.
+const SLOW_QUEUE: u32 = 24;
 
 /// What the injector did, summed over both directions.
 #[derive(Debug, Default)]
@@ -27,6 +29,8 @@ pub struct Injected {
     /// Sent through the slow lane, and held back there behind its rate.
     pub slowed: u64,
     pub held_back: u64,
+    /// Dropped because the slow lane was full.
+    pub lane_dropped: u64,
 }
 
 pub struct Lossy {
@@ -78,6 +82,10 @@ impl Lossy {
             tc(&format!(
                 "class add dev {veth} parent 1: classid 1:20 htb rate 1mbit ceil 1mbit burst 1600 cburst 1600"
             ))?;
+            // A short queue: a packet waits in the lane at most ~0.2 s,
+            // within the CM's response time, as a network's packet
+            // lifetime is; beyond it the lane drops.
+            tc(&format!("qdisc add dev {veth} parent 1:20 handle 20: pfifo limit {SLOW_QUEUE}"))?;
             let rules = format!(
                 "table ip soak {{\n chain out {{\n  type filter hook postrouting priority 0; policy accept;\n  \
                  oifname \"{veth}\" udp dport 4791 counter\n  \
@@ -116,6 +124,12 @@ impl Lossy {
                 .nth(1)
                 .and_then(|c| c.split("overlimits ").nth(1)?.split_whitespace().next()?.parse::<u64>().ok());
             injected.held_back += held.unwrap_or(0);
+            // "qdisc pfifo 20: parent 1:20 limit 24p\n Sent B bytes P pkt (dropped D, ..."
+            let queues = run(&["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", veth], None);
+            let lane_drops = queues.unwrap_or_default().split("parent 1:20").nth(1).and_then(|q| {
+                q.split("(dropped ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()
+            });
+            injected.lane_dropped += lane_drops.unwrap_or(0);
         }
         injected
     }
