@@ -360,12 +360,14 @@ impl Eq for InFlight {}
 /// SplitMix64 (Steele, Lea and Flood, 2014): one word of state, good enough
 /// statistically for fault injection, and written here rather than taken from
 /// `rand` because `rand`'s `StdRng` does not promise the same output across
-/// releases, and a seed must replay the same run forever.
+/// releases, and a seed must replay the same run forever. Public for the
+/// other seeded choosers (`tools/soak`'s kills and patterns).
 #[derive(Debug)]
-struct SplitMix64(u64);
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -373,8 +375,13 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
 
+    /// The next 32 random bits: the high half of [`Self::next_u64`].
+    pub fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
     /// True with probability `p`; draws once whatever `p` is.
-    fn chance(&mut self, p: f64) -> bool {
+    pub fn chance(&mut self, p: f64) -> bool {
         // The top 53 bits, as a float uniform in [0, 1).
         let unit = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         unit < p
@@ -382,12 +389,12 @@ impl SplitMix64 {
 
     /// Uniform in `[0, n)` by multiply-and-shift; the bias, under n / 2^64, is
     /// far below anything a simulation can see.
-    fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
     }
 
     /// Uniform in `[0, max]`, in nanoseconds.
-    fn up_to(&mut self, max: Duration) -> Duration {
+    pub fn up_to(&mut self, max: Duration) -> Duration {
         let max = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
         Duration::from_nanos(self.below(max.saturating_add(1)))
     }

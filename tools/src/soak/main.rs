@@ -26,6 +26,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use member::Spec;
+use softroce::net::sim::SplitMix64;
 
 const HOST_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
 const HOST_B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
@@ -39,31 +40,6 @@ const REJOIN: Duration = Duration::from_secs(5);
 /// `len` bytes that differ from one `seed` to the next (tests/support's).
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32).map(|i| (i.wrapping_add(seed).wrapping_mul(0x9e37_79b1) >> 24) as u8).collect()
-}
-
-/// SplitMix64 (tests/support's): deterministic choices from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
 }
 
 fn main() -> ExitCode {
@@ -192,7 +168,7 @@ fn soak(duration: Duration) -> Result<bool, String> {
     }
 
     let start = Instant::now();
-    let mut rng = Rng::new(u64::from(std::process::id()));
+    let mut rng = SplitMix64(u64::from(std::process::id()));
     let mut killed: BTreeSet<(u32, u32)> = BTreeSet::new();
     let mut failures: Vec<String> = Vec::new();
     let mut next_kill = start + Duration::from_secs(3 + rng.below(4));

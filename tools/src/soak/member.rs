@@ -22,7 +22,9 @@ use softroce::verbs::{
     ProtectionDomain, QpType, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::{pattern, Rng};
+use softroce::net::sim::SplitMix64;
+
+use super::pattern;
 
 /// How long any completion, answer or CM step may take before it counts
 /// as lost: a dead peer's RC retries end after 8 timeouts of 2.1 s (the
@@ -183,7 +185,7 @@ fn fds() -> usize {
 
 /// The seed of the bytes of message `n` of connection `conn`, of kind `kind`.
 fn seed(conn: u64, n: u64, kind: u8) -> u32 {
-    let mut rng = Rng::new(conn ^ n.rotate_left(24) ^ u64::from(kind) << 56);
+    let mut rng = SplitMix64(conn ^ n.rotate_left(24) ^ u64::from(kind) << 56);
     rng.next_u32()
 }
 
@@ -604,7 +606,7 @@ fn repost(shared: &Shared, s: &Served, qp: &QueuePair, wr_id: u64, at: usize) ->
 /// A client thread: connects to random peers, one at a time, until stopped.
 fn client(shared: &Shared, k: u64) {
     let spec = &shared.spec;
-    let mut rng = Rng::new(u64::from(spec.index) << 40 ^ u64::from(spec.generation) << 20 ^ k ^ 0x50a4);
+    let mut rng = SplitMix64(u64::from(spec.index) << 40 ^ u64::from(spec.generation) << 20 ^ k ^ 0x50a4);
     let mut serial = 0u64;
     while !shared.stop.load(Ordering::Relaxed) && !spec.peers.is_empty() {
         let (peer, addr) = spec.peers[rng.next_u32() as usize % spec.peers.len()];
@@ -631,7 +633,7 @@ fn expect(channel: &EventChannel, kind: CmEventKind) -> Result<softroce::cm::CmE
 /// line for the events file if something went wrong.
 fn connection(
     shared: &Shared,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     conn: u64,
     peer: u32,
     addr: SocketAddr,
