@@ -493,8 +493,30 @@ impl Engine {
     /// threads that wait for a completion or an event poll instead of
     /// sleeping (lowest latency, a core spent per waiting thread); the
     /// engine thread always sleeps when idle, so idle devices cost nothing.
-    pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
-        let tuning = Tuning::for_cpus(std::thread::available_parallelism().map_or(1, usize::from));
+    /// `cpus` says where the engine thread runs, and so how much it may
+    /// poll: [`Tuning::for_cpus`] of the CPUs it has.
+    pub fn start<L: Link + Send + 'static>(
+        link: L,
+        busy_poll: bool,
+        cpus: EngineCpus,
+        name: &str,
+    ) -> std::io::Result<Engine> {
+        // The thread starts first: only it can learn which CPUs it gets.
+        let (to_thread, from_start) =
+            crossbeam_channel::bounded::<(Arc<Mutex<Progress>>, Arc<EngineShared>, Tuning)>(1);
+        let (counted, cpu_count) = crossbeam_channel::bounded(1);
+        let span_name = name.to_string();
+        let thread = std::thread::Builder::new().name(format!("softroce-{name}")).spawn(move || {
+            block_async_signals();
+            if cpus == EngineCpus::Device {
+                widen_affinity();
+            }
+            let _ = counted.send(std::thread::available_parallelism().map_or(1, usize::from));
+            let Ok((progress, shared, tuning)) = from_start.recv() else { return };
+            let _span = debug_span!("engine", device = %span_name).entered();
+            run(&progress, &shared, &tuning)
+        })?;
+        let tuning = Tuning::for_cpus(cpu_count.recv().unwrap_or(1));
         let shared = Arc::new(EngineShared {
             handover: Handover::new(Some(EventFd::new()?), &tuning),
             events: AsyncEvents::new()?,
@@ -502,13 +524,7 @@ impl Engine {
             ..EngineShared::default()
         });
         let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared, tuning)));
-        let (thread_shared, thread_progress) = (Arc::clone(&shared), Arc::clone(&progress));
-        let span_name = name.to_string();
-        let thread = std::thread::Builder::new().name(format!("softroce-{name}")).spawn(move || {
-            block_async_signals();
-            let _span = debug_span!("engine", device = %span_name).entered();
-            run(&thread_progress, &thread_shared, &tuning)
-        })?;
+        let _ = to_thread.send((Arc::clone(&progress), Arc::clone(&shared), tuning));
         Ok(Engine { shared, progress, busy_poll, tuning, thread: Some(thread) })
     }
 
@@ -1366,6 +1382,53 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
         let ready = wait_readable(&fds, wait);
         handover.engine_wakes();
         handover.drain_doorbell(&fds, ready);
+    }
+}
+
+/// Which CPUs a device's engine thread runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineCpus {
+    /// Any the process's cpuset allows, whatever the thread that opened the
+    /// device is bound to, as kernel rxe's work runs in softirqs and work
+    /// queues on any CPU: an MPI rank bound to a core does not share it
+    /// with its device's progress (rxe-spec T-34).
+    #[default]
+    Device,
+    /// The opening thread's, as any thread it starts: `taskset` then
+    /// confines the device's work with the program's.
+    Opener,
+}
+
+impl EngineCpus {
+    /// The environment variable that chooses for contexts whose options do
+    /// not: `opener` for [`EngineCpus::Opener`], `device` (or unset) for
+    /// [`EngineCpus::Device`].
+    pub const ENV: &'static str = "SOFTROCE_ENGINE_CPUS";
+
+    /// The choice `SOFTROCE_ENGINE_CPUS` makes, or an error naming what it
+    /// holds if that is neither.
+    pub fn from_env() -> Result<EngineCpus, String> {
+        match std::env::var(Self::ENV).as_deref() {
+            Err(_) | Ok("" | "device") => Ok(EngineCpus::Device),
+            Ok("opener") => Ok(EngineCpus::Opener),
+            Ok(other) => Err(format!("{}={other}: neither `device` nor `opener`", Self::ENV)),
+        }
+    }
+}
+
+/// Lets the calling thread run on every CPU of the process's cpuset: the
+/// kernel keeps of a full mask what the cpuset allows. Where it refuses,
+/// the thread keeps the CPUs it had.
+#[allow(unsafe_code)]
+fn widen_affinity() {
+    // SAFETY: a cpu_set_t on the stack, filled by libc's macro and passed
+    // with its own size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for cpu in 0..libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
