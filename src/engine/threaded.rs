@@ -598,7 +598,7 @@ impl Engine {
     pub fn poll_progress(&self, cq: &CqShared) {
         let Some(mut p) = try_lock(&self.progress) else { return };
         p.iterate(&self.shared, Some(&|| !cq.is_empty()));
-        self.release(p);
+        self.release(p, !cq.is_empty());
     }
 
     /// One full round from this thread, for a thread that just changed what
@@ -629,17 +629,18 @@ impl Engine {
             }
         };
         p.iterate(&self.shared, None);
-        let released_at = self.release(p);
+        let released_at = self.release(p, false);
         self.shared.handover.drove_once(released_at);
     }
 
     /// Lets go of driving progress, ringing the engine if the hand-over
-    /// says it must hear of it ([`Handover::release`]); returns when: when
-    /// the round just driven began (every caller drove one), so that a
-    /// program that spins on its CQ reads the clock once a poll, not twice.
-    fn release(&self, p: MutexGuard<'_, Progress>) -> Duration {
+    /// says it must hear of it ([`Handover::release`]); `found`: the poll
+    /// that drove found a completion. Returns when: when the round just
+    /// driven began (every caller drove one), so that a program that spins
+    /// on its CQ reads the clock once a poll, not twice.
+    fn release(&self, p: MutexGuard<'_, Progress>, found: bool) -> Duration {
         let now = p.round_at;
-        let ring = self.shared.handover.release(now, p.owed, || p.next_timer());
+        let ring = self.shared.handover.release(now, p.owed, found, || p.next_timer());
         drop(p);
         if ring {
             self.shared.handover.ring();
@@ -729,7 +730,7 @@ impl Engine {
             self.shared.handover.drain_doorbell(&p.fds, ready);
         }
         drop(driving);
-        self.release(p);
+        self.release(p, false);
         true
     }
 
@@ -773,7 +774,7 @@ impl Engine {
                 p.iterate(&self.shared, None);
             }
         }
-        self.release(p);
+        self.release(p, false);
     }
 }
 
@@ -1333,14 +1334,23 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
     let mut lax_slack = false;
     while !shared.stop.load(Ordering::SeqCst) {
         let now = start.elapsed();
-        if let Some(left) = handover.engine_keeps_off(now) {
+        // A program that leaves its CQ once a poll finds a completion may
+        // have found it in a round of the engine's, and be spinning on
+        // memory now: the engine keeps off only while a thread drives.
+        let leaves = handover.leaves(now);
+        let keep_off = handover.engine_keeps_off(now).filter(|_| !leaves || handover.is_driven());
+        if let Some(mut left) = keep_off {
+            if leaves {
+                left = left.min(tuning.kick_handover);
+            }
             // Only a doorbell (work an application thread could not hand
             // over) calls the engine in while the application drives.
             handover.engine_sleeps_until(now + left);
             // While a thread waits or polls, the engine looks again at the
             // first clock tick after the handover, not at its end; after a
-            // post alone, when the poster may have gone, it is back on time.
-            let lax = handover.is_driven() || left > tuning.kick_handover;
+            // post alone, when the poster may have gone, it is back on time,
+            // and so for a program that leaves its CQ.
+            let lax = !leaves && (handover.is_driven() || left > tuning.kick_handover);
             if lax != lax_slack {
                 set_timer_slack(if lax { tuning.handover_slack } else { Duration::ZERO });
                 lax_slack = lax;
@@ -1352,7 +1362,14 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
             }
             handover.drain_doorbell(&doorbell, ready);
         }
-        let step = lock(progress).iterate(shared, None);
+        let step = {
+            let mut p = lock(progress);
+            let step = p.iterate(shared, None);
+            if p.last_received == p.round_at {
+                handover.engine_received(p.round_at);
+            }
+            step
+        };
         let now = start.elapsed();
         if step.busy {
             last_busy = now;
