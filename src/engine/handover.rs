@@ -53,6 +53,9 @@ pub(crate) struct Handover {
     /// wake the engine: the program was seen to leave its CQ after such a
     /// poll and wait elsewhere (perftest's `ib_write_lat` spins on memory).
     leaves_until: AtomicU64,
+    /// Since the last poll that found a completion and rang for it, the
+    /// engine received packets nobody else took.
+    served_since_found: AtomicBool,
     /// [`Tuning::handover`].
     handover: Duration,
     /// [`Tuning::kick_handover`].
@@ -78,6 +81,7 @@ impl Handover {
             timer_armed: AtomicBool::new(false),
             found_at: AtomicU64::new(0),
             leaves_until: AtomicU64::new(0),
+            served_since_found: AtomicBool::new(false),
             handover: tuning.handover,
             kick_handover: tuning.kick_handover,
         }
@@ -157,11 +161,18 @@ impl Handover {
     ) -> bool {
         // A program that spins on its CQ polls again within a microsecond,
         // and its next poll holds the engine off again.
-        let leaving = found && self.leaves(now);
+        let leaves = self.leaves(now);
+        let leaving = found && leaves;
+        if leaves && !found && !self.served_since_found.load(Ordering::SeqCst) {
+            // Back at the CQ before the engine had anything to do: this
+            // program spins on its CQ after all.
+            self.leaves_until.store(0, Ordering::Relaxed);
+        }
         let mark = if leaving { nanos(now.saturating_sub(self.handover)).max(1) } else { nanos(now) };
         self.driven_at.store(mark, Ordering::SeqCst);
         if found {
             self.found_at.store(mark, Ordering::SeqCst);
+            self.served_since_found.store(false, Ordering::SeqCst);
         }
         // A round that ended at the driver's completion left the answers it
         // owes (an ACK, say) for the thread's next post to carry. Should it
@@ -197,7 +208,16 @@ impl Handover {
     pub(crate) fn engine_received(&self, now: Duration) {
         let found = self.found_at.load(Ordering::SeqCst);
         if found != 0 && !self.is_driven() && self.driven_at.load(Ordering::SeqCst) == found {
+            self.served_since_found.store(true, Ordering::SeqCst);
             self.leaves_until.store(nanos(now + LEAVES_FOR), Ordering::Relaxed);
+        }
+    }
+
+    /// A poll found the engine driving and could not: the program is at
+    /// its CQ, whatever it found before.
+    pub(crate) fn polled_without_driving(&self) {
+        if self.found_at.load(Ordering::Relaxed) != 0 {
+            self.found_at.store(0, Ordering::SeqCst);
         }
     }
 
@@ -346,10 +366,31 @@ mod tests {
         h.engine_sleeps_until(T + 10 * MS);
         assert!(h.release(T + 3 * MS, false, true, || None), "the sleeping engine is rung");
         assert_eq!(h.engine_keeps_off(T + 3 * MS), None);
-        // An empty poll still holds it off.
-        assert!(!h.release(T + 3 * MS, false, false, || None));
-        assert_eq!(h.engine_keeps_off(T + 3 * MS), Some(MS));
-        assert!(!h.leaves(T + 2 * MS + LEAVES_FOR), "for a while after the last time it was seen");
+        // The engine places the peer's packets; the program's next polls
+        // hold it off again, and it is still taken to leave.
+        h.engine_received(T + 4 * MS);
+        assert!(!h.release(T + 5 * MS, false, false, || None));
+        assert_eq!(h.engine_keeps_off(T + 5 * MS), Some(MS));
+        assert!(h.leaves(T + 5 * MS));
+        assert!(!h.leaves(T + 4 * MS + LEAVES_FOR), "for a while after the last time it was seen");
+    }
+
+    #[test]
+    fn a_program_back_at_its_cq_before_the_engine_had_work_is_not_taken_to_leave() {
+        let h = Handover::default();
+        assert!(!h.release(T, false, true, || None));
+        h.engine_received(T + MS);
+        assert!(h.leaves(T + MS));
+        // A found poll rings the engine, but the program polls again at once.
+        h.engine_sleeps_until(T + 10 * MS);
+        assert!(h.release(T + 2 * MS, false, true, || None));
+        assert!(!h.release(T + 2 * MS, false, false, || None));
+        assert!(!h.leaves(T + 2 * MS));
+        // Nor is one whose poll found the engine driving.
+        assert!(!h.release(T + 3 * MS, false, true, || None));
+        h.polled_without_driving();
+        h.engine_received(T + 4 * MS);
+        assert!(!h.leaves(T + 4 * MS));
     }
 
     #[test]

@@ -596,7 +596,10 @@ impl Engine {
     /// programs do) move their own packets instead of waiting for the
     /// engine thread to wake.
     pub fn poll_progress(&self, cq: &CqShared) {
-        let Some(mut p) = try_lock(&self.progress) else { return };
+        let Some(mut p) = try_lock(&self.progress) else {
+            self.shared.handover.polled_without_driving();
+            return;
+        };
         p.iterate(&self.shared, Some(&|| !cq.is_empty()));
         self.release(p, !cq.is_empty());
     }
