@@ -53,8 +53,8 @@ pub(crate) struct Handover {
     /// wake the engine: the program was seen to leave its CQ after such a
     /// poll and wait elsewhere (perftest's `ib_write_lat` spins on memory).
     leaves_until: AtomicU64,
-    /// Since the last poll that found a completion and rang for it, the
-    /// engine received packets nobody else took.
+    /// Since the last poll that found a completion, the engine received
+    /// packets while nobody polled: what keeps a program taken to leave.
     served_since_found: AtomicBool,
     /// [`Tuning::handover`].
     handover: Duration,
