@@ -39,7 +39,6 @@ pub mod world;
 
 pub use eventfd::EventFd;
 pub(crate) use registry::RawRegion;
-pub use threaded::EngineCpus;
 
 use std::io;
 
