@@ -30,6 +30,11 @@ use super::pattern;
 /// as lost: a dead peer's RC retries end after 8 timeouts of 2.1 s (the
 /// CM's local ACK timeout), well within it.
 pub const BOUND: Duration = Duration::from_secs(45);
+/// How long a member waits after dropping everything for its threads to
+/// be gone: longer than TimeWait (2^(19 − 8) ms = 2.05 s for rdma_cm's
+/// ACK timeout code 19), through which a CM service whose DREQ went
+/// unanswered keeps its context, as the kernel keeps such a cm_id.
+const SETTLE: Duration = Duration::from_secs(4);
 /// Client threads per member.
 const CLIENTS: u64 = 2;
 /// The Q_Key of the UD QPs.
@@ -280,8 +285,10 @@ pub fn main(spec: Spec) -> Result<(), String> {
     write_progress(&shared, &file("progress"));
     let slot = shared.ctx.slot();
     drop(shared);
-    // Exited threads leave /proc/self/task a moment after their joiner wakes.
-    let settle = Instant::now() + Duration::from_secs(2);
+    // Exited threads leave /proc/self/task a moment after their joiner
+    // wakes, and a context lives on while its CM waits out TimeWait for a
+    // DREQ no DREP answered (a killed peer's).
+    let settle = Instant::now() + SETTLE;
     while threads() != threads_before && Instant::now() < settle {
         std::thread::sleep(Duration::from_millis(10));
     }
