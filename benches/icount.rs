@@ -14,7 +14,8 @@
 //! percent cheaper is reported so that the baseline gets lowered, and
 //! `-- --update` rewrites the baseline with the counts just made.
 //!
-//! The children run on one CPU (`taskset`), where the engine never polls
+//! The children run on one CPU (`taskset`, engines included:
+//! `EngineCpus::Opener`), where the engine never polls
 //! against the clock (it sleeps when idle, `Tuning::for_cpus`), so what
 //! runs per message depends little on how fast valgrind happens to run.
 //! What still moves is how often an engine thread wakes for a round of its
@@ -44,7 +45,8 @@ use std::time::Duration;
 
 use softroce::transport::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
 use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion, ProtectionDomain, QueuePair,
+    CompletionQueue, ConnectOptions, Context, ContextOptions, Device, EngineCpus, MemoryRegion, ProtectionDomain,
+    QueuePair,
 };
 
 /// Messages before counting starts: queues, maps and buffers have grown to
@@ -156,7 +158,14 @@ impl Side {
         let device = Device::custom(name, vec![IpAddr::V4(ip)], [0x02, 0, 0, 0, c, d], 65536);
         // No counters file: its thread wakes five times a second of wall
         // time, which under valgrind would count the run's duration.
-        let options = ContextOptions { port, publish_counters: false, ..ContextOptions::default() };
+        // The engines stay on the one CPU `taskset` gives the child, so
+        // that nothing polls against the clock.
+        let options = ContextOptions {
+            port,
+            publish_counters: false,
+            engine_cpus: Some(EngineCpus::Opener),
+            ..ContextOptions::default()
+        };
         let ctx = Context::open(&device, options)?;
         let pd = ctx.alloc_pd()?;
         let mr = pd.alloc_mr(REGION_LEN, ACCESS)?;

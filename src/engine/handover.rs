@@ -23,6 +23,10 @@ use std::time::Duration;
 use super::eventfd::EventFd;
 use super::tuning::Tuning;
 
+/// How long a program that was seen to leave its CQ once a poll found a
+/// completion ([`Handover::engine_received`]) is taken to keep doing so.
+const LEAVES_FOR: Duration = Duration::from_millis(100);
+
 /// The hand-over of progress between application threads and the engine
 /// thread. Points in time are on the transport's clock.
 #[derive(Debug)]
@@ -43,6 +47,15 @@ pub(crate) struct Handover {
     /// A thread armed a QP timer while the engine was awake: the engine
     /// looks at the timers again before it sleeps.
     timer_armed: AtomicBool,
+    /// What the last poll that found a completion set `driven_at` to (ns).
+    found_at: AtomicU64,
+    /// Until when (ns) polls that find a completion end the hand-over and
+    /// wake the engine: the program was seen to leave its CQ after such a
+    /// poll and wait elsewhere (perftest's `ib_write_lat` spins on memory).
+    leaves_until: AtomicU64,
+    /// Since the last poll that found a completion, the engine received
+    /// packets while nobody polled: what keeps a program taken to leave.
+    served_since_found: AtomicBool,
     /// [`Tuning::handover`].
     handover: Duration,
     /// [`Tuning::kick_handover`].
@@ -66,6 +79,9 @@ impl Handover {
             engine_wake_at: AtomicU64::new(0),
             answers_owed: AtomicBool::new(false),
             timer_armed: AtomicBool::new(false),
+            found_at: AtomicU64::new(0),
+            leaves_until: AtomicU64::new(0),
+            served_since_found: AtomicBool::new(false),
             handover: tuning.handover,
             kick_handover: tuning.kick_handover,
         }
@@ -129,13 +145,35 @@ impl Handover {
     }
 
     /// A driver lets go at `now`, with answers `owed` if its round ended
-    /// early. Says whether the engine must be rung: it is asleep for long
-    /// and answers are owed, or asleep past the earliest QP timer, which
-    /// `next_timer` finds (asked only when the engine is not due back
-    /// within a handover anyway: a spinning poller would pay for that look
-    /// at every QP on every poll).
-    pub(crate) fn release(&self, now: Duration, owed: bool, next_timer: impl FnOnce() -> Option<Duration>) -> bool {
-        self.driven_at.store(nanos(now), Ordering::SeqCst);
+    /// early, after a poll that `found` a completion or not. Says whether
+    /// the engine must be rung: it is asleep for long and answers are owed,
+    /// or asleep past the earliest QP timer, which `next_timer` finds
+    /// (asked only when the engine is not due back within a handover
+    /// anyway: a spinning poller would pay for that look at every QP on
+    /// every poll), or asleep while a program that leaves its CQ after a
+    /// completion (see [`Handover::engine_received`]) just did.
+    pub(crate) fn release(
+        &self,
+        now: Duration,
+        owed: bool,
+        found: bool,
+        next_timer: impl FnOnce() -> Option<Duration>,
+    ) -> bool {
+        // A program that spins on its CQ polls again within a microsecond,
+        // and its next poll holds the engine off again.
+        let leaves = self.leaves(now);
+        let leaving = found && leaves;
+        if leaves && !found && !self.served_since_found.load(Ordering::SeqCst) {
+            // Back at the CQ before the engine had anything to do: this
+            // program spins on its CQ after all.
+            self.leaves_until.store(0, Ordering::Relaxed);
+        }
+        let mark = if leaving { nanos(now.saturating_sub(self.handover)).max(1) } else { nanos(now) };
+        self.driven_at.store(mark, Ordering::SeqCst);
+        if found {
+            self.found_at.store(mark, Ordering::SeqCst);
+            self.served_since_found.store(false, Ordering::SeqCst);
+        }
         // A round that ended at the driver's completion left the answers it
         // owes (an ACK, say) for the thread's next post to carry. Should it
         // never post, the engine sends them: it sees this before it sleeps,
@@ -147,7 +185,40 @@ impl Handover {
         let soon = wake != 0 && wake <= nanos(now + self.handover);
         let next_timer = if soon { None } else { next_timer() };
         let asleep_long = wake != 0 && !soon;
-        (owed && asleep_long) || next_timer.is_some_and(|t| self.engine_sleeps_past(t))
+        (owed && asleep_long) || (leaving && wake != 0) || next_timer.is_some_and(|t| self.engine_sleeps_past(t))
+    }
+
+    /// Whether the program is taken, at `now`, to leave its CQ once a poll
+    /// finds a completion: the engine then keeps off at most a
+    /// [`Tuning::kick_handover`] at a time, on time, since it may be the
+    /// one that found it.
+    pub(crate) fn leaves(&self, now: Duration) -> bool {
+        nanos(now) < self.leaves_until.load(Ordering::Relaxed)
+    }
+
+    /// The engine thread received packets in a round at `now`. If no
+    /// application thread has polled since a poll found a completion, the
+    /// program left its CQ then and waits for something the engine alone
+    /// moves: perftest's `ib_write_lat` polls until its WRITE completes,
+    /// then spins on memory for the peer's. For [`LEAVES_FOR`] from now,
+    /// such polls end the hand-over at once and wake the engine, instead
+    /// of holding it off as for a program that spins on its CQ, for whom
+    /// the engine's packets would wait up to a handover and a clock tick
+    /// (4 ms a message in `ib_write_lat`).
+    pub(crate) fn engine_received(&self, now: Duration) {
+        let found = self.found_at.load(Ordering::SeqCst);
+        if found != 0 && !self.is_driven() && self.driven_at.load(Ordering::SeqCst) == found {
+            self.served_since_found.store(true, Ordering::SeqCst);
+            self.leaves_until.store(nanos(now + LEAVES_FOR), Ordering::Relaxed);
+        }
+    }
+
+    /// A poll found the engine driving and could not: the program is at
+    /// its CQ, whatever it found before.
+    pub(crate) fn polled_without_driving(&self) {
+        if self.found_at.load(Ordering::Relaxed) != 0 {
+            self.found_at.store(0, Ordering::SeqCst);
+        }
     }
 
     /// Whether the engine thread is asleep until after `timer`: then it
@@ -231,7 +302,7 @@ mod tests {
         assert!(h.is_driven());
         assert_eq!(h.engine_keeps_off(T), Some(MS), "a whole handover while one drives");
         drop(driving);
-        assert!(!h.release(T, false, || None));
+        assert!(!h.release(T, false, false, || None));
         assert_eq!(h.engine_keeps_off(T + MS / 4), Some(MS * 3 / 4), "what is left of it after");
         assert_eq!(h.engine_keeps_off(T + MS), None);
     }
@@ -241,7 +312,7 @@ mod tests {
         let h = Handover::default();
         h.posted(T);
         assert_eq!(h.engine_keeps_off(T), Some(Duration::from_micros(100)));
-        assert!(!h.release(T, false, || None));
+        assert!(!h.release(T, false, false, || None));
         h.posted(T);
         assert_eq!(h.engine_keeps_off(T), Some(MS), "a post never shortens a waiter's handover");
     }
@@ -249,10 +320,10 @@ mod tests {
     #[test]
     fn a_round_from_a_thread_that_does_not_wait_holds_the_engine_off_a_kick_handover() {
         let h = Handover::default();
-        assert!(!h.release(T, false, || None));
+        assert!(!h.release(T, false, false, || None));
         h.drove_once(T);
         assert_eq!(h.engine_keeps_off(T), Some(Duration::from_micros(100)));
-        assert!(!h.release(T + MS / 2, false, || None));
+        assert!(!h.release(T + MS / 2, false, false, || None));
         h.drove_once(T);
         assert_eq!(h.engine_keeps_off(T + MS / 2), Some(MS), "a later driver's handover stays whole");
     }
@@ -260,25 +331,84 @@ mod tests {
     #[test]
     fn a_release_rings_the_engine_only_if_it_sleeps_past_the_next_timer() {
         let h = Handover::default();
-        assert!(!h.release(T, false, || Some(T + MS)), "an awake engine is not rung");
+        assert!(!h.release(T, false, false, || Some(T + MS)), "an awake engine is not rung");
         assert!(!h.engine_may_sleep_until(T + 10 * MS), "but looks at the timers before it sleeps");
         assert!(h.engine_may_sleep_until(T + 10 * MS), "once");
-        assert!(h.release(T, false, || Some(T + 5 * MS)), "it would sleep past the timer");
-        assert!(!h.release(T, false, || Some(T + 20 * MS)), "it wakes before the timer");
-        assert!(!h.release(T, false, || None));
+        assert!(h.release(T, false, false, || Some(T + 5 * MS)), "it would sleep past the timer");
+        assert!(!h.release(T, false, false, || Some(T + 20 * MS)), "it wakes before the timer");
+        assert!(!h.release(T, false, false, || None));
         h.engine_sleeps_until(T + MS / 2);
         let never = || -> Option<Duration> { panic!("the QPs' timers are looked at") };
-        assert!(!h.release(T, false, never), "an engine back within a handover needs no look at the timers");
+        assert!(!h.release(T, false, false, never), "an engine back within a handover needs no look at the timers");
     }
 
     #[test]
     fn answers_owed_ring_a_long_sleeper_and_keep_the_engine_up_once() {
         let h = Handover::default();
         h.engine_sleeps_until(T + 10 * MS);
-        assert!(h.release(T, true, || None), "asleep for long: rung to send them");
+        assert!(h.release(T, true, false, || None), "asleep for long: rung to send them");
         h.engine_wakes();
         assert!(!h.engine_may_sleep_until(T + 10 * MS), "the engine sends them before it sleeps");
         assert!(h.engine_may_sleep_until(T + 10 * MS), "and only once");
+    }
+
+    #[test]
+    fn a_program_that_leaves_its_cq_after_a_completion_hands_over_at_once() {
+        let h = Handover::default();
+        // A poll finds its completion; the engine, asleep, is not rung yet.
+        h.engine_sleeps_until(T + 10 * MS);
+        assert!(!h.release(T, false, true, || None));
+        assert_eq!(h.engine_keeps_off(T), Some(MS));
+        // Packets come and nobody polled since: the program left the CQ.
+        h.engine_received(T + 2 * MS);
+        assert!(h.leaves(T + 2 * MS));
+        // From now on such a poll ends the hand-over and wakes the engine.
+        h.engine_sleeps_until(T + 10 * MS);
+        assert!(h.release(T + 3 * MS, false, true, || None), "the sleeping engine is rung");
+        assert_eq!(h.engine_keeps_off(T + 3 * MS), None);
+        // The engine places the peer's packets; the program's next polls
+        // hold it off again, and it is still taken to leave.
+        h.engine_received(T + 4 * MS);
+        assert!(!h.release(T + 5 * MS, false, false, || None));
+        assert_eq!(h.engine_keeps_off(T + 5 * MS), Some(MS));
+        assert!(h.leaves(T + 5 * MS));
+        assert!(!h.leaves(T + 4 * MS + LEAVES_FOR), "for a while after the last time it was seen");
+    }
+
+    #[test]
+    fn a_program_back_at_its_cq_before_the_engine_had_work_is_not_taken_to_leave() {
+        let h = Handover::default();
+        assert!(!h.release(T, false, true, || None));
+        h.engine_received(T + MS);
+        assert!(h.leaves(T + MS));
+        // A found poll rings the engine, but the program polls again at once.
+        h.engine_sleeps_until(T + 10 * MS);
+        assert!(h.release(T + 2 * MS, false, true, || None));
+        assert!(!h.release(T + 2 * MS, false, false, || None));
+        assert!(!h.leaves(T + 2 * MS));
+        // Nor is one whose poll found the engine driving.
+        assert!(!h.release(T + 3 * MS, false, true, || None));
+        h.polled_without_driving();
+        h.engine_received(T + 4 * MS);
+        assert!(!h.leaves(T + 4 * MS));
+    }
+
+    #[test]
+    fn a_program_that_spins_on_its_cq_is_not_taken_to_leave() {
+        let h = Handover::default();
+        assert!(!h.release(T, false, true, || None));
+        // It polls again before the engine sees a packet.
+        assert!(!h.release(T + MS / 100, false, false, || None));
+        h.engine_received(T + MS / 50);
+        assert!(!h.leaves(T + MS / 50));
+        // So is one whose poll thread drives right now.
+        assert!(!h.release(T + MS / 10, false, true, || None));
+        let driving = h.driving();
+        h.engine_received(T + MS / 5);
+        drop(driving);
+        assert!(!h.leaves(T + MS / 5));
+        h.engine_sleeps_until(T + 10 * MS);
+        assert!(!h.release(T + MS, false, true, || None), "its polls ring nobody");
     }
 
     #[test]

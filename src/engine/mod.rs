@@ -39,6 +39,7 @@ pub mod world;
 
 pub use eventfd::EventFd;
 pub(crate) use registry::RawRegion;
+pub use threaded::EngineCpus;
 
 use std::io;
 

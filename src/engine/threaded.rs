@@ -493,8 +493,30 @@ impl Engine {
     /// threads that wait for a completion or an event poll instead of
     /// sleeping (lowest latency, a core spent per waiting thread); the
     /// engine thread always sleeps when idle, so idle devices cost nothing.
-    pub fn start<L: Link + Send + 'static>(link: L, busy_poll: bool, name: &str) -> std::io::Result<Engine> {
-        let tuning = Tuning::for_cpus(std::thread::available_parallelism().map_or(1, usize::from));
+    /// `cpus` says where the engine thread runs, and so how much it may
+    /// poll: [`Tuning::for_cpus`] of the CPUs it has.
+    pub fn start<L: Link + Send + 'static>(
+        link: L,
+        busy_poll: bool,
+        cpus: EngineCpus,
+        name: &str,
+    ) -> std::io::Result<Engine> {
+        // The thread starts first: only it can learn which CPUs it gets.
+        let (to_thread, from_start) =
+            crossbeam_channel::bounded::<(Arc<Mutex<Progress>>, Arc<EngineShared>, Tuning)>(1);
+        let (counted, cpu_count) = crossbeam_channel::bounded(1);
+        let span_name = name.to_string();
+        let thread = std::thread::Builder::new().name(format!("softroce-{name}")).spawn(move || {
+            block_async_signals();
+            if cpus == EngineCpus::Device {
+                widen_affinity();
+            }
+            let _ = counted.send(std::thread::available_parallelism().map_or(1, usize::from));
+            let Ok((progress, shared, tuning)) = from_start.recv() else { return };
+            let _span = debug_span!("engine", device = %span_name).entered();
+            run(&progress, &shared, &tuning)
+        })?;
+        let tuning = Tuning::for_cpus(cpu_count.recv().unwrap_or(1));
         let shared = Arc::new(EngineShared {
             handover: Handover::new(Some(EventFd::new()?), &tuning),
             events: AsyncEvents::new()?,
@@ -502,13 +524,7 @@ impl Engine {
             ..EngineShared::default()
         });
         let progress = Arc::new(Mutex::new(Progress::new(Box::new(link), &shared, tuning)));
-        let (thread_shared, thread_progress) = (Arc::clone(&shared), Arc::clone(&progress));
-        let span_name = name.to_string();
-        let thread = std::thread::Builder::new().name(format!("softroce-{name}")).spawn(move || {
-            block_async_signals();
-            let _span = debug_span!("engine", device = %span_name).entered();
-            run(&thread_progress, &thread_shared, &tuning)
-        })?;
+        let _ = to_thread.send((Arc::clone(&progress), Arc::clone(&shared), tuning));
         Ok(Engine { shared, progress, busy_poll, tuning, thread: Some(thread) })
     }
 
@@ -580,9 +596,12 @@ impl Engine {
     /// programs do) move their own packets instead of waiting for the
     /// engine thread to wake.
     pub fn poll_progress(&self, cq: &CqShared) {
-        let Some(mut p) = try_lock(&self.progress) else { return };
+        let Some(mut p) = try_lock(&self.progress) else {
+            self.shared.handover.polled_without_driving();
+            return;
+        };
         p.iterate(&self.shared, Some(&|| !cq.is_empty()));
-        self.release(p);
+        self.release(p, !cq.is_empty());
     }
 
     /// One full round from this thread, for a thread that just changed what
@@ -613,17 +632,18 @@ impl Engine {
             }
         };
         p.iterate(&self.shared, None);
-        let released_at = self.release(p);
+        let released_at = self.release(p, false);
         self.shared.handover.drove_once(released_at);
     }
 
     /// Lets go of driving progress, ringing the engine if the hand-over
-    /// says it must hear of it ([`Handover::release`]); returns when: when
-    /// the round just driven began (every caller drove one), so that a
-    /// program that spins on its CQ reads the clock once a poll, not twice.
-    fn release(&self, p: MutexGuard<'_, Progress>) -> Duration {
+    /// says it must hear of it ([`Handover::release`]); `found`: the poll
+    /// that drove found a completion. Returns when: when the round just
+    /// driven began (every caller drove one), so that a program that spins
+    /// on its CQ reads the clock once a poll, not twice.
+    fn release(&self, p: MutexGuard<'_, Progress>, found: bool) -> Duration {
         let now = p.round_at;
-        let ring = self.shared.handover.release(now, p.owed, || p.next_timer());
+        let ring = self.shared.handover.release(now, p.owed, found, || p.next_timer());
         drop(p);
         if ring {
             self.shared.handover.ring();
@@ -713,7 +733,7 @@ impl Engine {
             self.shared.handover.drain_doorbell(&p.fds, ready);
         }
         drop(driving);
-        self.release(p);
+        self.release(p, false);
         true
     }
 
@@ -757,7 +777,7 @@ impl Engine {
                 p.iterate(&self.shared, None);
             }
         }
-        self.release(p);
+        self.release(p, false);
     }
 }
 
@@ -1317,14 +1337,23 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
     let mut lax_slack = false;
     while !shared.stop.load(Ordering::SeqCst) {
         let now = start.elapsed();
-        if let Some(left) = handover.engine_keeps_off(now) {
+        // A program that leaves its CQ once a poll finds a completion may
+        // have found it in a round of the engine's, and be spinning on
+        // memory now: the engine keeps off only while a thread drives.
+        let leaves = handover.leaves(now);
+        let keep_off = handover.engine_keeps_off(now).filter(|_| !leaves || handover.is_driven());
+        if let Some(mut left) = keep_off {
+            if leaves {
+                left = left.min(tuning.kick_handover);
+            }
             // Only a doorbell (work an application thread could not hand
             // over) calls the engine in while the application drives.
             handover.engine_sleeps_until(now + left);
             // While a thread waits or polls, the engine looks again at the
             // first clock tick after the handover, not at its end; after a
-            // post alone, when the poster may have gone, it is back on time.
-            let lax = handover.is_driven() || left > tuning.kick_handover;
+            // post alone, when the poster may have gone, it is back on time,
+            // and so for a program that leaves its CQ.
+            let lax = !leaves && (handover.is_driven() || left > tuning.kick_handover);
             if lax != lax_slack {
                 set_timer_slack(if lax { tuning.handover_slack } else { Duration::ZERO });
                 lax_slack = lax;
@@ -1336,7 +1365,14 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
             }
             handover.drain_doorbell(&doorbell, ready);
         }
-        let step = lock(progress).iterate(shared, None);
+        let step = {
+            let mut p = lock(progress);
+            let step = p.iterate(shared, None);
+            if p.last_received == p.round_at {
+                handover.engine_received(p.round_at);
+            }
+            step
+        };
         let now = start.elapsed();
         if step.busy {
             last_busy = now;
@@ -1366,6 +1402,53 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
         let ready = wait_readable(&fds, wait);
         handover.engine_wakes();
         handover.drain_doorbell(&fds, ready);
+    }
+}
+
+/// Which CPUs a device's engine thread runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineCpus {
+    /// Any the process's cpuset allows, whatever the thread that opened the
+    /// device is bound to, as kernel rxe's work runs in softirqs and work
+    /// queues on any CPU: an MPI rank bound to a core does not share it
+    /// with its device's progress (rxe-spec T-34).
+    #[default]
+    Device,
+    /// The opening thread's, as any thread it starts: `taskset` then
+    /// confines the device's work with the program's.
+    Opener,
+}
+
+impl EngineCpus {
+    /// The environment variable that chooses for contexts whose options do
+    /// not: `opener` for [`EngineCpus::Opener`], `device` (or unset) for
+    /// [`EngineCpus::Device`].
+    pub const ENV: &'static str = "SOFTROCE_ENGINE_CPUS";
+
+    /// The choice `SOFTROCE_ENGINE_CPUS` makes, or an error naming what it
+    /// holds if that is neither.
+    pub fn from_env() -> Result<EngineCpus, String> {
+        match std::env::var(Self::ENV).as_deref() {
+            Err(_) | Ok("" | "device") => Ok(EngineCpus::Device),
+            Ok("opener") => Ok(EngineCpus::Opener),
+            Ok(other) => Err(format!("{}={other}: neither `device` nor `opener`", Self::ENV)),
+        }
+    }
+}
+
+/// Lets the calling thread run on every CPU of the process's cpuset: the
+/// kernel keeps of a full mask what the cpuset allows. Where it refuses,
+/// the thread keeps the CPUs it had.
+#[allow(unsafe_code)]
+fn widen_affinity() {
+    // SAFETY: a cpu_set_t on the stack, filled by libc's macro and passed
+    // with its own size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for cpu in 0..libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 

@@ -11,7 +11,7 @@ use super::stats::Publisher;
 use super::{CompletionChannel, CompletionQueue, ProtectionDomain};
 use crate::capture::LiveCapture;
 use crate::engine::threaded::{lock, ChannelShared, CqShared, Engine, EngineShared};
-use crate::engine::EventFd;
+use crate::engine::{EngineCpus, EventFd};
 use crate::net::share::{Member, ShareHandle};
 use crate::net::{LinkStats, UdpLink};
 use crate::trace::Tracer;
@@ -44,6 +44,9 @@ pub struct ContextOptions {
     /// into this file, appending ([`crate::trace`]); without it, into the
     /// file `SOFTROCE_TRACE` names, if any.
     pub trace: Option<std::path::PathBuf>,
+    /// Where the engine thread runs; without it, where
+    /// `SOFTROCE_ENGINE_CPUS` says ([`EngineCpus::from_env`]).
+    pub engine_cpus: Option<EngineCpus>,
 }
 
 /// Where a device records its packets: one RoCE packet per record, each
@@ -78,6 +81,7 @@ impl Default for ContextOptions {
             publish_counters: true,
             capture: None,
             trace: None,
+            engine_cpus: None,
         }
     }
 }
@@ -149,6 +153,10 @@ impl Context {
     /// Opens `device`: binds its addresses on the RoCE port and starts its
     /// engine.
     pub fn open(device: &Device, options: ContextOptions) -> Result<Context> {
+        let engine_cpus = match options.engine_cpus {
+            Some(cpus) => cpus,
+            None => EngineCpus::from_env().map_err(Error::InvalidArgument)?,
+        };
         let mut link = UdpLink::new(options.port);
         link.corrupt_icrc_every(options.corrupt_icrc_every);
         if let Some(bytes) = options.socket_buffer {
@@ -179,7 +187,7 @@ impl Context {
         // as kernel rxe shares a device (rxe-spec N-1).
         let slot = link.join(&addrs)?;
         let share = link.member().map(Member::handle);
-        let engine = Engine::start(link, options.busy_poll, device.name())?;
+        let engine = Engine::start(link, options.busy_poll, engine_cpus, device.name())?;
         let source = CounterSource { shared: Arc::clone(&engine.shared), device: device.name().to_owned() };
         let publisher = options.publish_counters.then(|| Publisher::start(source)).flatten();
         let inner = ContextInner {

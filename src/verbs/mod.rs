@@ -51,6 +51,7 @@ mod qp;
 mod srq;
 pub mod stats;
 
+pub use crate::engine::EngineCpus;
 pub use ah::AddressHandle;
 pub(crate) use context::{open_contexts, WeakContext};
 pub use context::{CaptureOptions, Context, ContextOptions, DeviceCounters};

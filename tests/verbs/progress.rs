@@ -10,7 +10,7 @@ use crate::support::verbs::*;
 use softroce::net::udp::UdpLink;
 use softroce::net::{Link, Outgoing};
 use softroce::transport::{Mtu, QpType, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
-use softroce::verbs::{AckTimeout, ConnectOptions, ContextOptions, Endpoint, Gid};
+use softroce::verbs::{AckTimeout, ConnectOptions, ContextOptions, Endpoint, EngineCpus, Gid};
 use softroce::wire::{Opcode, Operation, Psn, RoceRepr, Transport};
 
 /// Node A breaks the ICRC of every other packet it sends.
@@ -387,4 +387,67 @@ fn settling_answers_the_resend_of_a_lost_last_ack() {
     let wc = a.cq.wait_one(WAIT).expect("the last SEND completes");
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success), "B's settling answered A's resend");
     assert!(corrupted >= 1 && a.ctx.counters().qp.timeouts >= 1, "the last ACK was lost and resent for");
+}
+
+/// The CPUs thread `tid` of this process may run on.
+fn cpus_of(tid: libc::pid_t) -> usize {
+    // SAFETY: a zeroed cpu_set_t filled by the kernel, passed with its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+        libc::CPU_COUNT(&set) as usize
+    }
+}
+
+/// The thread IDs of this process whose name is `name` (cut to the 15
+/// bytes the kernel keeps).
+fn threads_named(name: &str) -> Vec<libc::pid_t> {
+    let name = &name[..name.len().min(15)];
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|task| std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| comm.trim_end() == name))
+        .filter_map(|task| task.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Opens a device with `cpus` from a thread bound to one CPU; returns the
+/// CPUs its engine thread may use.
+fn engine_cpus_when_opened_on_one_cpu(name: &str, cpus: EngineCpus) -> usize {
+    let port = free_port(&[IP_A]);
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        // SAFETY: as in cpus_of; the mask names one CPU this thread has.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            let first = (0..libc::CPU_SETSIZE as usize).find(|&c| libc::CPU_ISSET(c, &set)).unwrap();
+            libc::CPU_ZERO(&mut set);
+            libc::CPU_SET(first, &mut set);
+            assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+        }
+        let node =
+            Node::open(&name, IP_A, ContextOptions { port, engine_cpus: Some(cpus), ..ContextOptions::default() });
+        let engine = threads_named(&format!("softroce-{name}"));
+        assert_eq!(engine.len(), 1, "one engine thread named after {name}");
+        let n = cpus_of(engine[0]);
+        drop(node);
+        n
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn the_engine_thread_runs_on_the_devices_cpus_not_the_openers() {
+    let process = cpus_of(0);
+    if process < 2 {
+        eprintln!("one CPU: nothing to widen to");
+        return;
+    }
+    // An MPI rank bound to its core: its device's work may go elsewhere, as
+    // kernel rxe's does (rxe-spec T-34).
+    assert_eq!(engine_cpus_when_opened_on_one_cpu("cpus_d", EngineCpus::Device), process);
+    // Unless asked to stay with the program, as under `taskset` alone.
+    assert_eq!(engine_cpus_when_opened_on_one_cpu("cpus_o", EngineCpus::Opener), 1);
 }
