@@ -4,7 +4,7 @@
 mod support;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use softroce::transport::{
     AsyncEvent, AttrMask, Mtu, PostSendError, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode,
@@ -438,6 +438,32 @@ fn srq_shared_by_two_qps_raises_its_limit_event() {
             assert_eq!(node_b.ctx.poll_async_event(), None, "after message {slot}");
         }
     }
+}
+
+/// A post to the SRQ wakes no engine (rxe-spec V-10): the SEND that met
+/// it empty comes again on the requester's RNR timer and takes the receive.
+#[test]
+fn a_send_that_found_the_srq_empty_lands_once_a_receive_is_posted() {
+    let (node_a, node_b) = nodes(false);
+    let srq = node_b.pd.create_srq(4, 1).unwrap();
+    let (sender, receiver) = (node_a.qp(QpType::Rc), node_b.init(QpType::Rc).srq(&srq).build().unwrap());
+    // The shortest RNR wait (10 µs), retried for ever.
+    let responder = ConnectOptions { min_rnr_timer: 1, ..options(Mtu::Mtu1024) };
+    connect(&sender, &receiver, &ConnectOptions { rnr_retry: 7, ..options(Mtu::Mtu1024) }, &responder);
+    let (mr_a, mr_b) = (node_a.mr(4096), node_b.mr(4096));
+    fill(&mr_b, FILL);
+    let data = pattern(100, 7);
+    mr_a.write(0, &data).unwrap();
+    sender.post_send(SendWr::new(1, SendOp::Send).with_sge(mr_a.sge(0, data.len()))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node_b.ctx.counters().qp.rnr_naks_sent == 0 {
+        assert!(Instant::now() < deadline, "the SEND never met the empty SRQ");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    srq.post_recv(RecvWr { wr_id: 100, sg_list: vec![mr_b.sge(0, 4096)] }).unwrap();
+    assert_eq!(next_wc(&node_a.cq), success(1, &sender, WcOpcode::Send, data.len()));
+    assert_eq!(next_wc(&node_b.cq), success(100, &receiver, WcOpcode::Recv, data.len()));
+    assert_holds_only(&mr_b, 0, &data);
 }
 
 /// A connection whose next SENDs each find a receive.

@@ -16,10 +16,13 @@ pub struct SharedReceiveQueue {
 }
 
 impl SharedReceiveQueue {
-    /// `ibv_post_srq_recv`: queues a receive for any of the SRQ's QPs.
+    /// `ibv_post_srq_recv`: queues a receive for any of the SRQ's QPs. As
+    /// with [`super::QueuePair::post_recv`], the engine is not woken: a
+    /// receive gives it nothing to send (a peer that met RNR retries on its
+    /// own timer). UCX's rc_verbs refills its SRQ every few messages, and
+    /// each ring woke a sleeping engine that took a CPU from the program.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         lock(&self.srq).post(wr)?;
-        self.ctx.engine.shared.handover.ring();
         Ok(())
     }
 
