@@ -440,12 +440,14 @@ fn srq_shared_by_two_qps_raises_its_limit_event() {
     }
 }
 
-/// A post to the SRQ wakes no engine (rxe-spec V-10): the SEND that met
-/// it empty comes again on the requester's RNR timer and takes the receive.
+/// A post to the SRQ wakes no engine, and needs none (rxe-spec V-10): the
+/// SEND that met it empty comes again on the requester's RNR timer and
+/// takes the receive.
 #[test]
 fn a_send_that_found_the_srq_empty_lands_once_a_receive_is_posted() {
+    const REFILLS: u64 = 20;
     let (node_a, node_b) = nodes(false);
-    let srq = node_b.pd.create_srq(4, 1).unwrap();
+    let srq = node_b.pd.create_srq(REFILLS as u32 + 4, 1).unwrap();
     let (sender, receiver) = (node_a.qp(QpType::Rc), node_b.init(QpType::Rc).srq(&srq).build().unwrap());
     // The shortest RNR wait (10 µs), retried for ever.
     let responder = ConnectOptions { min_rnr_timer: 1, ..options(Mtu::Mtu1024) };
@@ -464,6 +466,16 @@ fn a_send_that_found_the_srq_empty_lands_once_a_receive_is_posted() {
     assert_eq!(next_wc(&node_a.cq), success(1, &sender, WcOpcode::Send, data.len()));
     assert_eq!(next_wc(&node_b.cq), success(100, &receiver, WcOpcode::Recv, data.len()));
     assert_holds_only(&mr_b, 0, &data);
+    // Refills of an idle device, as UCX's every few messages: the engine
+    // sleeps through them (each ring used to wake it, and it slept again).
+    std::thread::sleep(QUIET);
+    let sleeps = node_b.ctx.counters().sleeps;
+    for wr_id in 0..REFILLS {
+        srq.post_recv(RecvWr { wr_id, sg_list: vec![mr_b.sge(0, 64)] }).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let woken = node_b.ctx.counters().sleeps - sleeps;
+    assert!(woken < REFILLS / 4, "the engine woke {woken} times for {REFILLS} receives");
 }
 
 /// A connection whose next SENDs each find a receive.
