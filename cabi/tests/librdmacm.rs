@@ -80,6 +80,23 @@ fn device_memory_and_sysfs_path() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `c/late_event_thread.c`: an event thread that asks the channel its main thread destroyed
+/// while that thread exits does not end the process with its error first (rxe-spec C-14).
+#[test]
+fn an_event_thread_left_running_does_not_outrun_the_exit() {
+    let dir = soname_dir("late-event");
+    let exe = compile("late_event_thread", &dir);
+    let out = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("SOFTROCE_ADDR", "127.0.0.1")
+        .output()
+        .expect("run the C program");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(0), "{}:\n{text}", exe.display());
+    assert!(text.contains("the main thread exits"), "{text}");
+}
+
 /// A free UDP port of 127.0.0.1, for the RoCE link of one pair of processes.
 fn free_udp_port() -> u16 {
     let probe = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");

@@ -16,6 +16,11 @@ use crate::guard::{guard_ptr, guard_void};
 
 /// The channels made and not yet freed.
 static CHANNELS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The channels the program destroyed last, by address (a new channel at the same address
+/// leaves the list): [`Channel::was_destroyed`].
+static DESTROYED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// How many destroyed channels [`DESTROYED`] remembers.
+const DESTROYED_KEPT: usize = 64;
 
 /// A channel as C sees it: `rdma_event_channel` first, so the pointer is both.
 #[repr(C)]
@@ -43,6 +48,7 @@ impl Channel {
         let boxed =
             Box::new(Channel { c: rdma_event_channel { fd: channel.fd() }, channel, getters: AtomicUsize::new(0) });
         let leaked = Box::into_raw(boxed);
+        locked(&DESTROYED).retain(|&c| c != leaked as usize);
         locked(&CHANNELS).push(leaked as usize);
         Ok(leaked.cast())
     }
@@ -66,6 +72,11 @@ impl Channel {
         Some(Getter(found))
     }
 
+    /// Whether `channel` is one the program destroyed (and no channel made since took its place).
+    pub(super) fn was_destroyed(channel: *mut rdma_event_channel) -> bool {
+        locked(&DESTROYED).contains(&(channel as usize))
+    }
+
     /// # Safety
     /// No id uses the channel after, as librdmacm asks. A thread still waiting in it (a
     /// program's event thread it never joined, rping's of rdma-core 44) keeps waiting, as on
@@ -75,6 +86,11 @@ impl Channel {
         let mut channels = locked(&CHANNELS);
         if let Some(at) = channels.iter().position(|&c| c == channel as usize) {
             channels.swap_remove(at);
+            let mut destroyed = locked(&DESTROYED);
+            if destroyed.len() == DESTROYED_KEPT {
+                destroyed.remove(0);
+            }
+            destroyed.push(channel as usize);
             // SAFETY: leaked from a Box by create, and no longer listed.
             let channel = unsafe { Box::from_raw(channel.cast::<Channel>()) };
             if channel.getters.load(Ordering::Acquire) > 0 {

@@ -8,6 +8,7 @@
 
 use std::os::raw::c_int;
 use std::ptr;
+use std::time::Duration;
 
 use softroce::cm::{CmEvent, CmEventKind};
 use softroce::verbs::Gid;
@@ -28,12 +29,24 @@ struct Event {
     counted: &'static Id,
 }
 
+/// How long a call on a channel the program destroyed waits before its `EINVAL`. rping's event
+/// thread asks for the next event while its main thread, having destroyed the channel, exits;
+/// with the kernel the process is gone before it asks, where this library's exit first lets
+/// what the devices owe leave (up to `exit::SETTLE_LIMIT`), and the thread's `exit(-1)` on the
+/// error would win (rxe-spec C-14).
+const DESTROYED_GRACE: Duration = Duration::from_secs(1);
+
 /// Waits for the channel's next event (unless its descriptor is non-blocking: `EAGAIN`) and
 /// hands it out; a signal ends the wait with `EINTR`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
     guard_neg(|| {
-        let Some(getter) = Channel::enter(channel) else { return fail(libc::EINVAL) };
+        let Some(getter) = Channel::enter(channel) else {
+            if Channel::was_destroyed(channel) {
+                std::thread::sleep(DESTROYED_GRACE);
+            }
+            return fail(libc::EINVAL);
+        };
         let ch = getter.0;
         if event.is_null() {
             return fail(libc::EINVAL);
