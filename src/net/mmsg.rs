@@ -184,10 +184,9 @@ impl SendBatch {
         while message < self.count {
             // Lay out up to BATCH wire messages from (message, segment) on.
             let (mut m, mut s, mut n) = (message, segment, 0);
-            let mut origins = [(0usize, 0usize); BATCH];
             while m < self.count && n < BATCH {
                 let msg = &self.messages[m];
-                origins[n] = (m, s);
+                wire.origins[n] = (m, s);
                 if self.gso {
                     let train = if msg.segments > 1 { msg.segment } else { 0 };
                     wire.set(n, &mut self.data[msg.start..msg.start + msg.len], msg.dest, train);
@@ -225,11 +224,11 @@ impl SendBatch {
             if done > 0 {
                 let done = done as usize;
                 sent += (0..done).map(|i| wire.datagrams(i)).sum::<usize>();
-                (message, segment) = if done < n { origins[done] } else { (m, s) };
+                (message, segment) = if done < n { wire.origins[done] } else { (m, s) };
                 continue;
             }
             let e = io::Error::last_os_error();
-            let (failed, _) = origins[0];
+            let (failed, _) = wire.origins[0];
             if e.kind() == io::ErrorKind::WouldBlock {
                 break;
             }
@@ -293,6 +292,9 @@ struct Wire {
     names: [libc::sockaddr_storage; BATCH],
     control: [[u64; CONTROL_WORDS]; BATCH],
     segments: [usize; BATCH],
+    /// The batch message and segment each wire message starts at, to go
+    /// on from after a partial send.
+    origins: [(usize, usize); BATCH],
 }
 
 // SAFETY: the raw pointers in a `Wire` are set by `set` and read by the
@@ -355,8 +357,8 @@ pub struct RecvBatch {
     lens: [usize; BATCH],
     /// GRO segment size of each slot; 0 for a plain datagram.
     segments: [usize; BATCH],
-    srcs: [libc::sockaddr_storage; BATCH],
-    control: [[u64; CONTROL_WORDS]; BATCH],
+    /// The headers the kernel fills, pointing at `data`'s slots.
+    wire: Box<RecvWire>,
     count: usize,
     next: usize,
     /// Bytes of slot `next` already handed out.
@@ -369,21 +371,61 @@ pub struct RecvBatch {
     want: usize,
 }
 
+/// The headers of one `recvmmsg` call, built once: each points at its
+/// slot, source address and control buffer, so a fill only resets what
+/// the kernel wrote (a ping-pong's fills used to build and zero 2.5 KiB of
+/// headers each, ~1.5k instructions a round trip).
+struct RecvWire {
+    msgs: [libc::mmsghdr; BATCH],
+    iovs: [libc::iovec; BATCH],
+    srcs: [libc::sockaddr_storage; BATCH],
+    control: [[u64; CONTROL_WORDS]; BATCH],
+    /// Headers from the first on that the kernel may have written since
+    /// they were last reset; the others are ready as they are.
+    written: usize,
+}
+
+// SAFETY: the raw pointers in a `RecvWire` point into itself (it lives in a
+// `Box` and never moves) and into its batch's `data`, whose heap buffer is
+// never reallocated; they are only used by the batch's `&mut self` methods.
+unsafe impl Send for RecvWire {}
+
+impl RecvWire {
+    fn new(data: &mut [u8]) -> Box<RecvWire> {
+        // SAFETY: all fields are plain old data for which zero is valid.
+        let mut wire: Box<RecvWire> = Box::new(unsafe { zeroed() });
+        let wire_ref = &mut *wire;
+        for (i, slot) in data.chunks_exact_mut(SLOT).take(BATCH).enumerate() {
+            wire_ref.iovs[i] = libc::iovec { iov_base: slot.as_mut_ptr().cast(), iov_len: SLOT };
+            let hdr = &mut wire_ref.msgs[i].msg_hdr;
+            hdr.msg_iov = &mut wire_ref.iovs[i];
+            hdr.msg_iovlen = 1;
+            hdr.msg_name = (&mut wire_ref.srcs[i] as *mut libc::sockaddr_storage).cast();
+            hdr.msg_control = wire_ref.control[i].as_mut_ptr().cast();
+        }
+        wire.written = BATCH;
+        wire.ready();
+        wire
+    }
+
+    /// Makes every header ready for a receive again: the lengths the
+    /// kernel overwrote in those it filled are made whole (it writes no
+    /// header past the last datagram it returns).
+    fn ready(&mut self) {
+        for msg in &mut self.msgs[..self.written.min(BATCH)] {
+            msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
+            msg.msg_hdr.msg_controllen = size_of::<[u64; CONTROL_WORDS]>() as _;
+        }
+        self.written = 0;
+    }
+}
+
 impl Default for RecvBatch {
     fn default() -> RecvBatch {
-        RecvBatch {
-            // Pages are only touched as large datagrams arrive.
-            data: vec![0; BATCH * SLOT],
-            lens: [0; BATCH],
-            segments: [0; BATCH],
-            // SAFETY: sockaddr_storage is plain old data; zero is a valid value.
-            srcs: unsafe { zeroed() },
-            control: [[0; CONTROL_WORDS]; BATCH],
-            count: 0,
-            next: 0,
-            offset: 0,
-            want: BATCH,
-        }
+        // Pages are only touched as large datagrams arrive.
+        let mut data = vec![0; BATCH * SLOT];
+        let wire = RecvWire::new(&mut data);
+        RecvBatch { data, lens: [0; BATCH], segments: [0; BATCH], wire, count: 0, next: 0, offset: 0, want: BATCH }
     }
 }
 
@@ -407,55 +449,40 @@ impl RecvBatch {
     }
 
     /// One datagram into slot 0 with `recvmsg`: for an idle socket polled
-    /// over and over, one header to set up and for the kernel to copy,
-    /// instead of `recvmmsg`'s array and 2.5 KiB of headers zeroed a poll
-    /// (0.065 µs a receive in a UDP model on a VM).
+    /// over and over, one header for the kernel to read instead of
+    /// `recvmmsg`'s array (0.065 µs a receive in a UDP model on a VM).
     fn receive_one(&mut self, fd: RawFd) -> isize {
-        let mut iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
-        let mut hdr = self.header(0, &mut iov);
+        self.wire.ready();
         // SAFETY: the header points at slot 0's live buffer, address
         // storage and control buffer, all owned by self.
-        let n = unsafe { libc::recvmsg(fd, &mut hdr, libc::MSG_DONTWAIT) };
+        let n = unsafe { libc::recvmsg(fd, &mut self.wire.msgs[0].msg_hdr, libc::MSG_DONTWAIT) };
         if n < 0 {
             return -1;
         }
-        self.keep(0, &hdr, n as usize);
+        self.wire.written = 1;
+        self.keep(0, n as usize);
         1
     }
 
     /// Up to `want` datagrams into the first slots with `recvmmsg`.
     fn receive_many(&mut self, fd: RawFd, want: usize) -> isize {
-        // SAFETY: zero is a valid iovec and mmsghdr (null pointers).
-        let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
-        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        for (i, (iov, msg)) in iovs.iter_mut().zip(msgs.iter_mut()).enumerate().take(want) {
-            msg.msg_hdr = self.header(i, iov);
-        }
+        self.wire.ready();
         // SAFETY: each of the first `want` messages points at a live
         // SLOT-sized buffer, address storage and control buffer owned by self.
-        let n = unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), want as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
-        for (i, msg) in msgs.iter().enumerate().take(n.max(0) as usize) {
-            self.keep(i, &msg.msg_hdr, msg.msg_len as usize);
+        let n = unsafe {
+            libc::recvmmsg(fd, self.wire.msgs.as_mut_ptr(), want as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
+        };
+        self.wire.written = n.max(0) as usize;
+        for i in 0..n.max(0) as usize {
+            let len = self.wire.msgs[i].msg_len as usize;
+            self.keep(i, len);
         }
         n as isize
     }
 
-    /// A receive header for slot `i`, its iovec in `iov`.
-    fn header(&mut self, i: usize, iov: &mut libc::iovec) -> libc::msghdr {
-        *iov = libc::iovec { iov_base: self.data[i * SLOT..].as_mut_ptr().cast(), iov_len: SLOT };
-        // SAFETY: zero is a valid msghdr (null pointers).
-        let mut hdr: libc::msghdr = unsafe { zeroed() };
-        hdr.msg_iov = iov;
-        hdr.msg_iovlen = 1;
-        hdr.msg_name = (&mut self.srcs[i] as *mut libc::sockaddr_storage).cast();
-        hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
-        hdr.msg_control = self.control[i].as_mut_ptr().cast();
-        hdr.msg_controllen = size_of::<[u64; CONTROL_WORDS]>() as _;
-        hdr
-    }
-
-    /// Records what the kernel put in slot `i`: `len` bytes, by `hdr`.
-    fn keep(&mut self, i: usize, hdr: &libc::msghdr, len: usize) {
+    /// Records what the kernel put in slot `i`: `len` bytes.
+    fn keep(&mut self, i: usize, len: usize) {
+        let hdr = &self.wire.msgs[i].msg_hdr;
         // A datagram larger than the slot was cut: mark it so it is dropped.
         let truncated = hdr.msg_flags & libc::MSG_TRUNC != 0;
         self.lens[i] = if truncated { 0 } else { len };
@@ -484,7 +511,7 @@ impl RecvBatch {
         if self.offset >= len {
             (self.next, self.offset) = (i + 1, 0);
         }
-        Some((from_storage(&self.srcs[i]), at..at + take))
+        Some((from_storage(&self.wire.srcs[i]), at..at + take))
     }
 
     /// The bytes of a datagram [`RecvBatch::pop`] handed out, until the
