@@ -182,10 +182,29 @@ impl Headers {
         self.0 & other.0 == other.0
     }
 
-    /// Total length of these headers in bytes.
-    pub fn len(self) -> usize {
-        Headers::ORDER.iter().filter(|(h, _, _)| self.contains(*h)).map(|(_, _, len)| len).sum()
+    /// Total length of these headers in bytes: a lookup, as every packet
+    /// built or parsed asks for it.
+    pub const fn len(self) -> usize {
+        Headers::LENS[self.0 as usize] as usize
     }
+
+    /// [`Headers::len`] of every set, computed at compile time from [`Headers::ORDER`].
+    const LENS: [u8; 256] = {
+        let mut lens = [0u8; 256];
+        let mut set = 0;
+        while set < 256 {
+            let mut i = 0;
+            while i < Headers::ORDER.len() {
+                let (h, _, len) = Headers::ORDER[i];
+                if set as u8 & h.0 == h.0 {
+                    lens[set] += len as u8;
+                }
+                i += 1;
+            }
+            set += 1;
+        }
+        lens
+    };
 
     /// Whether the set has no header.
     pub const fn is_empty(self) -> bool {

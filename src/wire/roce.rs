@@ -74,19 +74,15 @@ impl RoceRepr {
 
     /// The extended headers present in this value.
     pub fn present(&self) -> Headers {
-        [
-            (self.deth.is_some(), Headers::DETH),
-            (self.feth.is_some(), Headers::FETH),
-            (self.reth.is_some(), Headers::RETH),
-            (self.aeth.is_some(), Headers::AETH),
-            (self.atomic_eth.is_some(), Headers::ATOMIC_ETH),
-            (self.atomic_ack_eth.is_some(), Headers::ATOMIC_ACK_ETH),
-            (self.imm.is_some(), Headers::IMM),
-            (self.ieth.is_some(), Headers::IETH),
-        ]
-        .into_iter()
-        .filter(|(present, _)| *present)
-        .fold(Headers::NONE, |acc, (_, h)| acc.union(h))
+        let has = |present: bool, h: Headers| if present { h } else { Headers::NONE };
+        has(self.deth.is_some(), Headers::DETH)
+            .union(has(self.feth.is_some(), Headers::FETH))
+            .union(has(self.reth.is_some(), Headers::RETH))
+            .union(has(self.aeth.is_some(), Headers::AETH))
+            .union(has(self.atomic_eth.is_some(), Headers::ATOMIC_ETH))
+            .union(has(self.atomic_ack_eth.is_some(), Headers::ATOMIC_ACK_ETH))
+            .union(has(self.imm.is_some(), Headers::IMM))
+            .union(has(self.ieth.is_some(), Headers::IETH))
     }
 
     /// BTH plus extended headers, in bytes.
@@ -112,25 +108,8 @@ impl RoceRepr {
         need(buf, header_len + ICRC_LEN)?;
 
         let mut repr = RoceRepr::new(bth);
-        let mut at = Bth::<&[u8]>::LEN;
-        for &(h, _, len) in Headers::ORDER.iter() {
-            if !headers.contains(h) {
-                continue;
-            }
-            let field = &buf[at..at + len];
-            match h {
-                Headers::DETH => repr.deth = Some(DethRepr::parse(&Deth::new_unchecked(field))?),
-                Headers::FETH => repr.feth = Some(FethRepr::parse(&Feth::new_unchecked(field))?),
-                Headers::RETH => repr.reth = Some(RethRepr::parse(&Reth::new_unchecked(field))?),
-                Headers::AETH => repr.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(field))?),
-                Headers::ATOMIC_ETH => repr.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(field))?),
-                Headers::ATOMIC_ACK_ETH => {
-                    repr.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(field))?)
-                }
-                Headers::IMM => repr.imm = Some(get_u32(field, 0)),
-                _ => repr.ieth = Some(get_u32(field, 0)),
-            }
-            at += len;
+        if !headers.is_empty() {
+            repr.parse_extended(headers, &buf[Bth::<&[u8]>::LEN..header_len])?;
         }
 
         let pad = bth_view.pad_count();
@@ -152,6 +131,43 @@ impl RoceRepr {
         })
     }
 
+    /// Reads the extended `headers`, which fill `buf`, in wire order.
+    fn parse_extended(&mut self, headers: Headers, buf: &[u8]) -> Result<()> {
+        let mut at = 0;
+        let mut next = |len: usize| {
+            let field = at..at + len;
+            at += len;
+            field
+        };
+        if headers.contains(Headers::DETH) {
+            self.deth = Some(DethRepr::parse(&Deth::new_unchecked(&buf[next(Headers::DETH.len())]))?);
+        }
+        if headers.contains(Headers::FETH) {
+            self.feth = Some(FethRepr::parse(&Feth::new_unchecked(&buf[next(Headers::FETH.len())]))?);
+        }
+        if headers.contains(Headers::RETH) {
+            self.reth = Some(RethRepr::parse(&Reth::new_unchecked(&buf[next(Headers::RETH.len())]))?);
+        }
+        if headers.contains(Headers::AETH) {
+            self.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(&buf[next(Headers::AETH.len())]))?);
+        }
+        if headers.contains(Headers::ATOMIC_ETH) {
+            self.atomic_eth =
+                Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(&buf[next(Headers::ATOMIC_ETH.len())]))?);
+        }
+        if headers.contains(Headers::ATOMIC_ACK_ETH) {
+            self.atomic_ack_eth =
+                Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(&buf[next(Headers::ATOMIC_ACK_ETH.len())]))?);
+        }
+        if headers.contains(Headers::IMM) {
+            self.imm = Some(get_u32(&buf[next(Headers::IMM.len())], 0));
+        }
+        if headers.contains(Headers::IETH) {
+            self.ieth = Some(get_u32(&buf[next(Headers::IETH.len())], 0));
+        }
+        Ok(())
+    }
+
     /// Writes headers, payload and zero pad into `buf`, leaving the four ICRC
     /// bytes zero, and returns the length written ([`RoceRepr::wire_len`]).
     pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
@@ -166,43 +182,61 @@ impl RoceRepr {
     /// payload at [`RoceRepr::header_len`], straight from where it lives.
     pub fn emit_headers(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
         let opcode = self.bth.opcode;
-        if self.present() != opcode.headers() {
+        let headers = opcode.headers();
+        if self.present() != headers {
             return Err(Error::HeaderMismatch { opcode: opcode.to_u8() });
         }
         check_payload_len(opcode.operation(), opcode.to_u8(), payload_len)?;
-        let total = self.wire_len(payload_len);
+        let header_len = Bth::<&[u8]>::LEN + headers.len();
+        let pad = pad_for(payload_len);
+        let total = header_len + payload_len + usize::from(pad) + ICRC_LEN;
         need(buf, total)?;
         let buf = &mut buf[..total];
-        let pad = pad_for(payload_len);
 
         self.bth.emit(&mut Bth::new_unchecked(&mut buf[..]), pad)?;
-        let mut at = Bth::<&[u8]>::LEN;
-        for &(h, _, len) in Headers::ORDER.iter() {
-            if !self.present().contains(h) {
-                continue;
-            }
-            let field = &mut buf[at..at + len];
-            match h {
-                Headers::DETH => self.deth.map(|d| d.emit(&mut Deth::new_unchecked(field))),
-                Headers::FETH => self.feth.map(|f| f.emit(&mut Feth::new_unchecked(field))),
-                Headers::RETH => self.reth.map(|r| r.emit(&mut Reth::new_unchecked(field))),
-                Headers::AETH => self.aeth.map(|a| a.emit(&mut Aeth::new_unchecked(field))),
-                Headers::ATOMIC_ETH => self.atomic_eth.map(|a| a.emit(&mut AtomicEth::new_unchecked(field))),
-                Headers::ATOMIC_ACK_ETH => self.atomic_ack_eth.map(|a| a.emit(&mut AtomicAckEth::new_unchecked(field))),
-                Headers::IMM => self.imm.map(|v| {
-                    set_u32(field, 0, v);
-                    Ok(())
-                }),
-                _ => self.ieth.map(|v| {
-                    set_u32(field, 0, v);
-                    Ok(())
-                }),
-            }
-            .transpose()?;
-            at += len;
+        // Most packets (the middle and last ones of a message, plain ACKs
+        // but for their AETH) carry few extended headers or none.
+        if !headers.is_empty() {
+            self.emit_extended(&mut buf[Bth::<&[u8]>::LEN..header_len])?;
         }
-        buf[at + payload_len..].fill(0);
+        buf[header_len + payload_len..].fill(0);
         Ok(total)
+    }
+
+    /// Writes the extended headers, which `present()` says fill `buf`, in
+    /// wire order.
+    fn emit_extended(&self, buf: &mut [u8]) -> Result<()> {
+        let mut at = 0;
+        let mut next = |len: usize| {
+            let field = at..at + len;
+            at += len;
+            field
+        };
+        if let Some(d) = self.deth {
+            d.emit(&mut Deth::new_unchecked(&mut buf[next(Headers::DETH.len())]))?;
+        }
+        if let Some(f) = self.feth {
+            f.emit(&mut Feth::new_unchecked(&mut buf[next(Headers::FETH.len())]))?;
+        }
+        if let Some(r) = self.reth {
+            r.emit(&mut Reth::new_unchecked(&mut buf[next(Headers::RETH.len())]))?;
+        }
+        if let Some(a) = self.aeth {
+            a.emit(&mut Aeth::new_unchecked(&mut buf[next(Headers::AETH.len())]))?;
+        }
+        if let Some(a) = self.atomic_eth {
+            a.emit(&mut AtomicEth::new_unchecked(&mut buf[next(Headers::ATOMIC_ETH.len())]))?;
+        }
+        if let Some(a) = self.atomic_ack_eth {
+            a.emit(&mut AtomicAckEth::new_unchecked(&mut buf[next(Headers::ATOMIC_ACK_ETH.len())]))?;
+        }
+        if let Some(v) = self.imm {
+            set_u32(&mut buf[next(Headers::IMM.len())], 0, v);
+        }
+        if let Some(v) = self.ieth {
+            set_u32(&mut buf[next(Headers::IETH.len())], 0, v);
+        }
+        Ok(())
     }
 }
 
