@@ -156,6 +156,11 @@ impl SendBudget {
         self.in_flight -= replace_usize(&cell.marks.charged, 0);
     }
 
+    /// Whether no QP waits in line for room.
+    pub(super) fn line_is_empty(&self) -> bool {
+        self.line.is_empty()
+    }
+
     /// The QP at the front of the line (destroyed ones leave it as they
     /// come up).
     pub(super) fn next_in_line(&mut self) -> Option<Arc<QpCell>> {

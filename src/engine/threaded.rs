@@ -552,6 +552,11 @@ impl Engine {
         let order = if few { TransmitOrder::ResponsesOnly } else { TransmitOrder::RequestsFirst };
         p.budget.admit(&mut qp, false);
         let sent = transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, order);
+        if !p.owed && p.budget.line_is_empty() {
+            // Nothing else will join this batch: it leaves before the
+            // bookkeeping below, which the peer need not wait for.
+            p.out.link.flush();
+        }
         cell.drain(&mut qp, &self.shared.events);
         let (timer, ack_coming) = (qp.poll_timeout(), qp.unacked_awaiting_ack().is_some());
         p.note(cell, &qp, now, sent == tuning.kick_limit);

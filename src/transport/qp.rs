@@ -227,6 +227,10 @@ pub struct Qp {
     /// Bytes the peer can hold unread, if known: the window never puts more
     /// in flight (see [`Qp::set_peer_buffer`]).
     peer_buffer: Option<usize>,
+    /// Packets of path MTU that `peer_buffer` holds (`u32::MAX` without
+    /// one), kept as the two change: the window asks for it several times
+    /// a packet, and it takes a division.
+    peer_buffer_psns: u32,
     /// Destroyed, and only answering duplicates of what it executed (see
     /// [`Qp::linger`]).
     lingering: bool,
@@ -254,6 +258,7 @@ impl Qp {
             counters: Counters::default(),
             sqd_notified: false,
             peer_buffer: None,
+            peer_buffer_psns: u32::MAX,
             lingering: false,
         }
     }
@@ -268,6 +273,7 @@ impl Qp {
     pub fn set_ud_mtu(&mut self, mtu: super::attr::Mtu) {
         if self.qp_type == QpType::Ud {
             self.attr.path_mtu = mtu;
+            self.count_peer_buffer();
         }
     }
 
@@ -357,6 +363,9 @@ impl Qp {
         }
         if copy(AttrMask::EN_SQD_ASYNC_NOTIFY) {
             a.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+        if copy(AttrMask::PATH_MTU) {
+            self.count_peer_buffer();
         }
         debug!(qpn = self.qpn, ?from, ?to, ?mask, "modify QP");
         self.enter(to);
@@ -633,7 +642,17 @@ impl Qp {
     /// receive path has no such limit, so the estimate is only cautious
     /// there.
     pub fn set_peer_buffer(&mut self, bytes: Option<usize>) {
-        self.peer_buffer = bytes;
+        if bytes != self.peer_buffer {
+            self.peer_buffer = bytes;
+            self.count_peer_buffer();
+        }
+    }
+
+    /// Recounts `peer_buffer_psns` after the buffer or the path MTU changed.
+    fn count_peer_buffer(&mut self) {
+        self.peer_buffer_psns = self.peer_buffer.map_or(u32::MAX, |bytes| {
+            u32::try_from(bytes / buffer_charge(self.attr.path_mtu.bytes())).unwrap_or(u32::MAX)
+        });
     }
 
     /// Lets an RC requester put `packets` more new packets on the wire

@@ -472,9 +472,7 @@ impl Qp {
     /// Packets the peer's buffer holds ([`Qp::set_peer_buffer`]); no limit
     /// where it is not known.
     fn peer_buffer_psns(&self) -> u32 {
-        self.peer_buffer.map_or(u32::MAX, |bytes| {
-            u32::try_from(bytes / buffer_charge(self.attr.path_mtu.bytes())).unwrap_or(u32::MAX)
-        })
+        self.peer_buffer_psns
     }
 
     /// PSNs up to `psn` (exclusive) are acknowledged: the window grows by
