@@ -771,6 +771,36 @@ mod tests {
         assert_eq!(inb.fill(rx.as_raw_fd()).unwrap(), 4, "nothing read again before the batch is used up");
     }
 
+    /// The headers are built once and reused: what the kernel wrote into
+    /// them on one fill (no control message for a lone datagram, a source
+    /// of another family's length) must not cut short the next, which
+    /// would lose a train's segment size and so the train.
+    #[test]
+    fn headers_reused_after_plain_datagrams_still_see_trains() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(set(&rx, libc::SOL_UDP, libc::UDP_GRO, 1));
+        let dest = rx.local_addr().unwrap();
+        let mut inb = RecvBatch::default();
+        for round in 0..3 {
+            // Plain datagrams of different sizes arrive apart: no GRO
+            // segment size, in as many slots as the fills give them.
+            for i in 0..3u8 {
+                tx.send_to(&vec![i; 40 + 8 * usize::from(i)], dest).unwrap();
+            }
+            let plain = receive_all(&rx, &mut inb, 3);
+            assert_eq!(plain.len(), 3, "round {round}");
+            // Then trains, into the very headers those used.
+            let datagrams = [train(5, 700, 300), train(4, 500, 500)].concat();
+            let mut out = SendBatch::new(true);
+            for d in &datagrams {
+                out.push(dest, d).unwrap().unwrap();
+            }
+            out.flush(tx.as_raw_fd(), &mut |_, _, _| panic!("no fallback on loopback")).unwrap();
+            assert_eq!(receive_all(&rx, &mut inb, datagrams.len()), datagrams, "round {round}");
+        }
+    }
+
     /// The one-datagram receive of an idle socket splits a GRO train as
     /// the batch receive does, says while handing it out that more of it is
     /// here, and a bad descriptor is an error, not an empty fill.
