@@ -227,9 +227,9 @@ pub struct Qp {
     /// Bytes the peer can hold unread, if known: the window never puts more
     /// in flight (see [`Qp::set_peer_buffer`]).
     peer_buffer: Option<usize>,
-    /// Packets of path MTU that `peer_buffer` holds (`u32::MAX` without
-    /// one), kept as the two change: the window asks for it several times
-    /// a packet, and it takes a division.
+    /// Packets of path MTU that `peer_buffer` holds (`u32::MAX` where it is
+    /// not known), kept as the two change: the window asks for it several
+    /// times a packet, and it takes a division.
     peer_buffer_psns: u32,
     /// Destroyed, and only answering duplicates of what it executed (see
     /// [`Qp::linger`]).

@@ -140,7 +140,7 @@ impl Qp {
             // Responses beyond the buffer are dropped if the receiver falls
             // behind, and asked for again: once that has happened, such
             // READs go in pieces of half the buffer, two in flight at a time.
-            let buffer = self.peer_buffer_psns();
+            let buffer = self.peer_buffer_psns;
             let pieced = read && self.qp_type == QpType::Rc && packets > buffer && self.req.pieced_reads > 0;
             if pieced {
                 self.req.pieced_reads -= 1;
@@ -179,7 +179,7 @@ impl Qp {
                 return None;
             }
             let last = range.first.wrapping_add(wqe.piece_end(wqe.next_pkt, range.count) - 1);
-            if psn != self.comp.psn && i64::from(last.diff(self.comp.psn)) >= i64::from(self.peer_buffer_psns()) {
+            if psn != self.comp.psn && i64::from(last.diff(self.comp.psn)) >= i64::from(self.peer_buffer_psns) {
                 return None;
             }
         }
@@ -466,13 +466,7 @@ impl Qp {
             return 1;
         }
         let grown = MAX_UNACKED_PSNS + self.req.grown;
-        grown.min(self.peer_buffer_psns()).max(MIN_WINDOW_PSNS)
-    }
-
-    /// Packets the peer's buffer holds ([`Qp::set_peer_buffer`]); no limit
-    /// where it is not known.
-    fn peer_buffer_psns(&self) -> u32 {
-        self.peer_buffer_psns
+        grown.min(self.peer_buffer_psns).max(MIN_WINDOW_PSNS)
     }
 
     /// PSNs up to `psn` (exclusive) are acknowledged: the window grows by
