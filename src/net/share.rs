@@ -323,7 +323,11 @@ impl Member {
             *s = SlotState { used: now_ms(), inodes: Vec::new() };
         }
         let _ = fs::remove_file(slot_path(&self.shared.dir, slot));
-        let alone = state.slots.keys().all(|&s| s == slot || self.shared.vanished(s));
+        self.shared.forget_vanished(&mut state);
+        // A member that left removed its inbox, though it may hold its slot
+        // lock a moment longer (two leaving at once each see the other's).
+        let dir = &self.shared.dir;
+        let alone = state.slots.keys().all(|&s| s == slot || !slot_path(dir, s).exists());
         if alone {
             // Nobody else lives here: leave no directory behind (a joiner
             // waiting for the lock sees the file gone and starts again).
@@ -478,12 +482,7 @@ impl Shared {
     /// Takes a census of each address's group, forgetting members whose
     /// slot lock is gone, and attaches the result.
     fn census_all(&self, state: &mut State) -> io::Result<()> {
-        for (&slot, s) in state.slots.iter_mut() {
-            if self.vanished(slot) {
-                s.inodes.clear();
-            }
-        }
-        state.listeners_of_live_slots();
+        self.forget_vanished(state);
         let sockets = lock(&self.sockets).clone();
         let mut steering = BTreeMap::new();
         for (addr, socket) in &sockets {
@@ -506,6 +505,20 @@ impl Shared {
         *lock(&self.steering) = steering;
         self.censuses.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Forgets the members that died without leaving: their sockets, their
+    /// listeners and their inboxes, which would otherwise outlive them in
+    /// the directory (a network namespace's inode number, and so its
+    /// directory's name, comes back for a later namespace).
+    fn forget_vanished(&self, state: &mut State) {
+        for (&slot, s) in state.slots.iter_mut() {
+            if self.vanished(slot) {
+                s.inodes.clear();
+                let _ = fs::remove_file(slot_path(&self.dir, slot));
+            }
+        }
+        state.listeners_of_live_slots();
     }
 
     /// Changes the rdma_cm listeners and re-steers every group.
@@ -1136,6 +1149,26 @@ mod tests {
         leaver.leave(|_| {});
         check_steering(&members.iter().collect::<Vec<_>>(), port);
         assert_eq!(members.iter().map(Member::censuses).collect::<Vec<_>>(), counted);
+    }
+
+    #[test]
+    fn the_last_to_leave_removes_the_directory_even_when_two_leave_at_once() {
+        let port = free_port();
+        let a = Member::join(port, &[LOCAL]).unwrap();
+        let b = Member::join(port, &[LOCAL]).unwrap();
+        let dead = Member::join(port, &[LOCAL]).unwrap();
+        let dir = a.shared.dir.clone();
+        let dead_inbox = slot_path(&dir, dead.slot());
+        dead.crash();
+        a.census().unwrap();
+        assert!(!dead_inbox.exists(), "a dead member's inbox outlived the census that counted it out");
+        // A process that exits releases its slot lock only when its files
+        // close, after it left: the other, leaving meanwhile, sees it locked.
+        let still_locked = Arc::clone(&a.shared);
+        a.leave(|_| {});
+        b.leave(|_| {});
+        assert!(!dir.exists(), "{} outlived its members", dir.display());
+        drop(still_locked);
     }
 
     #[test]

@@ -289,6 +289,9 @@ fn soak(duration: Duration) -> Result<bool, String> {
         port_dirs.push(port_dir(4791, inode));
     }
     let leaked_slots: usize = port_dirs.iter().map(|d| live_slots(d)).sum();
+    for d in port_dirs.iter().filter(|d| live_slots(d) > 0) {
+        failures.push(format!("slots left in {}", d.display()));
+    }
     drop(lossy);
 
     let report = Report::gather(&dir, &running, &killed, &restarts);
@@ -296,7 +299,7 @@ fn soak(duration: Duration) -> Result<bool, String> {
     if ok {
         let _ = fs::remove_dir_all(&dir);
     } else {
-        eprintln!("the members' files are kept in {}", dir.display());
+        println!("soak FAILED; the members' files are kept in {}", dir.display());
     }
     Ok(ok)
 }
