@@ -58,6 +58,7 @@ impl Egress<'_> {
         order: TransmitOrder,
     ) -> usize {
         let mut sent = 0;
+        let mut lent = false;
         while sent < limit {
             // Build in the link's send buffer where it has one: no copy there.
             let room = self.link.send_buffer(self.buf.len());
@@ -67,14 +68,22 @@ impl Egress<'_> {
             let src_port = source_port(qp, Bth::new_unchecked(&space[..t.len]).dest_qpn());
             let src = source_for(self.locals, t.dest);
             let sent_now = if in_link {
-                self.link.transmit_built(now, src, t.dest, src_port, t.len)
+                lent |= t.lent.is_some();
+                self.link.transmit_built(now, src, t.dest, src_port, t.len, t.lent)
             } else {
+                if let Some((at, payload)) = t.lent {
+                    self.buf[at..at + payload.len()].copy_from_slice(payload.bytes());
+                }
                 self.link.transmit(now, Outgoing { src, dst: t.dest, src_port, roce: &mut self.buf[..t.len] })
             };
             if let Err(e) = sent_now {
                 debug!(qpn = qp.qpn(), error = %e, "send failed");
             }
             sent += 1;
+        }
+        // Lent bytes are let go of while `mem`'s guard keeps them registered.
+        if lent {
+            self.link.release_lent();
         }
         sent
     }

@@ -1,11 +1,12 @@
 //! Memory regions the application registered, as the engine reaches them:
 //! raw ranges of the process's memory, checked on every access.
 
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::transport::memory::{offset_in, permit, BindTarget, KeyUser, WindowTable};
-use crate::transport::{Access, AtomicOp, MemError, Memory, MwBind};
+use crate::transport::{Access, AtomicOp, Lent, MemError, Memory, MwBind};
 
 /// A registered range of process memory.
 #[derive(Debug, Clone, Copy)]
@@ -198,6 +199,20 @@ impl Memory for RegistryAccess<'_> {
         // references, are shared.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         Ok(())
+    }
+
+    /// Lends what an ordinary region holds; an on-demand region's pages may
+    /// not be mapped, and only [`copy_unfaulting`] reaches them.
+    fn lend(&self, key: u32, user: KeyUser, addr: u64, len: usize, access: Access) -> Result<Option<Lent>, MemError> {
+        let (src, on_demand) = self.0.locate_paged(key, user, addr, len as u64, access)?;
+        if on_demand || len == 0 {
+            return Ok(None);
+        }
+        // SAFETY: `src` has `len` registered bytes, and the registry's lock,
+        // which a deregistration waits for, is held for as long as the
+        // engine's step that lent them: its link sends them or copies them
+        // in before the guard goes (`dispatch::Egress::transmit`).
+        Ok(NonNull::new(src).map(|ptr| unsafe { Lent::new(ptr, len) }))
     }
 
     fn write(&mut self, key: u32, user: KeyUser, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {

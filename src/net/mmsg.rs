@@ -22,6 +22,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
 use std::os::fd::RawFd;
 
+use crate::transport::Lent;
+
 /// Messages per system call.
 pub const BATCH: usize = 32;
 /// Segments per GSO super-datagram: `UDP_MAX_SEGMENTS` of Linux before 6.9
@@ -34,6 +36,15 @@ pub const MAX_DATAGRAM: usize = 65535 - 20 - 8;
 /// engine's transmissions (64 packets of 4 KiB per QP) usually leaves in one
 /// system call without holding megabytes per socket.
 const SEND_BYTES: usize = 8 * (MAX_DATAGRAM + 1);
+/// iovecs of one `sendmmsg` call at most: per message, a lent payload and
+/// the bytes before it for each segment, and the bytes after the last.
+const IOVS: usize = BATCH * (2 * MAX_SEGMENTS + 1);
+/// Bytes a receive fill takes ahead of the engine, about: the kernel
+/// writes them before the first is checked and placed, and 32 GRO trains
+/// (2 MiB, this machine's L2) came back from the next cache level for both
+/// (rxe-spec T-37: a 1 MiB READ stream 4.5–5.2 GB/s with 32 slots, 6.0–6.4
+/// with this).
+const FILL_AHEAD: usize = 256 << 10;
 /// Bytes of one receive slot: a whole GRO super-datagram.
 const SLOT: usize = 1 << 16;
 /// `u64`s of control buffer per message, so it is aligned for `cmsghdr`:
@@ -41,7 +52,8 @@ const SLOT: usize = 1 << 16;
 const CONTROL_WORDS: usize = 4;
 
 /// One message of a send batch: a datagram, or a GSO train of segments of
-/// `segment` bytes each (the last may be shorter), stored contiguously.
+/// `segment` bytes each (the last may be shorter), stored contiguously but
+/// for lent payloads, whose places are left unwritten.
 #[derive(Clone, Copy)]
 struct Message {
     dest: SocketAddr,
@@ -51,6 +63,9 @@ struct Message {
     len: usize,
     segment: usize,
     segments: usize,
+    /// Its lent payloads: `SendBatch::lent[lent_from..lent_to]`.
+    lent_from: usize,
+    lent_to: usize,
 }
 
 impl Message {
@@ -61,6 +76,8 @@ impl Message {
         len: 0,
         segment: 0,
         segments: 0,
+        lent_from: 0,
+        lent_to: 0,
     };
 
     /// Whether a datagram of `len` bytes to `dest`, for a QP of owner slot
@@ -90,6 +107,9 @@ pub struct SendBatch {
     used: usize,
     messages: [Message; BATCH],
     count: usize,
+    /// Payloads sent from where they were lent (`commit_lent`), in the order
+    /// of their places in `data`.
+    lent: Vec<(usize, Lent)>,
     gso: bool,
     /// The headers `flush` hands the kernel, kept to avoid building 8 KiB
     /// of them on the stack or the heap for every call.
@@ -104,6 +124,7 @@ impl SendBatch {
             used: 0,
             messages: [Message::EMPTY; BATCH],
             count: 0,
+            lent: Vec::with_capacity(SEND_BYTES / 4096),
             gso,
             wire: Wire::new(),
         }
@@ -141,6 +162,32 @@ impl SendBatch {
     /// index in their GSO train — the IPv4 ID they will carry — or `None`
     /// when the batch has no room: flush, then build or push again.
     pub fn commit(&mut self, dest: SocketAddr, len: usize) -> io::Result<Option<(&mut [u8], u16)>> {
+        self.queue(dest, len, None)
+    }
+
+    /// [`SendBatch::commit`] of a datagram whose bytes from `at` on are
+    /// `payload`, sent from where it was lent: its place in the room stays
+    /// unwritten, and `payload` must stay readable until the next
+    /// [`SendBatch::flush`] returns.
+    pub fn commit_lent(
+        &mut self,
+        dest: SocketAddr,
+        len: usize,
+        at: usize,
+        payload: Lent,
+    ) -> io::Result<Option<(&mut [u8], u16)>> {
+        if at.checked_add(payload.len()).is_none_or(|end| end > len) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a lent payload past its datagram's end"));
+        }
+        self.queue(dest, len, Some((at, payload)))
+    }
+
+    fn queue(
+        &mut self,
+        dest: SocketAddr,
+        len: usize,
+        lent: Option<(usize, Lent)>,
+    ) -> io::Result<Option<(&mut [u8], u16)>> {
         check_len(len)?;
         if self.used + len > self.data.len() {
             return Ok(None);
@@ -155,14 +202,37 @@ impl SendBatch {
         } else if self.count == BATCH {
             return Ok(None);
         } else {
-            self.messages[self.count] = Message { dest, slot, start: self.used, len, segment: len, segments: 1 };
+            let at = self.lent.len();
+            self.messages[self.count] =
+                Message { dest, slot, start: self.used, len, segment: len, segments: 1, lent_from: at, lent_to: at };
             self.count += 1;
             0
         };
+        if let Some((at, payload)) = lent {
+            self.lent.push((self.used + at, payload));
+            self.messages[self.count - 1].lent_to += 1;
+        }
         let queued = &mut self.data[self.used..self.used + len];
         self.used += len;
         // `index` < MAX_SEGMENTS.
         Ok(Some((queued, index as u16)))
+    }
+
+    /// Whether a queued datagram's payload is lent.
+    pub fn has_lent(&self) -> bool {
+        !self.lent.is_empty()
+    }
+
+    /// Whether the batch holds half its bytes or more: worth a system call
+    /// of its own rather than waiting for more.
+    pub fn half_full(&self) -> bool {
+        self.used >= self.data.len() / 2
+    }
+
+    /// Copies the lent payloads into their places: the batch no longer
+    /// needs them readable, and waits for more as any other.
+    pub fn copy_lent(&mut self) {
+        materialize(&mut self.data, &mut self.lent, &mut self.messages[..self.count]);
     }
 
     /// Sends everything queued on `fd`. Datagrams the kernel refuses for a
@@ -176,6 +246,9 @@ impl SendBatch {
     /// ID 0 rather than their index, `reindex` is called on each segment
     /// with index `k` > 0 to redo what depends on the ID.
     pub fn flush(&mut self, fd: RawFd, reindex: &mut dyn FnMut(SocketAddr, &mut [u8], u16)) -> io::Result<usize> {
+        if !self.gso {
+            materialize(&mut self.data, &mut self.lent, &mut self.messages[..self.count]);
+        }
         let wire = &mut *self.wire;
         let mut sent = 0;
         let mut error = None;
@@ -183,18 +256,33 @@ impl SendBatch {
         let (mut message, mut segment) = (0, 0);
         while message < self.count {
             // Lay out up to BATCH wire messages from (message, segment) on.
-            let (mut m, mut s, mut n) = (message, segment, 0);
+            let (mut m, mut s, mut n, mut iov) = (message, segment, 0, 0);
             while m < self.count && n < BATCH {
                 let msg = &self.messages[m];
                 wire.origins[n] = (m, s);
+                let first = iov;
                 if self.gso {
                     let train = if msg.segments > 1 { msg.segment } else { 0 };
-                    wire.set(n, &mut self.data[msg.start..msg.start + msg.len], msg.dest, train);
+                    // The stored bytes, and each lent payload in its place.
+                    let mut at = msg.start;
+                    if msg.lent_to > msg.lent_from {
+                        for &(place, payload) in &self.lent[msg.lent_from..msg.lent_to] {
+                            wire.iovs[iov] = iovec(&mut self.data[at..place]);
+                            wire.iovs[iov + 1] =
+                                libc::iovec { iov_base: payload.as_ptr().cast_mut().cast(), iov_len: payload.len() };
+                            (iov, at) = (iov + 2, place + payload.len());
+                        }
+                    }
+                    wire.iovs[iov] = iovec(&mut self.data[at..msg.start + msg.len]);
+                    iov += 1;
+                    wire.set(n, first..iov, msg.len, msg.dest, train);
                     m += 1;
                 } else {
                     let at = msg.start + s * msg.segment;
                     let len = msg.segment.min(msg.start + msg.len - at);
-                    wire.set(n, &mut self.data[at..at + len], msg.dest, 0);
+                    wire.iovs[iov] = iovec(&mut self.data[at..at + len]);
+                    iov += 1;
+                    wire.set(n, first..iov, len, msg.dest, 0);
                     s += 1;
                     if s == msg.segments {
                         (m, s) = (m + 1, 0);
@@ -202,7 +290,7 @@ impl SendBatch {
                 }
                 n += 1;
             }
-            let done = if n == 1 && wire.segments[0] == 1 {
+            let done = if n == 1 && wire.segments[0] == 1 && wire.headers[0].msg_hdr.msg_iovlen == 1 {
                 // One plain datagram: `sendto` spares the kernel copying
                 // and checking a message header and an iovec, 0.13 µs of a
                 // ping-pong's send on a VM (1.66 → 1.53 µs).
@@ -218,7 +306,9 @@ impl SendBatch {
                 }
             } else {
                 // SAFETY: the first `n` wire messages point at live buffers
-                // of self.data and at wire's own addresses and control data.
+                // of self.data, at lent payloads (readable until this call
+                // returns, `commit_lent`) and at wire's own addresses and
+                // control data.
                 unsafe { libc::sendmmsg(fd, wire.headers.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT) }
             };
             if done > 0 {
@@ -234,6 +324,7 @@ impl SendBatch {
             }
             if self.gso && self.messages[failed].segments > 1 && refuses_gso(&e) {
                 self.gso = false;
+                materialize(&mut self.data, &mut self.lent, &mut self.messages[..self.count]);
                 reindex_from(&self.messages[failed..self.count], &mut self.data, reindex);
                 continue;
             }
@@ -247,11 +338,29 @@ impl SendBatch {
         }
         self.count = 0;
         self.used = 0;
+        self.lent.clear();
         match error {
             Some(e) => Err(e),
             None => Ok(sent),
         }
     }
+}
+
+/// Copies the lent payloads into their places in `data`, for the paths that
+/// send or rewrite datagrams whole (no GSO, a train's ICRCs redone).
+fn materialize(data: &mut [u8], lent: &mut Vec<(usize, Lent)>, messages: &mut [Message]) {
+    for &(place, payload) in lent.iter() {
+        data[place..place + payload.len()].copy_from_slice(payload.bytes());
+    }
+    lent.clear();
+    for msg in messages {
+        (msg.lent_from, msg.lent_to) = (0, 0);
+    }
+}
+
+/// An iovec of `bytes`.
+fn iovec(bytes: &mut [u8]) -> libc::iovec {
+    libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() }
 }
 
 /// Calls `reindex` on every segment with index above 0 of `messages`, whose
@@ -284,11 +393,11 @@ fn refuses_gso(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP))
 }
 
-/// The headers of one `sendmmsg` call: an address, an iovec and a control
+/// The headers of one `sendmmsg` call: an address, iovecs and a control
 /// buffer (for `UDP_SEGMENT`) per message.
 struct Wire {
     headers: [libc::mmsghdr; BATCH],
-    iovs: [libc::iovec; BATCH],
+    iovs: [libc::iovec; IOVS],
     names: [libc::sockaddr_storage; BATCH],
     control: [[u64; CONTROL_WORDS]; BATCH],
     segments: [usize; BATCH],
@@ -309,20 +418,19 @@ impl Wire {
         Box::new(unsafe { zeroed() })
     }
 
-    /// Makes message `i` the datagram `data` to `dest`, a GSO train of
-    /// `segment`-byte segments unless `segment` is 0.
+    /// Makes message `i` the datagram of `len` bytes in `iovs` to `dest`, a
+    /// GSO train of `segment`-byte segments unless `segment` is 0.
     /// The pointers it stores into the `Wire` stay valid while it does not
     /// move (it lives in a `Box`).
-    fn set(&mut self, i: usize, data: &mut [u8], dest: SocketAddr, segment: usize) {
+    fn set(&mut self, i: usize, iovs: Range<usize>, len: usize, dest: SocketAddr, segment: usize) {
         self.names[i] = to_storage(dest);
-        self.iovs[i] = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
         let wire = self;
         let hdr = &mut wire.headers[i].msg_hdr;
         hdr.msg_name = (&mut wire.names[i] as *mut libc::sockaddr_storage).cast();
         hdr.msg_namelen = storage_len(&wire.names[i]);
-        hdr.msg_iov = &mut wire.iovs[i];
-        hdr.msg_iovlen = 1;
-        wire.segments[i] = if segment == 0 { 1 } else { data.len().div_ceil(segment) };
+        hdr.msg_iovlen = iovs.len() as _;
+        hdr.msg_iov = &mut wire.iovs[iovs.start];
+        wire.segments[i] = if segment == 0 { 1 } else { len.div_ceil(segment) };
         if segment == 0 {
             hdr.msg_control = std::ptr::null_mut();
             hdr.msg_controllen = 0;
@@ -364,10 +472,12 @@ pub struct RecvBatch {
     /// Bytes of slot `next` already handed out.
     offset: usize,
     /// Datagrams the next fill asks for: one after a fill that found none,
-    /// else [`BATCH`]. A socket polled while idle (a thread waiting for an
-    /// answer) then costs one header a poll, and the answer comes without
-    /// the kernel's try at a second datagram that is not there (~0.1 µs a
-    /// round trip); a burst that follows comes whole from the next fill.
+    /// else as many of the last fill's mean size as make [`FILL_AHEAD`]
+    /// bytes, within [`BATCH`]. A socket polled while idle (a thread
+    /// waiting for an answer) then costs one header a poll, and the answer
+    /// comes without the kernel's try at a second datagram that is not
+    /// there (~0.1 µs a round trip); a burst that follows comes from the
+    /// next fill.
     want: usize,
 }
 
@@ -439,7 +549,12 @@ impl RecvBatch {
         let want = self.want.clamp(1, BATCH);
         let n = if want == 1 { self.receive_one(fd) } else { self.receive_many(fd, want) };
         (self.next, self.offset, self.count) = (0, 0, 0);
-        self.want = if n > 0 { BATCH } else { 1 };
+        self.want = if n > 0 {
+            let bytes: usize = self.lens[..n as usize].iter().sum();
+            (FILL_AHEAD * n as usize / bytes.max(1)).clamp(2, BATCH)
+        } else {
+            1
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
@@ -593,6 +708,7 @@ mod tests {
     use super::*;
     use std::net::UdpSocket;
     use std::os::fd::AsRawFd;
+    use std::ptr::NonNull;
     use std::time::Duration;
 
     #[test]
@@ -751,6 +867,78 @@ mod tests {
             // With GRO on, the first train arrived in one slot.
             assert_eq!(inb.segments[0], if gro { 1000 } else { 0 });
         }
+    }
+
+    /// Datagrams whose payloads were lent arrive whole, in GSO trains and
+    /// sent one by one, and trains the kernel refuses are redone with their
+    /// payloads in place; the stored bytes around each payload stay as they
+    /// were.
+    #[test]
+    fn lent_payloads_arrive_in_their_places_in_trains_and_alone() {
+        for (gso, refused) in [(true, false), (false, false), (true, true)] {
+            let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            if refused {
+                assert!(set(&tx, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1));
+            }
+            let dest = rx.local_addr().unwrap();
+            let datagrams = [train(4, 600, 600), train(2, 300, 100)].concat();
+            // Bytes 12..len-4 of each come from elsewhere: the "registered
+            // memory" holds them, the batch's room only the rest.
+            let memory: Vec<Vec<u8>> =
+                datagrams.iter().enumerate().map(|(i, d)| vec![0xa0 + i as u8; d.len() - 16]).collect();
+            let mut out = SendBatch::new(gso);
+            let mut expected = Vec::new();
+            for (d, payload) in datagrams.iter().zip(&memory) {
+                let room = out.room(d.len()).unwrap();
+                room.fill(0xee);
+                room[..12].copy_from_slice(&d[..12]);
+                let end = d.len() - 4;
+                room[end..d.len()].copy_from_slice(&d[end..]);
+                // SAFETY: `memory` outlives the flush below.
+                let lent = unsafe { Lent::new(NonNull::new(payload.as_ptr().cast_mut()).unwrap(), payload.len()) };
+                out.commit_lent(dest, d.len(), 12, lent).unwrap().unwrap();
+                expected.push([&d[..12], payload, &d[end..]].concat());
+            }
+            assert_eq!(out.count, if gso { 2 } else { 6 });
+            let mut redone = 0;
+            let sent = out
+                .flush(tx.as_raw_fd(), &mut |_, data: &mut [u8], _| {
+                    assert!(refused, "no fallback on loopback");
+                    assert!(data[12..data.len() - 4].iter().all(|&b| b >= 0xa0), "a payload not in its place");
+                    redone += 1;
+                })
+                .unwrap();
+            assert_eq!(sent, 6);
+            assert_eq!(redone, if refused { 4 } else { 0 }, "segments past the first of each train");
+            assert!(out.is_empty() && out.lent.is_empty());
+            let mut inb = RecvBatch::default();
+            assert_eq!(receive_all(&rx, &mut inb, expected.len()), expected, "GSO {gso}, refused {refused}");
+        }
+    }
+
+    /// A fill of large trains asks next for as many as make FILL_AHEAD bytes,
+    /// one of small datagrams for a whole batch.
+    #[test]
+    fn a_fill_of_trains_asks_next_for_what_the_cache_holds() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(set(&rx, libc::SOL_UDP, libc::UDP_GRO, 1));
+        let dest = rx.local_addr().unwrap();
+        let mut out = SendBatch::new(true);
+        for _ in 0..3 {
+            for d in train(40, 1000, 1000) {
+                out.push(dest, &d).unwrap().unwrap();
+            }
+            out.flush(tx.as_raw_fd(), &mut |_, _, _| panic!("no fallback on loopback")).unwrap();
+        }
+        let mut inb = RecvBatch::default();
+        assert_eq!(inb.fill(rx.as_raw_fd()).unwrap(), 3, "three trains of 40 000 bytes");
+        assert_eq!(inb.want, FILL_AHEAD * 3 / 120_000);
+        while inb.pop().is_some() {}
+        tx.send_to(&[1; 40], dest).unwrap();
+        assert_eq!(inb.fill(rx.as_raw_fd()).unwrap(), 1);
+        assert_eq!(inb.want, BATCH);
     }
 
     /// An idle socket's poll asks for one datagram; the fill after one that

@@ -27,6 +27,8 @@ use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+use crate::transport::Lent;
+
 pub use probe::{Arrival, RoceSocket};
 pub use raw::RawLink;
 pub use sim::{Delivery, Faults, SimNet, Stats};
@@ -159,15 +161,31 @@ pub trait Link {
 
     /// Sends the packet of `len` RoCE bytes just built at the start of the
     /// [`Link::send_buffer`] room, filling in its ICRC, as
-    /// [`Link::transmit`] would.
-    fn transmit_built(&mut self, now: Duration, src: IpAddr, dst: IpAddr, src_port: u16, len: usize) -> io::Result<()> {
-        let _ = (now, src, dst, src_port, len);
+    /// [`Link::transmit`] would. With `lent`, its payload is the lent bytes,
+    /// to go at that offset, where the room was left unwritten: the link
+    /// reads them until its next [`Link::flush`] or [`Link::release_lent`],
+    /// which the caller makes before the lender's guard goes.
+    fn transmit_built(
+        &mut self,
+        now: Duration,
+        src: IpAddr,
+        dst: IpAddr,
+        src_port: u16,
+        len: usize,
+        lent: Option<(usize, Lent)>,
+    ) -> io::Result<()> {
+        let _ = (now, src, dst, src_port, len, lent);
         Err(io::Error::new(io::ErrorKind::Unsupported, "this link builds no packets in place"))
     }
 
     /// Sends whatever [`Link::transmit`] batched. Engines call it after each
     /// round of transmissions.
     fn flush(&mut self) {}
+
+    /// Lets go of every lent payload ([`Link::transmit_built`]) before the
+    /// lender's guard goes: sends them, or copies them in to wait for the
+    /// round's batch.
+    fn release_lent(&mut self) {}
 
     /// The next packet that arrived by `now` with a good ICRC, if any; packets
     /// with a bad ICRC are dropped and counted.

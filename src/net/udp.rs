@@ -33,6 +33,7 @@ use super::mmsg::{RecvBatch, SendBatch, MAX_DATAGRAM};
 use super::share::{Forwarded, Member};
 use super::{Link, LinkStats, Outgoing, Received};
 use crate::capture::{Direction, LiveCapture};
+use crate::transport::Lent;
 use crate::wire::icrc;
 use crate::wire::roce::ICRC_LEN;
 use crate::wire::ROCE_UDP_PORT;
@@ -501,6 +502,29 @@ fn icrc_of(
     icrc.map_err(|e| invalid(&e.to_string()))
 }
 
+/// [`icrc_of`] an IPv4 packet whose payload from `at` on is `payload`, sent
+/// from where it was lent: `roce` holds the rest.
+fn icrc_of_lent(
+    cache: &mut icrc::PrefixCache,
+    src: IpAddr,
+    dest: SocketAddr,
+    roce: &[u8],
+    id: u16,
+    at: usize,
+    payload: Lent,
+) -> io::Result<u32> {
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+    let (IpAddr::V4(s), IpAddr::V4(d)) = (src, dest.ip()) else { return Err(invalid("a lent payload over IPv6")) };
+    let covered = roce.len().checked_sub(ICRC_LEN).ok_or_else(|| invalid("packet too short"))?;
+    let end = at + payload.len();
+    if end > covered {
+        return Err(invalid("a lent payload over the ICRC's place"));
+    }
+    let h = icrc::Ipv4Udp { src: s, dst: d, src_port: dest.port(), dst_port: dest.port() };
+    let parts = [&roce[..at], payload.bytes(), &roce[end..covered]];
+    icrc::compute_ipv4_parts(cache, h, id, 0x40, parts).map_err(|e| invalid(&e.to_string()))
+}
+
 /// Sends what `batch` holds on `socket`, bound to `local`. A train the
 /// kernel refuses leaves as single datagrams with ID 0, so the ICRCs of its
 /// later packets change by what the ID did.
@@ -524,28 +548,18 @@ fn flush_batch(
     })
 }
 
-/// Counts a packet queued from `src` to `dest` and fills in its ICRC for
-/// IPv4 ID `id`, broken on purpose every `corrupt_every`th packet; returns
-/// the ICRC.
-fn seal(
-    stats: &mut LinkStats,
-    cache: &mut icrc::PrefixCache,
-    corrupt_every: u32,
-    src: IpAddr,
-    dest: SocketAddr,
-    queued: &mut [u8],
-    id: u16,
-) -> io::Result<u32> {
-    let mut crc = icrc_of(cache, src, dest.ip(), dest.port(), queued, id)?;
+/// Counts a packet queued and fills in its ICRC `crc`, broken on purpose
+/// every `corrupt_every`th packet; returns what it wrote.
+fn seal(stats: &mut LinkStats, corrupt_every: u32, queued: &mut [u8], mut crc: u32) -> u32 {
     stats.sent += 1;
     if corrupt_every != 0 && stats.sent.is_multiple_of(u64::from(corrupt_every)) {
         crc ^= 1 << 24;
         stats.corrupted += 1;
     }
-    // icrc_of succeeded, so the packet holds an ICRC's place.
+    // The ICRC was computed, so the packet holds an ICRC's place.
     let at = queued.len() - ICRC_LEN;
     queued[at..].copy_from_slice(&crc.to_le_bytes());
-    Ok(crc)
+    crc
 }
 
 /// The error for a packet from an address the link has no socket for.
@@ -610,7 +624,8 @@ impl Link for UdpLink {
                 batch.push(dest, out.roce)?.ok_or_else(|| io::Error::other("an empty batch has no room"))?
             }
         };
-        let crc = seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, out.src, dest, copy, id)?;
+        let crc = icrc_of(&mut self.tx_icrc, out.src, dest.ip(), dest.port(), copy, id)?;
+        let crc = seal(&mut self.stats, self.corrupt_every, copy, crc);
         if let Some(capture) = &mut self.capture {
             capture.record(Direction::Sent, SocketAddr::new(out.src, self.port), dest, id, copy);
         }
@@ -642,13 +657,34 @@ impl Link for UdpLink {
         dst: IpAddr,
         _src_port: u16,
         len: usize,
+        lent: Option<(usize, Lent)>,
     ) -> io::Result<()> {
         check(src, dst, len)?;
         let (_, batch) = self.sockets.get_mut(&src).ok_or_else(|| no_socket(src))?;
         let dest = SocketAddr::new(dst, self.port);
-        let built = batch.commit(dest, len)?;
+        // A capture records whole packets, and IPv6's ICRC is computed over
+        // one slice: both take the payload copied into its place.
+        let lent = match lent {
+            Some((at, payload)) if self.capture.is_none() && dst.is_ipv4() => Some((at, payload)),
+            Some((at, payload)) => {
+                let place = batch.room(len).and_then(|room| room.get_mut(at..at + payload.len()));
+                place
+                    .ok_or_else(|| io::Error::other("no room was taken for the packet"))?
+                    .copy_from_slice(payload.bytes());
+                None
+            }
+            None => None,
+        };
+        let built = match lent {
+            Some((at, payload)) => batch.commit_lent(dest, len, at, payload)?,
+            None => batch.commit(dest, len)?,
+        };
         let (queued, id) = built.ok_or_else(|| io::Error::other("no room was taken for the packet"))?;
-        seal(&mut self.stats, &mut self.tx_icrc, self.corrupt_every, src, dest, queued, id)?;
+        let crc = match lent {
+            None => icrc_of(&mut self.tx_icrc, src, dst, dest.port(), queued, id)?,
+            Some((at, payload)) => icrc_of_lent(&mut self.tx_icrc, src, dest, queued, id, at, payload)?,
+        };
+        seal(&mut self.stats, self.corrupt_every, queued, crc);
         if let Some(capture) = &mut self.capture {
             capture.record(Direction::Sent, SocketAddr::new(src, self.port), dest, id, queued);
         }
@@ -663,6 +699,23 @@ impl Link for UdpLink {
         }
         if let Some(capture) = &mut self.capture {
             capture.flush();
+        }
+    }
+
+    /// A batch of half its bytes or more goes now, lent payloads and all
+    /// (a stream's round: no copy); a smaller one copies them in and waits
+    /// for the rest of the round (QPs taking turns of a train each, which a
+    /// system call apiece would cost more than the copies).
+    fn release_lent(&mut self) {
+        for (&local, (socket, batch)) in &mut self.sockets {
+            if !batch.has_lent() {
+                continue;
+            }
+            if batch.half_full() {
+                let _ = flush_batch(socket, batch, local, &mut self.stats, &mut self.tx_icrc);
+            } else {
+                batch.copy_lent();
+            }
         }
     }
 

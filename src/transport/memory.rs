@@ -7,6 +7,7 @@
 //! the tests and the simulated network.
 
 use std::fmt;
+use std::ptr::NonNull;
 
 use super::types::{Access, MwBind, Sge};
 
@@ -91,6 +92,60 @@ pub struct KeyUser {
     pub qpn: u32,
 }
 
+/// Registered bytes lent to the link in place of a copy: a packet's payload
+/// that the link sends from where the application registered it (rxe-spec
+/// T-36). The memory that lends them (the engine's registry) keeps them
+/// registered until its link has sent them. The application may write them
+/// meanwhile, as it may while a NIC reads them by DMA: the packet then
+/// carries some of each, and the ICRC of whatever the link read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lent {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: an address and a length; what keeps the bytes there is the
+// lender's guard, whichever thread holds the `Lent`.
+#[allow(unsafe_code)]
+unsafe impl Send for Lent {}
+
+impl Lent {
+    /// Lends the `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// They must stay mapped and readable until every holder of the `Lent`
+    /// (or of a copy) is done with it: for an engine, until its link has
+    /// flushed the packet.
+    #[allow(unsafe_code)]
+    pub unsafe fn new(ptr: NonNull<u8>, len: usize) -> Lent {
+        Lent { ptr, len }
+    }
+
+    /// Where the bytes are, for a system call that reads them.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// How many bytes are lent.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether none are.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, for one pass over them (a CRC, a copy).
+    #[allow(unsafe_code)]
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: mapped and readable while the lender keeps them (`new`).
+        // Concurrent writes by the application are bytes changing under a
+        // reader that takes each once, as `Memory::read`'s copy does.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
 /// Access to registered memory. Every method checks the key, the protection
 /// domain, the rights and the bounds, and touches nothing when a check fails.
 /// A key with an access a peer asks for (see [`Access::is_remote`]) may
@@ -110,6 +165,14 @@ pub trait Memory {
 
     /// Copies `out.len()` bytes from `addr`.
     fn read(&self, key: u32, user: KeyUser, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError>;
+
+    /// The `len` bytes at `addr`, lent where they are instead of copied
+    /// ([`Lent`]), checked as [`Memory::read`] checks; `None` where this
+    /// memory lends nothing (the caller then reads a copy).
+    fn lend(&self, key: u32, user: KeyUser, addr: u64, len: usize, access: Access) -> Result<Option<Lent>, MemError> {
+        let _ = (key, user, addr, len, access);
+        Ok(None)
+    }
 
     /// Copies `data` to `addr`.
     fn write(&mut self, key: u32, user: KeyUser, addr: u64, data: &[u8], access: Access) -> Result<(), MemError>;

@@ -18,7 +18,7 @@ mod timer;
 pub mod types;
 
 pub use attr::{AttrMask, ModifyError, Mtu, QpAttr, QpState};
-pub use memory::{AtomicOp, KeyUser, MemError, Memory, MemoryTable, Region, WindowType};
+pub use memory::{AtomicOp, KeyUser, Lent, MemError, Memory, MemoryTable, Region, WindowType};
 pub use qp::{
     buffer_charge, grh_area, Counters, FatalNaks, PostSendError, Qp, QpCap, TransmitOrder, ACK_ASK_DELAY, GRH_LEN,
     MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS,

@@ -6,6 +6,9 @@
 
 use std::net::IpAddr;
 
+use super::memory::Lent;
+#[cfg(doc)]
+use super::memory::Memory;
 use super::types::{PsnRange, SendWr};
 use crate::wire::RoceRepr;
 
@@ -30,6 +33,9 @@ pub struct Transmit {
     pub dest: IpAddr,
     /// Length of the RoCE bytes in the buffer, BTH through ICRC.
     pub len: usize,
+    /// The payload, where the memory lent it ([`Memory::lend`]): it goes at
+    /// this offset of the packet, whose bytes there are left unwritten.
+    pub lent: Option<(usize, Lent)>,
 }
 
 /// A received packet as the QP sees it.

@@ -139,9 +139,26 @@ pub fn compute_ipv4(cache: &mut PrefixCache, h: Ipv4Udp, id: u16, flags: u8, roc
     if roce.len() < 12 {
         return Err(Error::Truncated { needed: 12, got: roce.len() });
     }
-    let key = PrefixKey::new(h, id, flags, roce)?;
+    let key = PrefixKey::new(h, id, flags, roce, roce.len())?;
     let mut hasher = crc32fast::Hasher::new_with_initial(cache.state(key));
     hasher.update(&roce[5..]);
+    Ok(hasher.finalize())
+}
+
+/// [`compute_ipv4`] of RoCE bytes that lie in three pieces (headers, a
+/// payload sent from elsewhere, pad), the first holding at least the BTH.
+pub fn compute_ipv4_parts(cache: &mut PrefixCache, h: Ipv4Udp, id: u16, flags: u8, parts: [&[u8]; 3]) -> Result<u32> {
+    let [head, middle, tail] = parts;
+    if head.len() < 12 {
+        return Err(Error::Truncated { needed: 12, got: head.len() });
+    }
+    let key = PrefixKey::new(h, id, flags, head, head.len() + middle.len() + tail.len())?;
+    let mut hasher = crc32fast::Hasher::new_with_initial(cache.state(key));
+    for part in [&head[5..], middle, tail] {
+        if !part.is_empty() {
+            hasher.update(part);
+        }
+    }
     Ok(hasher.finalize())
 }
 
@@ -186,11 +203,12 @@ impl PrefixCache {
 struct PrefixKey([u64; 4]);
 
 impl PrefixKey {
-    fn new(h: Ipv4Udp, id: u16, flags: u8, covered: &[u8]) -> Result<PrefixKey> {
-        let udp_len = 8 + covered.len() + ICRC_LEN;
+    /// The key of a packet whose `covered_len` RoCE bytes begin with `bth`.
+    fn new(h: Ipv4Udp, id: u16, flags: u8, bth: &[u8], covered_len: usize) -> Result<PrefixKey> {
+        let udp_len = 8 + covered_len + ICRC_LEN;
         let total_len = u16::try_from(20 + udp_len).map_err(|_| Error::FieldOverflow)?;
         let udp_len = udp_len as u16;
-        let bth = u32::from_be_bytes([covered[0], covered[1], covered[2], covered[3]]);
+        let bth = u32::from_be_bytes([bth[0], bth[1], bth[2], bth[3]]);
         // IPv4: version/IHL, TOS (masked), total length, ID, flags, offset 0,
         // TTL (masked), protocol, checksum (masked), addresses; then UDP:
         // ports, length, checksum (masked).

@@ -248,7 +248,7 @@ fn packets_built_in_the_send_buffer_join_the_trains() {
         if i % 2 == 0 {
             let room = link.send_buffer(4096 + 64).expect("one socket: room to build in");
             room[..1000].copy_from_slice(&packet(i));
-            link.transmit_built(Duration::ZERO, A, B, port, 1000).unwrap();
+            link.transmit_built(Duration::ZERO, A, B, port, 1000, None).unwrap();
         } else {
             let mut roce = packet(i);
             link.transmit(Duration::ZERO, softroce::net::Outgoing { src: A, dst: B, src_port: port, roce: &mut roce })
@@ -257,7 +257,7 @@ fn packets_built_in_the_send_buffer_join_the_trains() {
     }
     // A packet between IP versions is refused, and nothing was taken for it.
     let v6: IpAddr = "::1".parse().unwrap();
-    assert!(link.transmit_built(Duration::ZERO, A, v6, port, 1000).is_err());
+    assert!(link.transmit_built(Duration::ZERO, A, v6, port, 1000, None).is_err());
     link.flush();
     assert_eq!(link.stats().sent, 6);
     let (IpAddr::V4(a), IpAddr::V4(b)) = (A, B) else { unreachable!() };

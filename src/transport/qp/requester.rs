@@ -15,7 +15,7 @@ use tracing::{debug, trace};
 
 use super::Qp;
 use crate::transport::attr::QpState;
-use crate::transport::memory::{for_each_piece, MemError, Memory};
+use crate::transport::memory::{for_each_piece, Lent, MemError, Memory};
 use crate::transport::queue::{Transmit, TRANSMIT_HEADROOM};
 use crate::transport::timer::Timer;
 use crate::transport::types::{Access, AsyncEvent, PsnRange, QpType, SendOp, WcStatus};
@@ -100,6 +100,12 @@ pub(super) struct ReqState {
     /// it waits for another turn (`None`: no limit; [`Qp::set_allowance`]).
     pub(super) allowance: Option<u32>,
 }
+
+/// The shortest payload lent rather than copied: a whole packet at MTU
+/// 4096. A smaller copy costs less than the two iovecs more a lent payload
+/// takes (at MTU 1024, lent 1 KiB payloads ran 64 KiB streams 7–27% slower
+/// than copied ones), and a lone datagram of one iovec leaves by `sendto`.
+const LEND_FROM: usize = 4096;
 
 /// What one request packet carries.
 struct Plan {
@@ -188,17 +194,15 @@ impl Qp {
         let header_len = plan.repr.header_len();
         let total = plan.repr.wire_len(plan.len);
         plan.repr.emit_headers(buf, plan.len).ok()?;
-        if let Err(e) = self.gather(index, plan.offset, &mut buf[header_len..header_len + plan.len], mem) {
-            trace!(qpn = self.qpn, error = %e, "local protection error");
-            let wqe = self.sq.remove(index).expect("index checked above");
-            self.complete_send(&wqe, WcStatus::LocProtErr);
-            if self.qp_type == QpType::Rc {
-                self.fail(AsyncEvent::QpFatal { qpn: self.qpn });
-            } else {
-                self.send_queue_error();
-            }
-            return None;
-        }
+        let lent = if plan.len >= LEND_FROM { self.lend(index, plan.offset, plan.len, mem) } else { Ok(None) };
+        let lent = match lent {
+            Ok(Some(lent)) => Some((header_len, lent)),
+            Ok(None) => match self.gather(index, plan.offset, &mut buf[header_len..header_len + plan.len], mem) {
+                Ok(()) => None,
+                Err(e) => return self.local_protection_error(index, e),
+            },
+            Err(e) => return self.local_protection_error(index, e),
+        };
 
         let wqe = &mut self.sq[index];
         if read {
@@ -243,7 +247,7 @@ impl Qp {
             self.complete_send(&wqe, WcStatus::Success);
             self.check_sq_drained();
         }
-        Some(Transmit { dest, len: total })
+        Some(Transmit { dest, len: total, lent })
     }
 
     /// Binds or invalidates as the local operation at `index` asks (rxe's
@@ -446,6 +450,44 @@ impl Qp {
 
     /// Copies `out.len()` bytes of the WQE's data, starting at `offset` of
     /// the message, from its SGEs (or inline data).
+    /// Completes the request at `index`, whose memory could not be read,
+    /// with a local protection error; RC's QP goes to the error state.
+    #[cold]
+    fn local_protection_error(&mut self, index: usize, e: MemError) -> Option<Transmit> {
+        trace!(qpn = self.qpn, error = %e, "local protection error");
+        let wqe = self.sq.remove(index).expect("index checked above");
+        self.complete_send(&wqe, WcStatus::LocProtErr);
+        if self.qp_type == QpType::Rc {
+            self.fail(AsyncEvent::QpFatal { qpn: self.qpn });
+        } else {
+            self.send_queue_error();
+        }
+        None
+    }
+
+    /// The `len` payload bytes at `offset` of the message at `index`, lent
+    /// by the memory where one registered piece holds them all. RC only: its
+    /// send completes on the ACK, after the link sent the bytes, where a UC
+    /// or UD send completes once built and the application may then reuse
+    /// them before they leave.
+    fn lend(&self, index: usize, offset: u64, len: usize, mem: &dyn Memory) -> Result<Option<Lent>, MemError> {
+        let wqe = &self.sq[index];
+        if self.qp_type != QpType::Rc || wqe.wr.flags.inline {
+            return Ok(None);
+        }
+        let mut pieces = 0;
+        let mut piece = None;
+        for_each_piece(&wqe.wr.sg_list, offset, len, |sge, addr, _, _| {
+            pieces += 1;
+            piece = Some((sge.lkey, addr));
+            Ok::<(), MemError>(())
+        })?;
+        match piece {
+            Some((lkey, addr)) if pieces == 1 => mem.lend(lkey, self.key_user(), addr, len, Access::NONE),
+            _ => Ok(None),
+        }
+    }
+
     fn gather(&self, index: usize, offset: u64, out: &mut [u8], mem: &dyn Memory) -> Result<(), MemError> {
         let wqe = &self.sq[index];
         if wqe.wr.flags.inline {

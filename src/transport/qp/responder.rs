@@ -746,7 +746,7 @@ impl Qp {
                 total
             }
         };
-        Some(Transmit { dest, len })
+        Some(Transmit { dest, len, lent: None })
     }
 }
 
