@@ -475,6 +475,8 @@ fn check(src: IpAddr, dst: IpAddr, len: usize) -> io::Result<()> {
 
 /// The ICRC of a packet from `src` to `dst`, both on `port`, sent with IPv4
 /// Identification `id` (ignored for IPv6); `roce` includes the ICRC's place.
+/// With `lent` (IPv4 only), the payload from that offset on is the lent
+/// bytes, and `roce` holds the rest.
 fn icrc_of(
     cache: &mut icrc::PrefixCache,
     src: IpAddr,
@@ -482,6 +484,7 @@ fn icrc_of(
     port: u16,
     roce: &[u8],
     id: u16,
+    lent: Option<(usize, Lent)>,
 ) -> io::Result<u32> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
     let covered = roce.len().checked_sub(ICRC_LEN).ok_or_else(|| invalid("packet too short"))?;
@@ -490,39 +493,27 @@ fn icrc_of(
             // What the kernel sends: DF, and the ID of the packet's place.
             // The lengths follow from `roce` (too large: an error).
             let h = icrc::Ipv4Udp { src: s, dst: d, src_port: port, dst_port: port };
-            icrc::compute_ipv4(cache, h, id, 0x40, &roce[..covered])
+            match lent {
+                None => icrc::compute_ipv4(cache, h, id, 0x40, &roce[..covered]),
+                Some((at, payload)) => {
+                    let end = at + payload.len();
+                    if end > covered {
+                        return Err(invalid("a lent payload over the ICRC's place"));
+                    }
+                    let parts = [&roce[..at], payload.bytes(), &roce[end..covered]];
+                    icrc::compute_ipv4_parts(cache, h, id, 0x40, parts)
+                }
+            }
         }
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
+        (IpAddr::V6(s), IpAddr::V6(d)) if lent.is_none() => {
             let udp = udp_header(port, port, roce.len()).ok_or_else(|| invalid("packet too large"))?;
             let ip = ipv6_header(s.octets(), d.octets(), UdpHeader::LEN + roce.len());
             icrc::compute(&ip, &udp, &roce[..covered])
         }
+        (IpAddr::V6(_), IpAddr::V6(_)) => return Err(invalid("a lent payload over IPv6")),
         _ => return Err(invalid("source and destination are of different IP versions")),
     };
     icrc.map_err(|e| invalid(&e.to_string()))
-}
-
-/// [`icrc_of`] an IPv4 packet whose payload from `at` on is `payload`, sent
-/// from where it was lent: `roce` holds the rest.
-fn icrc_of_lent(
-    cache: &mut icrc::PrefixCache,
-    src: IpAddr,
-    dest: SocketAddr,
-    roce: &[u8],
-    id: u16,
-    at: usize,
-    payload: Lent,
-) -> io::Result<u32> {
-    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
-    let (IpAddr::V4(s), IpAddr::V4(d)) = (src, dest.ip()) else { return Err(invalid("a lent payload over IPv6")) };
-    let covered = roce.len().checked_sub(ICRC_LEN).ok_or_else(|| invalid("packet too short"))?;
-    let end = at + payload.len();
-    if end > covered {
-        return Err(invalid("a lent payload over the ICRC's place"));
-    }
-    let h = icrc::Ipv4Udp { src: s, dst: d, src_port: dest.port(), dst_port: dest.port() };
-    let parts = [&roce[..at], payload.bytes(), &roce[end..covered]];
-    icrc::compute_ipv4_parts(cache, h, id, 0x40, parts).map_err(|e| invalid(&e.to_string()))
 }
 
 /// Sends what `batch` holds on `socket`, bound to `local`. A train the
@@ -538,7 +529,8 @@ fn flush_batch(
     stats.send_batches += 1;
     batch.flush(socket.as_raw_fd(), &mut |dest, roce, id| {
         let (ip, port) = (dest.ip(), dest.port());
-        let (was, now) = (icrc_of(cache, local, ip, port, roce, id), icrc_of(cache, local, ip, port, roce, 0));
+        let (was, now) =
+            (icrc_of(cache, local, ip, port, roce, id, None), icrc_of(cache, local, ip, port, roce, 0, None));
         if let (Ok(was), Ok(now)) = (was, now) {
             // XOR keeps a deliberately broken ICRC broken.
             let at = roce.len() - ICRC_LEN;
@@ -624,7 +616,7 @@ impl Link for UdpLink {
                 batch.push(dest, out.roce)?.ok_or_else(|| io::Error::other("an empty batch has no room"))?
             }
         };
-        let crc = icrc_of(&mut self.tx_icrc, out.src, dest.ip(), dest.port(), copy, id)?;
+        let crc = icrc_of(&mut self.tx_icrc, out.src, dest.ip(), dest.port(), copy, id, None)?;
         let crc = seal(&mut self.stats, self.corrupt_every, copy, crc);
         if let Some(capture) = &mut self.capture {
             capture.record(Direction::Sent, SocketAddr::new(out.src, self.port), dest, id, copy);
@@ -680,10 +672,7 @@ impl Link for UdpLink {
             None => batch.commit(dest, len)?,
         };
         let (queued, id) = built.ok_or_else(|| io::Error::other("no room was taken for the packet"))?;
-        let crc = match lent {
-            None => icrc_of(&mut self.tx_icrc, src, dst, dest.port(), queued, id)?,
-            Some((at, payload)) => icrc_of_lent(&mut self.tx_icrc, src, dest, queued, id, at, payload)?,
-        };
+        let crc = icrc_of(&mut self.tx_icrc, src, dst, dest.port(), queued, id, lent)?;
         seal(&mut self.stats, self.corrupt_every, queued, crc);
         if let Some(capture) = &mut self.capture {
             capture.record(Direction::Sent, SocketAddr::new(src, self.port), dest, id, queued);

@@ -448,8 +448,6 @@ impl Qp {
         Plan { repr, offset, len: payload_len, last: is_last }
     }
 
-    /// Copies `out.len()` bytes of the WQE's data, starting at `offset` of
-    /// the message, from its SGEs (or inline data).
     /// Completes the request at `index`, whose memory could not be read,
     /// with a local protection error; RC's QP goes to the error state.
     #[cold]
@@ -488,6 +486,8 @@ impl Qp {
         }
     }
 
+    /// Copies `out.len()` bytes of the WQE's data, starting at `offset` of
+    /// the message, from its SGEs (or inline data).
     fn gather(&self, index: usize, offset: u64, out: &mut [u8], mem: &dyn Memory) -> Result<(), MemError> {
         let wqe = &self.sq[index];
         if wqe.wr.flags.inline {
