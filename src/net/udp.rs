@@ -519,23 +519,15 @@ fn icrc_of(
 /// Sends what `batch` holds on `socket`, bound to `local`. A train the
 /// kernel refuses leaves as single datagrams with ID 0, so the ICRCs of its
 /// later packets change by what the ID did.
-fn flush_batch(
-    socket: &UdpSocket,
-    batch: &mut SendBatch,
-    local: IpAddr,
-    stats: &mut LinkStats,
-    cache: &mut icrc::PrefixCache,
-) -> io::Result<usize> {
+fn flush_batch(socket: &UdpSocket, batch: &mut SendBatch, local: IpAddr, stats: &mut LinkStats) -> io::Result<usize> {
     stats.send_batches += 1;
-    batch.flush(socket.as_raw_fd(), &mut |dest, roce, id| {
-        let (ip, port) = (dest.ip(), dest.port());
-        let (was, now) =
-            (icrc_of(cache, local, ip, port, roce, id, None), icrc_of(cache, local, ip, port, roce, 0, None));
-        if let (Ok(was), Ok(now)) = (was, now) {
+    batch.flush(socket.as_raw_fd(), &mut |_, roce, id| {
+        // IPv6 has no ID; a packet has its ICRC's place.
+        if local.is_ipv4() && roce.len() >= ICRC_LEN {
             // XOR keeps a deliberately broken ICRC broken.
             let at = roce.len() - ICRC_LEN;
             let old = u32::from_le_bytes([roce[at], roce[at + 1], roce[at + 2], roce[at + 3]]);
-            roce[at..].copy_from_slice(&(old ^ was ^ now).to_le_bytes());
+            roce[at..].copy_from_slice(&(old ^ icrc::ipv4_id_term(id, at)).to_le_bytes());
         }
     })
 }
@@ -612,7 +604,7 @@ impl Link for UdpLink {
         let (copy, id) = match batch.push(dest, out.roce)? {
             Some(queued) => queued,
             None => {
-                flushed = flush_batch(socket, batch, out.src, &mut self.stats, &mut self.tx_icrc);
+                flushed = flush_batch(socket, batch, out.src, &mut self.stats);
                 batch.push(dest, out.roce)?.ok_or_else(|| io::Error::other("an empty batch has no room"))?
             }
         };
@@ -637,7 +629,7 @@ impl Link for UdpLink {
         }
         if batch.room(len).is_none() {
             // Errors mean dropped packets, which RC retransmits.
-            let _ = flush_batch(socket, batch, local, &mut self.stats, &mut self.tx_icrc);
+            let _ = flush_batch(socket, batch, local, &mut self.stats);
         }
         batch.room(len)
     }
@@ -683,7 +675,7 @@ impl Link for UdpLink {
     fn flush(&mut self) {
         for (&local, (socket, batch)) in &mut self.sockets {
             if !batch.is_empty() {
-                let _ = flush_batch(socket, batch, local, &mut self.stats, &mut self.tx_icrc);
+                let _ = flush_batch(socket, batch, local, &mut self.stats);
             }
         }
         if let Some(capture) = &mut self.capture {
@@ -701,7 +693,7 @@ impl Link for UdpLink {
                 continue;
             }
             if batch.half_full() {
-                let _ = flush_batch(socket, batch, local, &mut self.stats, &mut self.tx_icrc);
+                let _ = flush_batch(socket, batch, local, &mut self.stats);
             } else {
                 batch.copy_lent();
             }

@@ -139,10 +139,10 @@ pub fn compute_ipv4(cache: &mut PrefixCache, h: Ipv4Udp, id: u16, flags: u8, roc
     if roce.len() < 12 {
         return Err(Error::Truncated { needed: 12, got: roce.len() });
     }
-    let key = PrefixKey::new(h, id, flags, roce, roce.len())?;
+    let key = PrefixKey::new(h, flags, roce, roce.len())?;
     let mut hasher = crc32fast::Hasher::new_with_initial(cache.state(key));
     hasher.update(&roce[5..]);
-    Ok(hasher.finalize())
+    Ok(hasher.finalize() ^ cache.id_term(id, roce.len()))
 }
 
 /// [`compute_ipv4`] of RoCE bytes that lie in three pieces (headers, a
@@ -152,22 +152,43 @@ pub fn compute_ipv4_parts(cache: &mut PrefixCache, h: Ipv4Udp, id: u16, flags: u
     if head.len() < 12 {
         return Err(Error::Truncated { needed: 12, got: head.len() });
     }
-    let key = PrefixKey::new(h, id, flags, head, head.len() + middle.len() + tail.len())?;
+    let covered = head.len() + middle.len() + tail.len();
+    let key = PrefixKey::new(h, flags, head, covered)?;
     let mut hasher = crc32fast::Hasher::new_with_initial(cache.state(key));
     for part in [&head[5..], middle, tail] {
         if !part.is_empty() {
             hasher.update(part);
         }
     }
-    Ok(hasher.finalize())
+    Ok(hasher.finalize() ^ cache.id_term(id, covered))
 }
 
-/// CRC states after the masked headers and BTH bytes 0..5 of recent packets,
-/// for [`compute_ipv4`] and [`verify_ipv4_unknown_id_cached`]: the packets
-/// of a stream share a few lengths, IDs and opcodes. One per direction of a
-/// link, say.
+/// What an IPv4 Identification of `id` adds (by XOR) to the ICRC of a
+/// packet whose ICRC covers `covered` RoCE bytes, against ID 0: one
+/// carry-less multiplication once the factor for the length is known. The
+/// cached forms compute with ID 0 and add this (the factor of the last
+/// length kept with the cache), since a GSO train numbers its packets upwards and a cache keyed by
+/// the ID missed on most packets of a long train; and a train that leaves
+/// as single datagrams (ID 0) takes it off again.
+pub fn ipv4_id_term(id: u16, covered: usize) -> u32 {
+    gf2::id_term(id, gf2::id_factor(ID_TRAILING + covered))
+}
+
+/// Bytes of ICRC input between the IPv4 ID and the covered RoCE bytes: the
+/// rest of the IP header (offset 6..20) and the UDP header.
+const ID_TRAILING: usize = (20 - 6) + 8;
+
+/// CRC states after the masked headers (with ID 0) and BTH bytes 0..5 of
+/// recent packets, for [`compute_ipv4`] and [`verify_ipv4_unknown_id_cached`]:
+/// the packets of a stream share a few lengths and opcodes. One per direction
+/// of a link, say.
 #[derive(Debug, Clone)]
-pub struct PrefixCache([(PrefixKey, u32); PREFIX_STATES]);
+pub struct PrefixCache {
+    states: [(PrefixKey, u32); PREFIX_STATES],
+    /// The covered length of the last packet with a nonzero ID, and its
+    /// [`gf2::id_factor`]: a stream's packets mostly have one length.
+    id_factor: (usize, u32),
+}
 
 /// Entries of a [`PrefixCache`].
 const PREFIX_STATES: usize = 32;
@@ -175,7 +196,7 @@ const PREFIX_STATES: usize = 32;
 impl Default for PrefixCache {
     fn default() -> PrefixCache {
         // No key is all zeros: the first word holds version 4.
-        PrefixCache([(PrefixKey([0; 4]), 0); PREFIX_STATES])
+        PrefixCache { states: [(PrefixKey([0; 4]), 0); PREFIX_STATES], id_factor: (usize::MAX, 0) }
     }
 }
 
@@ -184,11 +205,23 @@ impl PrefixCache {
     /// of `key` and the masked BTH byte 4, cached or computed into the cache.
     #[inline]
     fn state(&mut self, key: PrefixKey) -> u32 {
-        let entry = &mut self.0[key.slot()];
+        let entry = &mut self.states[key.slot()];
         if !entry.0.is(&key) {
             *entry = (key, key.state());
         }
         entry.1
+    }
+
+    /// [`ipv4_id_term`], with the factor of the last length kept.
+    #[inline]
+    fn id_term(&mut self, id: u16, covered: usize) -> u32 {
+        if id == 0 {
+            return 0;
+        }
+        if self.id_factor.0 != covered {
+            self.id_factor = (covered, gf2::id_factor(ID_TRAILING + covered));
+        }
+        gf2::id_term(id, self.id_factor.1)
     }
 }
 
@@ -204,15 +237,15 @@ struct PrefixKey([u64; 4]);
 
 impl PrefixKey {
     /// The key of a packet whose `covered_len` RoCE bytes begin with `bth`.
-    fn new(h: Ipv4Udp, id: u16, flags: u8, bth: &[u8], covered_len: usize) -> Result<PrefixKey> {
+    fn new(h: Ipv4Udp, flags: u8, bth: &[u8], covered_len: usize) -> Result<PrefixKey> {
         let udp_len = 8 + covered_len + ICRC_LEN;
         let total_len = u16::try_from(20 + udp_len).map_err(|_| Error::FieldOverflow)?;
         let udp_len = udp_len as u16;
         let bth = u32::from_be_bytes([bth[0], bth[1], bth[2], bth[3]]);
-        // IPv4: version/IHL, TOS (masked), total length, ID, flags, offset 0,
-        // TTL (masked), protocol, checksum (masked), addresses; then UDP:
+        // IPv4: version/IHL, TOS (masked), total length, ID 0, flags, offset
+        // 0, TTL (masked), protocol, checksum (masked), addresses; then UDP:
         // ports, length, checksum (masked).
-        let ip_0 = 0x45ff_u64 << 48 | u64::from(total_len) << 32 | u64::from(id) << 16 | u64::from(flags) << 8;
+        let ip_0 = 0x45ff_u64 << 48 | u64::from(total_len) << 32 | u64::from(flags) << 8;
         let ip_8 = 0xff11_ffff_u64 << 32 | u64::from(u32::from(h.src));
         let ip_16 = u64::from(u32::from(h.dst)) << 32 | u64::from(h.src_port) << 16 | u64::from(h.dst_port);
         let udp_4 = u64::from(udp_len) << 48 | 0xffff_u64 << 32 | u64::from(bth);
@@ -241,12 +274,12 @@ impl PrefixKey {
         (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
     }
 
-    /// The slot: the fields that vary along one stream are the length, the
-    /// ID (GSO numbers a train's upwards) and the opcode.
+    /// The slot: the fields that vary along one stream are the length and
+    /// the opcode.
     fn slot(&self) -> usize {
         let [ip_0, _, _, udp_4] = self.0;
-        let (total_len, id, opcode) = (ip_0 >> 32 & 0xffff, ip_0 >> 16 & 0xffff, udp_4 >> 24 & 0xff);
-        ((total_len * 7 + id + opcode * 3) % PREFIX_STATES as u64) as usize
+        let (total_len, opcode) = (ip_0 >> 32 & 0xffff, udp_4 >> 24 & 0xff);
+        ((total_len * 7 + opcode * 3) % PREFIX_STATES as u64) as usize
     }
 }
 
@@ -283,9 +316,8 @@ pub fn verify_ipv4_unknown_id_cached(
 /// compute it with ID 0 and a flags byte: with DF set, or failing that,
 /// clear.
 fn solve_unknown_id(covered: usize, icrc: u32, mut compute_with: impl FnMut(u8) -> Result<u32>) -> Result<Option<u16>> {
-    // Bytes of ICRC input after the two ID bytes: the rest of the IP header
-    // (offset 6..20), the UDP header and the covered RoCE bytes.
-    let trailing = (20 - 6) + 8 + covered;
+    // Bytes of ICRC input after the two ID bytes.
+    let trailing = ID_TRAILING + covered;
     for flags in [0x40u8, 0x00] {
         let with_zero_id = compute_with(flags)?;
         if let Some(id) = gf2::solve_id(with_zero_id ^ icrc, trailing) {
@@ -316,6 +348,8 @@ mod gf2 {
     const POLY: u32 = 0xedb8_8320;
     /// x^0.
     const ONE: u32 = 1 << 31;
+    /// x^1.
+    const X: u32 = 1 << 30;
     /// x^-1 modulo the generator: (P + 1) / x, which exists because P(0) = 1.
     pub(super) const X_INV: u32 = (POLY << 1) | 1;
 
@@ -401,16 +435,38 @@ mod gf2 {
         table
     };
 
-    /// x^-exp modulo the generator.
-    pub(super) fn x_inv_pow(exp: u64) -> u32 {
+    /// `x^(2^i)`, as [`X_INV_POWERS`] for x itself.
+    const X_POWERS: [u32; 64] = {
+        let mut table = [0; 64];
+        table[0] = X;
+        let mut i = 1;
+        while i < 64 {
+            table[i] = mul(table[i - 1], table[i - 1]);
+            i += 1;
+        }
+        table
+    };
+
+    /// The product of `table`'s entries for the bits set in `exp`.
+    fn table_pow(table: &[u32; 64], exp: u64) -> u32 {
         let mut result = ONE;
         let mut bits = exp;
         while bits != 0 {
             let i = bits.trailing_zeros();
-            result = mul_fast(result, X_INV_POWERS[i as usize]);
+            result = mul_fast(result, table[i as usize]);
             bits &= bits - 1;
         }
         result
+    }
+
+    /// x^-exp modulo the generator.
+    pub(super) fn x_inv_pow(exp: u64) -> u32 {
+        table_pow(&X_INV_POWERS, exp)
+    }
+
+    /// x^exp modulo the generator.
+    pub(super) fn x_pow(exp: u64) -> u32 {
+        table_pow(&X_POWERS, exp)
     }
 
     /// The last few `(shift, x^-shift)` pairs `solve_id` used, per thread:
@@ -434,6 +490,21 @@ mod gf2 {
             cell.set((entries, (next + 1) % CACHED));
             factor
         })
+    }
+
+    /// The factor [`id_term`] multiplies by for a 16-bit field with
+    /// `trailing` bytes of CRC input after it.
+    pub(super) fn id_factor(trailing: usize) -> u32 {
+        x_pow(8 * trailing as u64 + 32)
+    }
+
+    /// What a 16-bit field of value `value` adds to the CRC register against
+    /// a zero field, given its [`id_factor`]: the inverse of [`solve_id`].
+    pub(super) fn id_term(value: u16, factor: u32) -> u32 {
+        if value == 0 {
+            return 0;
+        }
+        mul_fast(u32::from(value.swap_bytes()) << 16, factor)
     }
 
     /// Given the difference `delta` between a CRC computed with a zero 16-bit
@@ -491,7 +562,31 @@ mod tests {
     fn the_table_powers_agree_with_squaring() {
         for exp in [0u64, 1, 2, 3, 32, 8 * 4124 + 32, 8 * 65535 + 32, u64::from(u32::MAX) + 5, u64::MAX] {
             assert_eq!(gf2::x_inv_pow(exp), gf2::pow(gf2::X_INV, exp), "exponent {exp}");
+            assert_eq!(gf2::x_pow(exp), gf2::pow(1 << 30, exp), "exponent {exp}");
         }
+    }
+
+    /// An ID's term, added to the ICRC computed with ID 0, is the ICRC
+    /// computed with that ID, and taken off again gives ID 0's: a train the
+    /// kernel refuses leaves as single datagrams so.
+    #[test]
+    fn an_ids_term_is_what_the_id_changes() {
+        let (src, dst) = (Ipv4Addr::new(10, 77, 0, 2), Ipv4Addr::new(10, 77, 0, 3));
+        for len in [16usize, 28, 1040, 4124, 4128] {
+            let udp_len = (8 + len) as u16;
+            let [l0, l1] = udp_len.to_be_bytes();
+            let udp = [0xc0, 0x00, 0x12, 0xb7, l0, l1, 0, 0];
+            let mut roce: Vec<u8> = (0..len).map(|i| (i * 11) as u8).collect();
+            let covered = len - ICRC_LEN;
+            let zero = compute(&ipv4_header(src, dst, 20 + udp_len, 0, 0x40), &udp, &roce[..covered]).unwrap();
+            for id in [1u16, 2, 15, 63, 0x1234, 0xffff] {
+                let with_id = compute(&ipv4_header(src, dst, 20 + udp_len, id, 0x40), &udp, &roce[..covered]).unwrap();
+                assert_eq!(zero ^ ipv4_id_term(id, covered), with_id, "len {len} id {id}");
+                roce[covered..].copy_from_slice(&with_id.to_le_bytes());
+                assert_eq!(verify_ipv4_unknown_id(src, dst, &udp, &roce), Ok(Some(id)), "len {len} id {id}");
+            }
+        }
+        assert_eq!(ipv4_id_term(0, 100), 0);
     }
 
     /// Many lengths in turn, more than the factor cache holds, and the same
@@ -574,6 +669,10 @@ mod tests {
                         let ip = ipv4_header(src, dst, 20 + udp_len, id, flags);
                         let expected = compute(&ip, &udp, &roce[..len]).unwrap();
                         assert_eq!(compute_ipv4(cache, h, id, flags, &roce[..len]), Ok(expected), "len {len} id {id}");
+                        let (head, rest) = roce[..len].split_at(12);
+                        let (middle, tail) = rest.split_at(rest.len() / 2);
+                        let parts = compute_ipv4_parts(cache, h, id, flags, [head, middle, tail]);
+                        assert_eq!(parts, Ok(expected), "len {len} id {id}");
                     }
                     let expected = compute_ipv4(cache, h, id, 0x40, &roce[..len]).unwrap();
                     roce[len..].copy_from_slice(&expected.to_le_bytes());
