@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use softroce::verbs::{CompletionChannel, CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::device::{is_nonblocking, wait_readable, Ctx};
+use crate::device::{is_nonblocking, Ctx};
 use crate::errno::set_errno;
-use crate::guard::{guard, guard_int, guard_neg, guard_ptr, guard_void};
+use crate::guard::{blocking, guard, guard_int, guard_neg, guard_ptr, guard_void, wait_readable_slice};
 use crate::sys::*;
 use crate::users::Users;
 
@@ -327,18 +327,18 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 symver!(ibv_destroy_cq);
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event(
+pub unsafe extern "C-unwind" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
     cq_out: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    guard_neg(|| {
+    blocking(-1, move || {
         // SAFETY: ibv_comp_channel is the first field of a Channel.
         let (Some(found), false, false) =
             (unsafe { channel.cast::<Channel>().as_ref() }, cq_out.is_null(), cq_context.is_null())
         else {
             set_errno(libc::EINVAL);
-            return -1;
+            return Some(-1);
         };
         loop {
             if let Some(id) = found.channel.get_event(Duration::ZERO) {
@@ -354,16 +354,18 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                     *cq_out = raw as *mut ibv_cq;
                     *cq_context = cq.ibv.cq_context;
                 }
-                return 0;
+                return Some(0);
             }
             // Like the kernel's read: EAGAIN when non-blocking, else sleep
             // until the engine signals (a signal ends the wait with EINTR).
             if is_nonblocking(found.ibv.fd) {
                 set_errno(libc::EAGAIN);
-                return -1;
+                return Some(-1);
             }
-            if !wait_readable(found.ibv.fd) {
-                return -1;
+            match wait_readable_slice(found.ibv.fd) {
+                Some(true) => {}
+                Some(false) => return Some(-1),
+                None => return None,
             }
         }
     })

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use softroce::verbs::{AsyncEvent, CaptureOptions, Context, ContextOptions, Device, Gid, PortAttr};
 
 use crate::errno::set_errno;
-use crate::guard::{guard, guard_int, guard_neg, guard_ptr, guard_void};
+use crate::guard::{blocking, guard, guard_int, guard_neg, guard_ptr, guard_void, wait_readable_slice};
 use crate::sys::*;
 use crate::{cq, mw, pd, qp, srq};
 
@@ -764,14 +764,6 @@ pub unsafe extern "C" fn ibv_query_gid_type(
 }
 symver!(ibv_query_gid_type);
 
-/// Waits until `fd` is readable; `false` with errno set if the wait failed
-/// (EINTR from a signal, as the kernel's read would).
-pub(crate) fn wait_readable(fd: c_int) -> bool {
-    let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut poll, 1, -1) >= 0 }
-}
-
 /// Whether the program made `fd` non-blocking (`fcntl(fd, F_SETFL, O_NONBLOCK)`).
 pub(crate) fn is_nonblocking(fd: c_int) -> bool {
     // SAFETY: F_GETFL reads flags only.
@@ -780,15 +772,15 @@ pub(crate) fn is_nonblocking(fd: c_int) -> bool {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
-    guard_neg(|| {
+pub unsafe extern "C-unwind" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    blocking(-1, move || {
         let Some(ctx) = (unsafe { Ctx::from_ibv(context) }) else {
             set_errno(libc::EINVAL);
-            return -1;
+            return Some(-1);
         };
         if event.is_null() {
             set_errno(libc::EINVAL);
-            return -1;
+            return Some(-1);
         }
         let fd = ctx.ctx.async_event_fd();
         loop {
@@ -796,17 +788,19 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
                 if let Some(converted) = async_event(ctx, found) {
                     // SAFETY: the caller's struct.
                     unsafe { event.write(converted) };
-                    return 0;
+                    return Some(0);
                 }
                 // An event of an object already destroyed: nobody to tell.
                 continue;
             }
             if is_nonblocking(fd) {
                 set_errno(libc::EAGAIN);
-                return -1;
+                return Some(-1);
             }
-            if !wait_readable(fd) {
-                return -1;
+            match wait_readable_slice(fd) {
+                Some(true) => {}
+                Some(false) => return Some(-1),
+                None => return None,
             }
         }
     })

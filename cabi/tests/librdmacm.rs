@@ -97,6 +97,23 @@ fn an_event_thread_left_running_does_not_outrun_the_exit() {
     assert!(text.contains("the main thread exits"), "{text}");
 }
 
+/// `c/cancel.c`: threads cancelled while they wait in the library's blocking calls, or while they
+/// spin on `ibv_poll_cq`, end cancelled, and the process goes on (rxe-spec C-24); before, glibc's
+/// unwind met the panic barrier and aborted the process.
+#[test]
+fn threads_cancelled_in_the_library_end_cancelled() {
+    let dir = soname_dir("cancel");
+    let exe = compile("cancel", &dir);
+    let out = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("SOFTROCE_ADDR", "127.0.0.1")
+        .output()
+        .expect("run the C program");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success() && text.contains("cancel: all checks passed"), "{}:\n{text}", exe.display());
+}
+
 /// A free UDP port of 127.0.0.1, for the RoCE link of one pair of processes.
 fn free_udp_port() -> u16 {
     let probe = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");

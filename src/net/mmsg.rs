@@ -15,6 +15,12 @@
 //! the `k`th segment carries ID `k`. [`SendBatch::push`] says which `k` a
 //! datagram gets, for callers whose payload covers the IP header (RoCE's
 //! ICRC).
+//!
+//! The calls go to the kernel as raw system calls: libc's wrappers are
+//! cancellation points, which an application thread polling its CQ must not
+//! meet inside softroce (rxe-spec C-24), and each wraps the call in two
+//! atomic updates of the thread's cancellation state, 3.7% of a spinning
+//! `ib_send_lat`'s CPU.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -297,8 +303,10 @@ impl SendBatch {
                 let (hdr, iov) = (&wire.headers[0].msg_hdr, &wire.iovs[0]);
                 // SAFETY: the iovec points at a live buffer of self.data,
                 // the name at wire's own address of the length given.
-                let (name, name_len) = (hdr.msg_name.cast(), hdr.msg_namelen);
-                let r = unsafe { libc::sendto(fd, iov.iov_base, iov.iov_len, libc::MSG_DONTWAIT, name, name_len) };
+                let (name, name_len) = (hdr.msg_name.cast::<libc::sockaddr>(), hdr.msg_namelen);
+                let r = unsafe {
+                    libc::syscall(libc::SYS_sendto, fd, iov.iov_base, iov.iov_len, libc::MSG_DONTWAIT, name, name_len)
+                };
                 if r >= 0 {
                     1
                 } else {
@@ -309,7 +317,10 @@ impl SendBatch {
                 // of self.data, at lent payloads (readable until this call
                 // returns, `commit_lent`) and at wire's own addresses and
                 // control data.
-                unsafe { libc::sendmmsg(fd, wire.headers.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT) }
+                let r = unsafe {
+                    libc::syscall(libc::SYS_sendmmsg, fd, wire.headers.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT)
+                };
+                r as libc::c_int
             };
             if done > 0 {
                 let done = done as usize;
@@ -570,7 +581,7 @@ impl RecvBatch {
         self.wire.ready();
         // SAFETY: the header points at slot 0's live buffer, address
         // storage and control buffer, all owned by self.
-        let n = unsafe { libc::recvmsg(fd, &mut self.wire.msgs[0].msg_hdr, libc::MSG_DONTWAIT) };
+        let n = unsafe { libc::syscall(libc::SYS_recvmsg, fd, &mut self.wire.msgs[0].msg_hdr, libc::MSG_DONTWAIT) };
         if n < 0 {
             return -1;
         }
@@ -585,7 +596,14 @@ impl RecvBatch {
         // SAFETY: each of the first `want` messages points at a live
         // SLOT-sized buffer, address storage and control buffer owned by self.
         let n = unsafe {
-            libc::recvmmsg(fd, self.wire.msgs.as_mut_ptr(), want as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
+            libc::syscall(
+                libc::SYS_recvmmsg,
+                fd,
+                self.wire.msgs.as_mut_ptr(),
+                want as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut::<libc::timespec>(),
+            ) as libc::c_int
         };
         self.wire.written = n.max(0) as usize;
         for i in 0..n.max(0) as usize {

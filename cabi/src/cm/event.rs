@@ -8,6 +8,7 @@
 
 use std::os::raw::c_int;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use softroce::cm::{CmEvent, CmEventKind};
@@ -16,8 +17,8 @@ use softroce::verbs::Gid;
 use super::channel::Channel;
 use super::id::{fail, Id};
 use crate::cm_sys::*;
-use crate::device::{is_nonblocking, wait_readable};
-use crate::guard::guard_neg;
+use crate::device::is_nonblocking;
+use crate::guard::{blocking, guard_neg, wait_readable_slice, CANCEL_SLICE_MS};
 use crate::sys::*;
 
 /// An event as C sees it: `rdma_cm_event` first, so the pointer is both.
@@ -39,17 +40,30 @@ const DESTROYED_GRACE: Duration = Duration::from_secs(1);
 /// Waits for the channel's next event (unless its descriptor is non-blocking: `EAGAIN`) and
 /// hands it out; a signal ends the wait with `EINTR`.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
-    guard_neg(|| {
+pub unsafe extern "C-unwind" fn rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    // Whether this call waited in the channel already: destroyed since, it
+    // is waited on still, as the kernel's whose descriptor was closed under
+    // its read (rxe-spec C-23), where a call that comes after is EINVAL.
+    let waited = AtomicBool::new(false);
+    let waited = &waited;
+    blocking(-1, move || {
         let Some(getter) = Channel::enter(channel) else {
+            if waited.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(CANCEL_SLICE_MS as u64));
+                return None;
+            }
             if Channel::was_destroyed(channel) {
                 std::thread::sleep(DESTROYED_GRACE);
             }
-            return fail(libc::EINVAL);
+            return Some(fail(libc::EINVAL));
         };
+        waited.store(true, Ordering::Relaxed);
         let ch = getter.0;
         if event.is_null() {
-            return fail(libc::EINVAL);
+            return Some(fail(libc::EINVAL));
         }
         let fd = ch.channel.fd();
         loop {
@@ -58,15 +72,17 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, eve
                 if let Some(delivered) = deliver(found) {
                     // SAFETY: the caller's pointer.
                     unsafe { *event = delivered };
-                    return 0;
+                    return Some(0);
                 }
                 continue;
             }
             if is_nonblocking(fd) {
-                return fail(libc::EAGAIN);
+                return Some(fail(libc::EAGAIN));
             }
-            if !wait_readable(fd) {
-                return -1;
+            match wait_readable_slice(fd) {
+                Some(true) => {}
+                Some(false) => return Some(-1),
+                None => return None,
             }
         }
     })
