@@ -417,7 +417,17 @@ mod tests {
         qp_a.post_send(SendWr::new(9, SendOp::Send).with_sge(mr_a.sge(0, 3000))).unwrap();
         assert_eq!(cq_a.wait_one(Duration::from_secs(10)).unwrap().status, WcStatus::Success);
         assert_eq!(cq_b.wait_one(Duration::from_secs(10)).unwrap().byte_len, 3000);
-        let (link_a, link_b) = (a.counters().link, b.counters().link);
+        // A round publishes its link counters when it ends, after the
+        // completions it delivered: wait for the round that sent the ACK
+        // and the one that received it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let (link_a, link_b) = loop {
+            let (link_a, link_b) = (a.counters().link, b.counters().link);
+            if (link_b.sent >= 1 && link_a.received >= 1) || std::time::Instant::now() > deadline {
+                break (link_a, link_b);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
         drop((qp_a, qp_b, mr_a, mr_b, cq_a, cq_b, pd_a, pd_b, a, b));
 
         let text = std::fs::read_to_string(&path).unwrap();
