@@ -590,20 +590,31 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
 symver!(rdma_establish);
 
 /// A synchronous listener's next connect request, with a QP made as `rdma_create_ep` was told.
+/// Its wait is a cancellation point, as librdmacm's `read` of the listener's channel is (rxe-spec
+/// C-24): it happens in this frame, between two guarded steps, with only raw pointers live.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
-    with_id(listen, |found| {
+pub unsafe extern "C-unwind" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
+    let mut channel: *mut rdma_event_channel = ptr::null_mut();
+    let rc = with_id(listen, |found| {
         if !found.is_sync() || id.is_null() {
             return fail(libc::EINVAL);
         }
         found.ack_kept_event();
+        // SAFETY: our struct.
+        channel = unsafe { (*found.c()).channel };
+        0
+    });
+    if rc != 0 {
+        return rc;
+    }
+    let mut event: *mut rdma_cm_event = ptr::null_mut();
+    // SAFETY: the listener's own channel.
+    let rc = unsafe { rdma_get_cm_event(channel, &mut event) };
+    if rc != 0 {
+        return rc;
+    }
+    with_id(listen, |found| {
         let c = found.c();
-        let mut event: *mut rdma_cm_event = ptr::null_mut();
-        // SAFETY: our struct and its own channel.
-        let rc = unsafe { rdma_get_cm_event((*c).channel, &mut event) };
-        if rc != 0 {
-            return rc;
-        }
         // SAFETY: just delivered.
         let e = unsafe { &*event };
         let rc = if e.status != 0 {

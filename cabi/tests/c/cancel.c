@@ -1,11 +1,12 @@
 /* pthread_cancel of a thread inside the library (rxe-spec C-24). rdma-core's
  * calls are cancellation points only where they block in read(): a thread
- * waiting in ibv_get_cq_event, ibv_get_async_event or rdma_get_cm_event is
- * cancelled there, and one that spins on ibv_poll_cq is cancelled at its own
+ * waiting in ibv_get_cq_event, ibv_get_async_event, rdma_get_cm_event or a
+ * synchronous listener's rdma_get_request is cancelled there, and one that spins on ibv_poll_cq is cancelled at its own
  * pthread_testcancel, never inside the library, whose system calls would
  * otherwise be cancellation points. A thread that disabled cancellation is not
  * cancelled in a wait. Built against Debian's libibverbs-dev and librdmacm-dev
  * (cabi/tests/librdmacm.rs); prints "cancel: all checks passed". */
+#define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@ static struct ibv_context *ctx;
 static struct ibv_comp_channel *comp;
 static struct ibv_cq *cq;
 static struct rdma_event_channel *cm_channel;
+static struct rdma_cm_id *listener;
 
 static void *wait_cq_event(void *arg)
 {
@@ -39,6 +41,14 @@ static void *wait_cm_event(void *arg)
     (void)arg;
     struct rdma_cm_event *event;
     rdma_get_cm_event(cm_channel, &event);
+    return NULL;
+}
+
+static void *wait_request(void *arg)
+{
+    (void)arg;
+    struct rdma_cm_id *id;
+    rdma_get_request(listener, &id);
     return NULL;
 }
 
@@ -75,7 +85,8 @@ static void *wait_uncancellable(void *arg)
 }
 
 /* Starts `body`, lets it reach its wait, cancels it and joins it: whether it
- * ended cancelled. */
+ * ended cancelled, within 5 s (a thread the cancellation never reaches is
+ * left behind, and the check fails rather than hangs). */
 static int cancelled(void *(*body)(void *))
 {
     pthread_t thread;
@@ -84,7 +95,11 @@ static int cancelled(void *(*body)(void *))
         return 0;
     usleep(30000);
     pthread_cancel(thread);
-    pthread_join(thread, &result);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 5;
+    if (pthread_timedjoin_np(thread, &result, &deadline))
+        return 0;
     return result == PTHREAD_CANCELED;
 }
 
@@ -103,10 +118,19 @@ int main(void)
     if (!ctx || !comp || !cq || !cm_channel)
         return 1;
     CHECK(ibv_req_notify_cq(cq, 0) == 0, "armed");
+    /* A synchronous listener (no channel) on a port of the kernel's choice. */
+    struct rdma_addrinfo hints = {.ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP}, *res = NULL;
+    CHECK(rdma_getaddrinfo("127.0.0.1", "0", &hints, &res) == 0 && res, "passive address");
+    CHECK(res && rdma_create_ep(&listener, res, NULL, NULL) == 0, "a synchronous id");
+    CHECK(listener && rdma_listen(listener, 1) == 0, "listening");
+    if (res)
+        rdma_freeaddrinfo(res);
     for (int round = 0; round < 5; round++) {
         CHECK(cancelled(wait_cq_event), "round %d: a thread in ibv_get_cq_event", round);
         CHECK(cancelled(wait_async_event), "round %d: a thread in ibv_get_async_event", round);
         CHECK(cancelled(wait_cm_event), "round %d: a thread in rdma_get_cm_event", round);
+        if (listener)
+            CHECK(cancelled(wait_request), "round %d: a thread in rdma_get_request", round);
         CHECK(cancelled(spin_on_cq), "round %d: a thread spinning on ibv_poll_cq", round);
     }
     CHECK(!cancelled(wait_uncancellable), "a thread that disabled cancellation");
@@ -116,6 +140,8 @@ int main(void)
     CHECK(ibv_destroy_cq(cq) == 0, "destroy the CQ");
     CHECK(ibv_destroy_comp_channel(comp) == 0, "destroy the channel");
     rdma_destroy_event_channel(cm_channel);
+    if (listener)
+        rdma_destroy_ep(listener);
     CHECK(ibv_close_device(ctx) == 0, "close");
     ibv_free_device_list(list);
     return finish("cancel");
