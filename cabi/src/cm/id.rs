@@ -242,29 +242,6 @@ impl Id {
             }
         }
     }
-
-    /// librdmacm's `ucma_complete`: on a synchronous id, waits for the event that ends the call
-    /// just made and keeps it in `id->event`; its status is the call's. Others return 0 at once.
-    pub(super) fn complete(&self) -> c_int {
-        if !self.is_sync() {
-            return 0;
-        }
-        self.ack_kept_event();
-        let c = self.c();
-        // SAFETY: our struct and its own channel.
-        let rc = unsafe { rdma_get_cm_event((*c).channel, ptr::addr_of_mut!((*c).event)) };
-        if rc != 0 {
-            return rc;
-        }
-        // SAFETY: just delivered.
-        let event = unsafe { &*(*c).event };
-        match event.status {
-            0 => 0,
-            _ if event.event == RDMA_CM_EVENT_REJECTED => fail(libc::ECONNREFUSED),
-            status if status < 0 => fail(-status),
-            status => fail(status),
-        }
-    }
 }
 
 /// The connection parameters of `rdma_connect` and `rdma_accept`, with librdmacm's defaults:
@@ -318,6 +295,64 @@ pub(super) fn with_id(id: *mut rdma_cm_id, f: impl FnOnce(&'static Id) -> c_int)
             None => fail(libc::EINVAL),
         }
     }))
+}
+
+/// What a call that librdmacm ends with `ucma_complete` did first.
+pub(super) enum Then {
+    /// Its result, with nothing to wait for.
+    Done(c_int),
+    /// Started: on a synchronous id, the call waits for the event that ends it.
+    Complete,
+}
+
+/// [`with_id`] for a call that librdmacm ends with `ucma_complete`: `start` runs guarded, then
+/// [`complete`]. The caller must be `extern "C-unwind"` and return what this returns.
+fn with_id_completing(id: *mut rdma_cm_id, start: impl FnOnce(&'static Id) -> Then) -> c_int {
+    let mut then_complete = false;
+    let rc = with_id(id, |found| match start(found) {
+        Then::Done(rc) => rc,
+        Then::Complete => {
+            then_complete = true;
+            0
+        }
+    });
+    if rc != 0 || !then_complete {
+        return rc;
+    }
+    complete(id)
+}
+
+/// librdmacm's `ucma_complete`: on a synchronous id, waits for the event that ends the call just
+/// made and keeps it in `id->event`; its status is the call's. Others return 0 at once. The wait
+/// is `rdma_get_cm_event` on the id's own channel from this frame, between two guarded steps,
+/// with only raw pointers live: a cancellation point, as librdmacm's `read` is (rxe-spec C-24).
+fn complete(id: *mut rdma_cm_id) -> c_int {
+    let mut wait: Option<(*mut rdma_event_channel, *mut *mut rdma_cm_event)> = None;
+    let rc = with_id(id, |found| {
+        if found.is_sync() {
+            found.ack_kept_event();
+            let c = found.c();
+            // SAFETY: our struct and its own channel.
+            wait = Some(unsafe { ((*c).channel, ptr::addr_of_mut!((*c).event)) });
+        }
+        0
+    });
+    let Some((channel, kept)) = wait else { return rc };
+    // SAFETY: the id's own channel and event slot.
+    let rc = unsafe { rdma_get_cm_event(channel, kept) };
+    if rc != 0 {
+        return rc;
+    }
+    guard_neg(|| {
+        // SAFETY: just delivered into the id's slot.
+        let event = unsafe { &**kept };
+        match event.status {
+            0 => 0,
+            _ if event.event == RDMA_CM_EVENT_REJECTED => fail(libc::ECONNREFUSED),
+            status if status < 0 => fail(-status),
+            status => fail(status),
+        }
+    })
 }
 
 #[no_mangle]
@@ -408,17 +443,17 @@ symver!(rdma_bind_addr);
 /// done before this returns: MULTICAST_JOIN waits on the channel, with no
 /// private data (librdmacm puts `context` there; it is not kept).
 #[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast(
+pub unsafe extern "C-unwind" fn rdma_join_multicast(
     id: *mut rdma_cm_id,
     addr: *mut sockaddr,
     _context: *mut std::os::raw::c_void,
 ) -> c_int {
-    with_id(id, |found| {
+    with_id_completing(id, |found| {
         // SAFETY: the caller's address.
-        let Some(addr) = (unsafe { socket_addr::read(addr) }) else { return fail(libc::EINVAL) };
+        let Some(addr) = (unsafe { socket_addr::read(addr) }) else { return Then::Done(fail(libc::EINVAL)) };
         match found.id.join_multicast(addr.ip()) {
-            Ok(()) => found.complete(),
-            Err(e) => fail(e.errno()),
+            Ok(()) => Then::Complete,
+            Err(e) => Then::Done(fail(e.errno())),
         }
     })
 }
@@ -449,34 +484,36 @@ pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut so
 symver!(rdma_leave_multicast);
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_resolve_addr(
+pub unsafe extern "C-unwind" fn rdma_resolve_addr(
     id: *mut rdma_cm_id,
     src_addr: *mut sockaddr,
     dst_addr: *mut sockaddr,
     timeout_ms: c_int,
 ) -> c_int {
-    with_id(id, |found| {
+    with_id_completing(id, |found| {
         // SAFETY: the caller's addresses.
         let (src, dst) = unsafe { (socket_addr::read(src_addr), socket_addr::read(dst_addr)) };
-        let Some(dst) = dst.filter(|_| src_addr.is_null() || src.is_some()) else { return fail(libc::EINVAL) };
+        let Some(dst) = dst.filter(|_| src_addr.is_null() || src.is_some()) else {
+            return Then::Done(fail(libc::EINVAL));
+        };
         let timeout = Duration::from_millis(timeout_ms.max(0) as u64);
         if let Err(e) = found.id.resolve_addr(src, dst, timeout) {
-            return fail(e.errno());
+            return Then::Done(fail(e.errno()));
         }
         // SAFETY: our struct: the destination is known at once, as librdmacm copies it.
         unsafe { socket_addr::write(ptr::addr_of_mut!((*found.c()).route.addr.__bindgen_anon_2).cast(), dst) };
-        found.complete()
+        Then::Complete
     })
 }
 symver!(rdma_resolve_addr);
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
-    with_id(id, |found| {
+pub unsafe extern "C-unwind" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
+    with_id_completing(id, |found| {
         let timeout = Duration::from_millis(timeout_ms.max(0) as u64);
         match found.id.resolve_route(timeout) {
-            Ok(()) => found.complete(),
-            Err(e) => fail(e.errno()),
+            Ok(()) => Then::Complete,
+            Err(e) => Then::Done(fail(e.errno())),
         }
     })
 }
@@ -497,31 +534,31 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
 symver!(rdma_listen);
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
-    with_id(id, |found| {
+pub unsafe extern "C-unwind" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+    with_id_completing(id, |found| {
         // SAFETY: the caller's parameters, if any.
         let param = match connection_parameters(found, unsafe { conn_param.as_ref() }) {
             Ok(param) => param,
-            Err(errno) => return fail(errno),
+            Err(errno) => return Then::Done(fail(errno)),
         };
         match found.id.connect(&param) {
-            Ok(()) => found.complete(),
-            Err(e) => fail(e.errno()),
+            Ok(()) => Then::Complete,
+            Err(e) => Then::Done(fail(e.errno())),
         }
     })
 }
 symver!(rdma_connect);
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
-    with_id(id, |found| {
+pub unsafe extern "C-unwind" fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+    with_id_completing(id, |found| {
         // SAFETY: the caller's parameters, if any.
         let param = match connection_parameters(found, unsafe { conn_param.as_ref() }) {
             Ok(param) => param,
-            Err(errno) => return fail(errno),
+            Err(errno) => return Then::Done(fail(errno)),
         };
         if let Err(e) = found.id.accept(&param) {
-            return fail(e.errno());
+            return Then::Done(fail(e.errno()));
         }
         super::qp::refresh_qp_state(found);
         // SAFETY: our struct.
@@ -530,9 +567,9 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_
             if found.is_sync() {
                 found.ack_kept_event();
             }
-            return 0;
+            return Then::Done(0);
         }
-        found.complete()
+        Then::Complete
     })
 }
 symver!(rdma_accept);
@@ -564,13 +601,13 @@ pub unsafe extern "C" fn rdma_reject_ece(
 symver!(rdma_reject_ece);
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
-    with_id(id, |found| {
+pub unsafe extern "C-unwind" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    with_id_completing(id, |found| {
         let rc = result(found.id.disconnect());
         super::qp::refresh_qp_state(found);
         match rc {
-            0 => found.complete(),
-            failed => failed,
+            0 => Then::Complete,
+            failed => Then::Done(failed),
         }
     })
 }

@@ -1,7 +1,8 @@
 /* pthread_cancel of a thread inside the library (rxe-spec C-24). rdma-core's
  * calls are cancellation points only where they block in read(): a thread
- * waiting in ibv_get_cq_event, ibv_get_async_event, rdma_get_cm_event or a
- * synchronous listener's rdma_get_request is cancelled there, and one that spins on ibv_poll_cq is cancelled at its own
+ * waiting in ibv_get_cq_event, ibv_get_async_event, rdma_get_cm_event, a
+ * synchronous listener's rdma_get_request or a synchronous id's rdma_connect
+ * is cancelled there, and one that spins on ibv_poll_cq is cancelled at its own
  * pthread_testcancel, never inside the library, whose system calls would
  * otherwise be cancellation points. A thread that disabled cancellation is not
  * cancelled in a wait. Built against Debian's libibverbs-dev and librdmacm-dev
@@ -18,6 +19,10 @@ static struct ibv_comp_channel *comp;
 static struct ibv_cq *cq;
 static struct rdma_event_channel *cm_channel;
 static struct rdma_cm_id *listener;
+/* A listener nobody accepts for: a synchronous rdma_connect to it waits. */
+static struct rdma_event_channel *deaf_channel;
+static struct rdma_cm_id *deaf;
+static struct sockaddr_in deaf_addr;
 
 static void *wait_cq_event(void *arg)
 {
@@ -50,6 +55,26 @@ static void *wait_request(void *arg)
     struct rdma_cm_id *id;
     rdma_get_request(listener, &id);
     return NULL;
+}
+
+static void *wait_connect(void *arg)
+{
+    (void)arg;
+    struct rdma_cm_id *id;
+    if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))
+        return (void *)1;
+    if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&deaf_addr, 2000) || rdma_resolve_route(id, 2000))
+        return (void *)2;
+    /* A QP number of its own each time: the listener refuses a REQ that
+     * names the QP of one it still holds (a stale connection). */
+    static int next_qp_num = 1000;
+    struct rdma_conn_param param = {
+        .qp_num = __atomic_add_fetch(&next_qp_num, 1, __ATOMIC_RELAXED),
+        .responder_resources = 1,
+        .initiator_depth = 1,
+    };
+    rdma_connect(id, &param);
+    return (void *)3;
 }
 
 static void *spin_on_cq(void *arg)
@@ -125,12 +150,21 @@ int main(void)
     CHECK(listener && rdma_listen(listener, 1) == 0, "listening");
     if (res)
         rdma_freeaddrinfo(res);
+    deaf_channel = rdma_create_event_channel();
+    deaf_addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    CHECK(deaf_channel && rdma_create_id(deaf_channel, &deaf, NULL, RDMA_PS_TCP) == 0, "a listener's id");
+    CHECK(deaf && rdma_bind_addr(deaf, (struct sockaddr *)&deaf_addr) == 0 && rdma_listen(deaf, 8) == 0,
+          "a listener nobody accepts for");
+    if (deaf)
+        deaf_addr.sin_port = rdma_get_src_port(deaf);
     for (int round = 0; round < 5; round++) {
         CHECK(cancelled(wait_cq_event), "round %d: a thread in ibv_get_cq_event", round);
         CHECK(cancelled(wait_async_event), "round %d: a thread in ibv_get_async_event", round);
         CHECK(cancelled(wait_cm_event), "round %d: a thread in rdma_get_cm_event", round);
         if (listener)
             CHECK(cancelled(wait_request), "round %d: a thread in rdma_get_request", round);
+        if (deaf)
+            CHECK(cancelled(wait_connect), "round %d: a thread in a synchronous rdma_connect", round);
         CHECK(cancelled(spin_on_cq), "round %d: a thread spinning on ibv_poll_cq", round);
     }
     CHECK(!cancelled(wait_uncancellable), "a thread that disabled cancellation");
@@ -142,6 +176,10 @@ int main(void)
     rdma_destroy_event_channel(cm_channel);
     if (listener)
         rdma_destroy_ep(listener);
+    if (deaf)
+        CHECK(rdma_destroy_id(deaf) == 0, "destroy the listener nobody accepted for");
+    if (deaf_channel)
+        rdma_destroy_event_channel(deaf_channel);
     CHECK(ibv_close_device(ctx) == 0, "close");
     ibv_free_device_list(list);
     return finish("cancel");
