@@ -43,19 +43,26 @@ fn compile(name: &str, dir: &Path) -> PathBuf {
     exe
 }
 
-#[test]
-fn one_library_under_both_sonames() {
-    let dir = soname_dir("rdmacm");
-    let exe = compile("rdmacm", &dir);
+/// Compiles and runs `c/NAME.c` on 127.0.0.1 with `env` besides, and asserts that it exits 0
+/// after printing "NAME: all checks passed".
+fn checks_pass(name: &str, env: &[(&str, &str)]) {
+    let dir = soname_dir(name);
+    let exe = compile(name, &dir);
     let out = Command::new(&exe)
         .env("LD_LIBRARY_PATH", &dir)
-        .env("LD_BIND_NOW", "1")
         .env("SOFTROCE_ADDR", "127.0.0.1")
+        .envs(env.iter().copied())
         .output()
         .expect("run the C program");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success() && text.contains("rdmacm: all checks passed"), "{}:\n{text}", exe.display());
+    let passed = format!("{name}: all checks passed");
+    assert!(out.status.success() && text.contains(&passed), "{}:\n{text}", exe.display());
+}
+
+#[test]
+fn one_library_under_both_sonames() {
+    checks_pass("rdmacm", &[("LD_BIND_NOW", "1")]);
 }
 
 /// `c/device.c` with `SYSFS_PATH` unset and set (with trailing slashes, which are dropped).
@@ -102,16 +109,7 @@ fn an_event_thread_left_running_does_not_outrun_the_exit() {
 /// unwind met the panic barrier and aborted the process.
 #[test]
 fn threads_cancelled_in_the_library_end_cancelled() {
-    let dir = soname_dir("cancel");
-    let exe = compile("cancel", &dir);
-    let out = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("SOFTROCE_ADDR", "127.0.0.1")
-        .output()
-        .expect("run the C program");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success() && text.contains("cancel: all checks passed"), "{}:\n{text}", exe.display());
+    checks_pass("cancel", &[]);
 }
 
 /// A free UDP port of 127.0.0.1, for the RoCE link of one pair of processes.
