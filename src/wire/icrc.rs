@@ -424,28 +424,22 @@ mod gf2 {
     /// `X_INV^(2^i)`: x^-e is the product of the entries for the bits set in
     /// e, a handful of multiplications where squaring-and-multiplying takes
     /// dozens.
-    const X_INV_POWERS: [u32; 64] = {
-        let mut table = [0; 64];
-        table[0] = X_INV;
-        let mut i = 1;
-        while i < 64 {
-            table[i] = mul(table[i - 1], table[i - 1]);
-            i += 1;
-        }
-        table
-    };
+    const X_INV_POWERS: [u32; 64] = squarings(X_INV);
 
     /// `x^(2^i)`, as [`X_INV_POWERS`] for x itself.
-    const X_POWERS: [u32; 64] = {
+    const X_POWERS: [u32; 64] = squarings(X);
+
+    /// `base^(2^i)` for i in 0..64, built at compile time.
+    const fn squarings(base: u32) -> [u32; 64] {
         let mut table = [0; 64];
-        table[0] = X;
+        table[0] = base;
         let mut i = 1;
         while i < 64 {
             table[i] = mul(table[i - 1], table[i - 1]);
             i += 1;
         }
         table
-    };
+    }
 
     /// The product of `table`'s entries for the bits set in `exp`.
     fn table_pow(table: &[u32; 64], exp: u64) -> u32 {
