@@ -86,6 +86,36 @@ pub(super) fn route_source(dst: IpAddr) -> io::Result<IpAddr> {
     Ok(socket.local_addr()?.ip())
 }
 
+/// The source address for `dst` of an id bound to no address: the one the
+/// kernel's routing picks, unless this process's device on that address's
+/// interface was narrowed to another of the interface's addresses
+/// (`softroce run --addr`: another program holds the routing's pick), in
+/// which case the device's own. A device narrowed to 127.0.0.2 reaching a
+/// peer at 127.0.0.1 speaks from 127.0.0.2, as the kernel's rxe on `lo`,
+/// holding every loopback address, would speak from one it holds.
+pub(super) fn source_for(dst: IpAddr, options: &CmOptions) -> Result<IpAddr> {
+    let routed = route_source(dst).map_err(crate::verbs::Error::Io)?;
+    let ours = match &options.context {
+        Some(context) => vec![context.device().clone()],
+        None => devices()?,
+    };
+    Ok(narrowed_source(routed, &ours).unwrap_or(routed))
+}
+
+/// The address a device of `ours` narrowed to another address of the
+/// interface holding `routed` has, if no device of `ours` holds `routed`.
+fn narrowed_source(routed: IpAddr, ours: &[Device]) -> Option<IpAddr> {
+    if ours.iter().any(|d| d.addresses().any(|a| a == routed)) {
+        return None;
+    }
+    let interface = Device::holding(routed).ok()?;
+    let netdev = interface.netdev()?;
+    ours.iter()
+        .filter(|d| d.netdev() == Some(netdev))
+        .flat_map(Device::addresses)
+        .find(|a| a.is_ipv4() == routed.is_ipv4())
+}
+
 /// The context whose device holds `ip`: the channel's own, or the process's
 /// context of the device that holds it.
 pub(super) fn context_holding(ip: IpAddr, options: &CmOptions) -> Result<Context> {
@@ -203,6 +233,19 @@ mod tests {
     fn the_route_to_loopback_starts_at_loopback() {
         let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
         assert_eq!(route_source(local).unwrap(), local);
+    }
+
+    #[test]
+    fn a_device_narrowed_on_the_routes_interface_speaks_from_its_own_address() {
+        let (one, two) = (IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+        let lo = Device::holding(one).unwrap();
+        let narrowed = lo.narrowed_to(two);
+        assert_eq!(narrowed_source(one, std::slice::from_ref(&narrowed)), Some(two));
+        // A device of ours holds the routing's pick: it stands.
+        assert_eq!(narrowed_source(one, &[narrowed, lo]), None);
+        // A device on no interface of the route is no substitute.
+        let custom = Device::custom("elsewhere", vec![two], [0x02, 0, 0, 0, 0, 2], 1500);
+        assert_eq!(narrowed_source(one, &[custom]), None);
     }
 
     #[test]

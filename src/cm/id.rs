@@ -169,11 +169,11 @@ impl CmId {
             _ => return Err(Error::InvalidArgument(format!("resolve_addr on an id that is {phase:?}"))),
         }
         let bound = self.state().local.ok_or_else(|| Error::InvalidArgument("resolve_addr on an unbound id".into()))?;
+        let options = &self.inner.options;
         let source = match bound.ip().is_unspecified() {
             false => Ok(bound.ip()),
-            true => addr::route_source(dst.ip()).map_err(Error::Io),
+            true => addr::source_for(dst.ip(), options),
         };
-        let options = &self.inner.options;
         let resolved = source.and_then(|ip| Ok((ip, Service::of(&addr::context_holding(ip, options)?, options)?)));
         let mut state = self.state();
         state.peer = Some(dst);
