@@ -28,12 +28,13 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::ops::RangeInclusive;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -127,7 +128,12 @@ impl Member {
             let dir = crate::rundir::host_directory(&format!("port-{port}-net{netns}"))?;
             let path = dir.join("lock");
             let lock =
-                OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path)?;
+                match OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path) {
+                    // The directory went between its making and this (a last
+                    // member left, or a sweep): make it again.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    opened => opened?,
+                };
             let coordinator = Coordinator::take(&lock)?;
             // The last member to leave removes the directory: start again
             // if that happened while this one waited for the lock.
@@ -170,6 +176,10 @@ impl Member {
         shared.census_all(&mut state)?;
         state.write(&shared.dir, slot)?;
         drop(coordinator);
+        static SWEPT: Once = Once::new();
+        if let Some(host) = shared.dir.parent() {
+            SWEPT.call_once(|| sweep_abandoned(host, &shared.dir));
+        }
         let steward = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new().name(format!("softroce-share-{slot}")).spawn(move || shared.steward())?
@@ -470,7 +480,7 @@ impl Shared {
 
     /// Whether `slot`, another member's, has lost its owner.
     fn vanished(&self, slot: u8) -> bool {
-        slot != self.slot && !is_locked(&self.probe, slot)
+        slot != self.slot && !is_locked(&self.probe, slot..=slot)
     }
 
     /// Whether a slot in our steering lost its owner: a few `fcntl`s, no
@@ -800,18 +810,11 @@ fn inode(fd: RawFd) -> io::Result<u64> {
 struct Coordinator(File);
 
 impl Coordinator {
-    #[allow(unsafe_code)]
     fn take(file: &File) -> io::Result<Coordinator> {
-        let file = file.try_clone()?;
         let deadline = Instant::now() + COORDINATOR_WAIT;
         loop {
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Ok(Coordinator(file));
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
+            if let Some(coordinator) = Coordinator::try_take(file)? {
+                return Ok(coordinator);
             }
             if Instant::now() >= deadline {
                 // A coordinator takes milliseconds; one that holds on is
@@ -825,6 +828,59 @@ impl Coordinator {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+
+    /// The lock if no other coordinator holds it now.
+    #[allow(unsafe_code)]
+    fn try_take(file: &File) -> io::Result<Option<Coordinator>> {
+        let file = file.try_clone()?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(Some(Coordinator(file)));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(e),
+        }
+    }
+}
+
+/// Removes the directories of `host`'s ports (but `ours`) whose members all
+/// died without leaving (SIGKILL, a crash), which nobody else would: no
+/// slot lock is held there and no coordinator is at work. A process does
+/// it when it first joins a port. A joiner that opened such a lock file
+/// before it went finds it gone once it holds it, and starts again, as
+/// after a last member's leaving.
+fn sweep_abandoned(host: &Path, ours: &Path) {
+    let Ok(entries) = fs::read_dir(host) else { return };
+    for entry in entries.flatten() {
+        let is_port = entry.file_name().to_str().is_some_and(|name| name.starts_with("port-"));
+        if is_port && entry.path() != ours {
+            let _ = remove_if_abandoned(&entry.path());
+        }
+    }
+}
+
+/// Removes the port directory `dir` if nobody lives there; whether it did.
+/// One without a lock file a minute after its making is a joiner's that
+/// died before it made one.
+fn remove_if_abandoned(dir: &Path) -> io::Result<bool> {
+    let path = dir.join("lock");
+    let lock = match OpenOptions::new().read(true).write(true).open(&path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let age = fs::metadata(dir)?.modified()?.elapsed().unwrap_or_default();
+            let stale = age > Duration::from_secs(60) && fs::remove_dir(dir).is_ok();
+            return Ok(stale);
+        }
+        opened => opened?,
+    };
+    let Some(_coordinator) = Coordinator::try_take(&lock)? else { return Ok(false) };
+    let current = fs::metadata(&path)?.ino() == lock.metadata()?.ino();
+    let abandoned = current && !is_locked(&File::open(&path)?, 1..=MAX_MEMBERS as u8);
+    if abandoned {
+        fs::remove_dir_all(dir)?;
+    }
+    Ok(abandoned)
 }
 
 impl Drop for Coordinator {
@@ -835,17 +891,18 @@ impl Drop for Coordinator {
     }
 }
 
-/// An OFD write lock on byte `slot` of `file`: `F_OFD_SETLK` to take it,
-/// `F_OFD_GETLK` to test it (through another open of the file, as a
-/// description does not conflict with itself).
+/// An OFD write lock on the bytes `slots` of `file` (a slot's byte is its
+/// number): `F_OFD_SETLK` to take it, `F_OFD_GETLK` to test it (through
+/// another open of the file, as a description does not conflict with
+/// itself).
 #[allow(unsafe_code)]
-fn ofd_lock(file: &File, slot: u8, cmd: libc::c_int) -> io::Result<libc::flock> {
+fn ofd_lock(file: &File, slots: RangeInclusive<u8>, cmd: libc::c_int) -> io::Result<libc::flock> {
     // SAFETY: zero is a valid flock.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = libc::off_t::from(slot);
-    fl.l_len = 1;
+    fl.l_start = libc::off_t::from(*slots.start());
+    fl.l_len = libc::off_t::from(*slots.end()) + 1 - fl.l_start;
     // SAFETY: fcntl with a valid descriptor and flock.
     if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) } != 0 {
         return Err(io::Error::last_os_error());
@@ -853,10 +910,10 @@ fn ofd_lock(file: &File, slot: u8, cmd: libc::c_int) -> io::Result<libc::flock> 
     Ok(fl)
 }
 
-/// Whether a member holds `slot` (tested through `probe`, an open of the
-/// lock file that holds no lock).
-fn is_locked(probe: &File, slot: u8) -> bool {
-    ofd_lock(probe, slot, libc::F_OFD_GETLK).is_ok_and(|fl| fl.l_type != libc::F_UNLCK as libc::c_short)
+/// Whether a member holds any of `slots` (tested through `probe`, an open
+/// of the lock file that holds no lock).
+fn is_locked(probe: &File, slots: RangeInclusive<u8>) -> bool {
+    ofd_lock(probe, slots, libc::F_OFD_GETLK).is_ok_and(|fl| fl.l_type != libc::F_UNLCK as libc::c_short)
 }
 
 /// Takes the free slot used longest ago (never used first), so a dead
@@ -864,12 +921,12 @@ fn is_locked(probe: &File, slot: u8) -> bool {
 fn take_slot(lock: &File, dir: &Path, state: &State) -> io::Result<u8> {
     let probe = File::open(dir.join("lock"))?;
     let mut free: Vec<(u64, u8)> = (1..=MAX_MEMBERS as u8)
-        .filter(|&slot| !is_locked(&probe, slot))
+        .filter(|&slot| !is_locked(&probe, slot..=slot))
         .map(|slot| (state.slots.get(&slot).map_or(0, |s| s.used), slot))
         .collect();
     free.sort_unstable();
     for (_, slot) in free {
-        if ofd_lock(lock, slot, libc::F_OFD_SETLK).is_ok() {
+        if ofd_lock(lock, slot..=slot, libc::F_OFD_SETLK).is_ok() {
             return Ok(slot);
         }
     }
@@ -1169,6 +1226,35 @@ mod tests {
         b.leave(|_| {});
         assert!(!dir.exists(), "{} outlived its members", dir.display());
         drop(still_locked);
+    }
+
+    #[test]
+    fn a_port_whose_members_all_died_is_swept_and_a_living_one_kept() {
+        let living = Member::join(free_port(), &[LOCAL]).unwrap();
+        let dead = (0..10)
+            .map(|_| Member::join(free_port(), &[LOCAL]).unwrap())
+            .find(|m| m.shared.dir != living.shared.dir)
+            .unwrap();
+        let (living_dir, dead_dir) = (living.shared.dir.clone(), dead.shared.dir.clone());
+        dead.crash();
+        assert!(dead_dir.exists());
+        // A joiner's directory without a lock file: its own if new, left by
+        // one that died if old.
+        let host = living_dir.parent().unwrap();
+        let [old, new] = [120, 0].map(|age| {
+            let dir = host.join(format!("port-test-{age}-{}", std::process::id()));
+            fs::create_dir(&dir).unwrap();
+            File::open(&dir).unwrap().set_modified(SystemTime::now() - Duration::from_secs(age)).unwrap();
+            dir
+        });
+        sweep_abandoned(host, &living_dir);
+        assert!(!dead_dir.exists(), "{} outlived its dead members", dead_dir.display());
+        assert!(!old.exists() && new.exists());
+        fs::remove_dir(new).unwrap();
+        assert!(living_dir.exists());
+        // Swept from another's view too: a living member's port stays.
+        assert!(!remove_if_abandoned(&living_dir).unwrap());
+        drop(living);
     }
 
     #[test]
