@@ -446,23 +446,27 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
-/// The PSNs the client sent more than once, but for the ask of T-6 (the
-/// last packet resent with AckReq after it went without).
-fn repeated(p: &Player) -> Vec<u32> {
-    let mut first_asked: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
-    let mut again = Vec::new();
-    for s in &p.seen {
+/// The packets the client sent, but for the asks of T-6 (a packet resent
+/// with AckReq after it went without, when the requester fell idle): a
+/// program that posts its next WRITE late gets one mid-stream.
+fn sent_but_asks(seen: &[Seen]) -> impl Iterator<Item = &Seen> {
+    let mut asked_for: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    let mut without_ask: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    seen.iter().filter(move |s| {
         let psn = s.header.bth.psn.value();
-        match first_asked.get(&psn) {
-            None => {
-                first_asked.insert(psn, s.header.bth.ack_req);
-            }
-            Some(false) if s.header.bth.ack_req => {
-                first_asked.insert(psn, true);
-            }
-            Some(_) => again.push(psn),
+        let ask = s.header.bth.ack_req && without_ask.contains(&psn) && asked_for.insert(psn);
+        if !s.header.bth.ack_req {
+            without_ask.insert(psn);
         }
-    }
+        !ask
+    })
+}
+
+/// The PSNs the client sent more than once, but for the asks of T-6.
+fn repeated(p: &Player) -> Vec<u32> {
+    let mut once = std::collections::HashSet::new();
+    let mut again: Vec<u32> =
+        sent_but_asks(&p.seen).map(|s| s.header.bth.psn.value()).filter(|&psn| !once.insert(psn)).collect();
     again.sort_unstable();
     again.dedup();
     again
@@ -499,7 +503,7 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
                 title: "WRITEs of 4096 bytes go out as FIRST, MIDDLE.., LAST of one MTU each, RETH on the FIRST",
                 judge: |p| {
                     let per_message = 4096usize.div_ceil(p.mtu);
-                    for (i, s) in p.seen.iter().take(WRITE_MESSAGES as usize * per_message).enumerate() {
+                    for (i, s) in sent_but_asks(&p.seen).take(WRITE_MESSAGES as usize * per_message).enumerate() {
                         let op = s.header.bth.opcode.operation();
                         let want = match (i % per_message, per_message) {
                             (_, 1) => Operation::WriteOnly,
@@ -524,7 +528,7 @@ fn checks_of(policy: Policy) -> &'static [CheckInfo] {
                 title:
                     "request PSNs start at the announced PSN and go up by one, each sent once when all is acknowledged",
                 judge: |p| {
-                    for (i, s) in p.seen.iter().enumerate() {
+                    for (i, s) in sent_but_asks(&p.seen).enumerate() {
                         let want = p.first(i as u32);
                         if s.header.bth.psn.value() != want {
                             return deviation(
@@ -728,5 +732,34 @@ fn reads_after(p: &Player) -> String {
         "no READ after".into()
     } else {
         format!("READs at PSNs {}", psns.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softroce::wire::{BthRepr, Opcode, Psn};
+
+    fn seen(psn: u32, ack_req: bool) -> Seen {
+        let bth = BthRepr {
+            opcode: Opcode::from_u8(0x0a).unwrap(),
+            solicited: false,
+            mig_req: false,
+            pkey: BthRepr::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: 17,
+            ack_req,
+            psn: Psn::new(psn),
+        };
+        Seen { at: Instant::now(), header: RoceRepr::new(bth), len: 64 }
+    }
+
+    #[test]
+    fn an_ask_mid_stream_is_left_out_and_a_resend_is_not() {
+        // 7 went without AckReq and was asked for once; 8 was sent twice.
+        let run = [seen(6, false), seen(7, false), seen(7, true), seen(8, true), seen(8, true), seen(9, true)];
+        let psns: Vec<u32> = sent_but_asks(&run).map(|s| s.header.bth.psn.value()).collect();
+        assert_eq!(psns, [6, 7, 8, 8, 9]);
     }
 }
