@@ -164,6 +164,7 @@ impl ProtectionDomain {
                 return Err(Error::Limit { what, max: max.into() });
             }
         }
+        let cap = granted(cap, init.srq.is_some());
         let shared = &self.ctx.engine.shared;
         let mut qps = lock(&shared.qps);
         let qpn = match (init.gsi, init.qp_type) {
@@ -172,7 +173,7 @@ impl ProtectionDomain {
             (true, QpType::Ud) => return Err(Error::InvalidArgument("the context has a GSI QP already".into())),
             (true, _) => return Err(Error::InvalidArgument("a GSI QP is a UD QP".into())),
         };
-        let mut qp = Qp::new(qpn, init.qp_type, self.pd, init.cap, init.srq.map(|s| s.id));
+        let mut qp = Qp::new(qpn, init.qp_type, self.pd, cap, init.srq.map(|s| s.id));
         qp.set_peer_buffer(self.ctx.engine.shared.receive_buffer);
         if init.qp_type == QpType::Ud {
             // UD has no path MTU attribute: it uses the port's, as rxe does.
@@ -254,6 +255,27 @@ pub(super) fn check_registration(ptr: *mut u8, len: usize, iova: u64, access: Ac
     }
     Ok(())
 }
+
+/// What kernel rxe grants for `asked` (`rxe_init_sq`, `rxe_init_rq`), which
+/// may be more: queues of 2^k − 1 entries (a ring of 2^k slots, one kept
+/// empty), and a send WQE of max(SGEs × 16, inline bytes), which either may
+/// fill. A program that asks for one SGE and no inline data may send 16
+/// bytes inline, as `rdma_xclient` does. With an SRQ the receive side is
+/// the SRQ's, as asked.
+fn granted(asked: QpCap, srq: bool) -> QpCap {
+    let ring = |wr: u32| (wr + 1).next_power_of_two() - 1;
+    let wqe = (asked.max_send_sge * SGE_BYTES).max(asked.max_inline_data);
+    QpCap {
+        max_send_wr: ring(asked.max_send_wr),
+        max_recv_wr: if srq { asked.max_recv_wr } else { ring(asked.max_recv_wr) },
+        max_send_sge: wqe / SGE_BYTES,
+        max_recv_sge: asked.max_recv_sge,
+        max_inline_data: wqe,
+    }
+}
+
+/// Bytes of an SGE in a send WQE (`struct ib_sge`).
+const SGE_BYTES: u32 = 16;
 
 /// What a QP is created with (`ibv_qp_init_attr`), from
 /// [`ProtectionDomain::create_qp`]: both CQs default to the one given, no

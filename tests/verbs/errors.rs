@@ -470,6 +470,37 @@ fn queue_pair_capacities_beyond_the_device_limits_are_refused() {
 }
 
 #[test]
+fn a_queue_pair_gets_the_capacities_kernel_rxe_grants() {
+    let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let options = softroce::verbs::ContextOptions {
+        port: free_port(&[ip]),
+        busy_poll: false,
+        ..softroce::verbs::ContextOptions::default()
+    };
+    let node = Node::open("granted", ip, options);
+    let cap = |max_send_wr, max_recv_wr, max_send_sge, max_inline_data| QpCap {
+        max_send_wr,
+        max_recv_wr,
+        max_send_sge,
+        max_recv_sge: 2,
+        max_inline_data,
+    };
+    // Rings of 2^k - 1 entries; a send WQE of max(SGEs x 16, inline) bytes.
+    for (asked, granted) in [
+        (cap(100, 10, 1, 0), cap(127, 15, 1, 16)),
+        (cap(128, 0, 2, 100), cap(255, 0, 6, 100)),
+        (cap(1, 1, 4, 64), cap(1, 1, 4, 64)),
+    ] {
+        let qp = node.init(QpType::Rc).cap(asked).build().unwrap();
+        assert_eq!(qp.cap(), granted, "asked {asked:?}");
+    }
+    // An SRQ's QP receives from the SRQ: its receive side stays as asked.
+    let srq = node.pd.create_srq(4, 1).unwrap();
+    let on_srq = node.init(QpType::Rc).srq(&srq).cap(cap(7, 10, 1, 0)).build().unwrap();
+    assert_eq!(on_srq.cap(), cap(7, 10, 1, 16));
+}
+
+#[test]
 fn ud_qps_activate_and_connected_qps_connect_and_not_the_other_way_round() {
     let (node_a, node_b) = nodes(false);
     let (ud, rc) = (node_a.qp(QpType::Ud), node_a.qp(QpType::Rc));
