@@ -400,22 +400,36 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
         if num_entries < 0 || (wc.is_null() && num_entries > 0) {
             return -1;
         }
-        let mut batch = [WorkCompletion::new(0, 0, WcStatus::Success, WcOpcode::Send); 16];
-        let mut written = 0;
-        while written < num_entries as usize {
-            let want = (num_entries as usize - written).min(batch.len());
-            let n = found.cq.poll(&mut batch[..want]);
-            for (i, completion) in batch[..n].iter().enumerate() {
-                // SAFETY: fewer than num_entries entries of the caller's array.
-                unsafe { wc.add(written + i).write(to_ibv_wc(completion)) };
-            }
-            written += n;
-            if n < want {
-                break;
-            }
-        }
+        // A poll for one, as latency loops make, fills no batch of 16.
+        let written = match num_entries {
+            1 => unsafe { poll_into::<1>(&found.cq, 1, wc) },
+            n => unsafe { poll_into::<16>(&found.cq, n as usize, wc) },
+        };
         written as c_int
     })
+}
+
+/// Polls up to `num_entries` completions into the program's array `wc`,
+/// `N` at a time; how many it wrote.
+///
+/// # Safety
+/// `wc` must have room for `num_entries` entries.
+unsafe fn poll_into<const N: usize>(cq: &CompletionQueue, num_entries: usize, wc: *mut ibv_wc) -> usize {
+    let mut batch = [WorkCompletion::new(0, 0, WcStatus::Success, WcOpcode::Send); N];
+    let mut written = 0;
+    while written < num_entries {
+        let want = (num_entries - written).min(N);
+        let n = cq.poll(&mut batch[..want]);
+        for (i, completion) in batch[..n].iter().enumerate() {
+            // SAFETY: fewer than num_entries entries of the caller's array.
+            unsafe { wc.add(written + i).write(to_ibv_wc(completion)) };
+        }
+        written += n;
+        if n < want {
+            break;
+        }
+    }
+    written
 }
 
 /// A completion as `struct ibv_wc` has it. The immediate is in network

@@ -678,12 +678,22 @@ symver!(ibv_query_qp);
 
 /// Reads `n` SGEs of a C work request.
 pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
-    if n < 0 || (n > 0 && list.is_null()) {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: the program's array of n SGEs.
-    let c = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    // SAFETY: as the caller promises.
+    let c = unsafe { c_sges(list, n) }?;
     Ok(c.iter().map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect())
+}
+
+/// The program's array of `n` SGEs at `list`, as it passed them.
+///
+/// # Safety
+/// `list` must point at `n` SGEs (or be anything, if `n` is 0).
+unsafe fn c_sges<'a>(list: *const ibv_sge, n: c_int) -> Result<&'a [ibv_sge], c_int> {
+    match n {
+        0 => Ok(&[]),
+        n if n < 0 || list.is_null() => Err(libc::EINVAL),
+        // SAFETY: as the caller promises.
+        n => Ok(unsafe { std::slice::from_raw_parts(list, n as usize) }),
+    }
 }
 
 /// A C send work request as the verbs API takes it. Inline data is copied
@@ -727,20 +737,23 @@ unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Result<SendWr, c_int> {
         solicited: wr.send_flags & IBV_SEND_SOLICITED != 0,
         inline: wr.send_flags & IBV_SEND_INLINE != 0,
     };
-    let sg_list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
-    let mut out = SendWr { wr_id: wr.wr_id, op, sg_list, flags, inline_data: Vec::new(), ud: None };
+    let mut out = SendWr { wr_id: wr.wr_id, op, sg_list: Vec::new(), flags, inline_data: Vec::new(), ud: None };
     if flags.inline && !op.is_atomic() {
-        let max = qp.qp.cap().max_inline_data as usize;
-        let total: usize = out.sg_list.iter().map(|s| s.length as usize).sum();
-        if total > max {
+        // SAFETY: the program's SGEs.
+        let c = unsafe { c_sges(wr.sg_list, wr.num_sge) }?;
+        let total: usize = c.iter().map(|s| s.length as usize).sum();
+        if total > qp.qp.cap().max_inline_data as usize {
             return Err(libc::EINVAL);
         }
-        for sge in std::mem::take(&mut out.sg_list) {
+        out.inline_data.reserve_exact(total);
+        for sge in c {
             // SAFETY: an inline SGE names the program's own bytes by their
             // address, registered or not; they are copied before the call returns.
             let bytes = unsafe { std::slice::from_raw_parts(sge.addr as *const u8, sge.length as usize) };
             out.inline_data.extend_from_slice(bytes);
         }
+    } else {
+        out.sg_list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
     }
     if qp.ibv.qp_base.qp_type == IBV_QPT_UD {
         let Some(ah) = (unsafe { Ah::from_ibv(ud.ah) }) else { return Err(libc::EINVAL) };
@@ -794,6 +807,19 @@ pub(crate) unsafe extern "C" fn post_send(
 ) -> c_int {
     guard_int(|| {
         let Some(found) = (unsafe { Qp::from_ibv(qp) }) else { return libc::EINVAL };
+        let report = |at: *mut ibv_send_wr, errno: c_int| {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = at };
+            }
+            errno
+        };
+        // SAFETY: the program's chain of requests, ended by a NULL `next`.
+        if let Some(only) = unsafe { wr.as_ref() }.filter(|request| request.next.is_null()) {
+            // One request, as most posts are: no lists to gather.
+            let posted = unsafe { send_wr(found, only) }.and_then(|w| found.qp.post_send(w).map_err(|e| e.errno()));
+            return posted.map_or_else(|errno| report(wr, errno), |()| 0);
+        }
         let mut converted = Vec::new();
         let mut sources = Vec::new();
         let mut failed = None;
@@ -812,13 +838,6 @@ pub(crate) unsafe extern "C" fn post_send(
             }
             cur = request.next;
         }
-        let report = |at: *mut ibv_send_wr, errno: c_int| {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's out-pointer.
-                unsafe { *bad_wr = at };
-            }
-            errno
-        };
         if let Err((index, e)) = found.qp.post_send_list(converted) {
             return report(sources[index], e.errno());
         }

@@ -204,7 +204,7 @@ impl ProtectionDomain {
                 ),
             );
         }
-        Ok(QueuePair { ctx: Arc::clone(&self.ctx), cell, qpn, psn, sig_all })
+        Ok(QueuePair { ctx: Arc::clone(&self.ctx), cell, qpn, psn, sig_all, cap })
     }
 
     /// `ibv_create_srq`: an SRQ of `max_wr` receives of up to `max_sge` SGEs,

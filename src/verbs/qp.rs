@@ -22,6 +22,9 @@ pub struct QueuePair {
     /// The first PSN this QP sends with, chosen at random when it was created.
     pub(super) psn: Psn,
     pub(super) sig_all: bool,
+    /// What the QP was granted at creation, which nothing changes: read
+    /// without the QP's lock, on every inline post of the C ABI.
+    pub(super) cap: QpCap,
 }
 
 impl QueuePair {
@@ -167,7 +170,7 @@ impl QueuePair {
 
     /// Capacities the QP was created with.
     pub fn cap(&self) -> QpCap {
-        lock(&self.cell.qp).cap()
+        self.cap
     }
 
     /// RESET → INIT with `options`' access rights (or Q_Key, for UD), so
