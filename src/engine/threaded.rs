@@ -1324,6 +1324,15 @@ impl Lingering {
     }
 }
 
+/// A yield that takes longer than this gave the CPU to a thread that runs
+/// on: under the kernel's EEVDF scheduler a yielding thread goes behind
+/// every other runnable one for its whole slice (milliseconds), while a
+/// sleeping one that wakes takes the CPU at once.
+const CONTENDED_YIELD: Duration = Duration::from_micros(200);
+/// How long the engine then sleeps as soon as it is idle, before it tries
+/// polling again.
+const CONTENDED_FOR: Duration = Duration::from_millis(100);
+
 /// The engine loop: drive progress, polling for [`Tuning::engine_spin`]
 /// after the last busy round, then sleep until the link or the doorbell has
 /// something (or the next timer is due). While an application thread drives
@@ -1337,6 +1346,9 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
     let handover = &shared.handover;
     let doorbell: Vec<RawFd> = handover.doorbell_fd().into_iter().collect();
     let mut last_busy = Duration::ZERO;
+    // Until when the engine sleeps at once instead of polling: a yield that
+    // came back late says the CPUs are taken by threads that spin.
+    let mut contended_until = Duration::ZERO;
     // Whether the thread's timer slack is the handover slack: it is changed
     // only when a wait wants the other, not twice a wake-up.
     let mut lax_slack = false;
@@ -1383,8 +1395,12 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
             last_busy = now;
             continue;
         }
-        if now.saturating_sub(last_busy) < tuning.engine_spin {
+        if now.saturating_sub(last_busy) < tuning.engine_spin && now >= contended_until {
             std::thread::yield_now();
+            let back = start.elapsed();
+            if back.saturating_sub(now) > CONTENDED_YIELD {
+                contended_until = back + CONTENDED_FOR;
+            }
             continue;
         }
         let wait = step.next_timer.map_or(tuning.idle, |t| t.saturating_sub(now)).min(tuning.idle);
