@@ -449,15 +449,21 @@ fn malformed_requests_are_refused_at_post_time() {
     assert_eq!(next_wc(&pair.a.cq).status, WcStatus::Success);
 }
 
-#[test]
-fn queue_pair_capacities_beyond_the_device_limits_are_refused() {
+/// A device of its own on 127.0.0.1, nobody to talk to: for what creation
+/// grants or refuses.
+fn lone_node(name: &str) -> Node {
     let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     let options = softroce::verbs::ContextOptions {
         port: free_port(&[ip]),
         busy_poll: false,
         ..softroce::verbs::ContextOptions::default()
     };
-    let node = Node::open("limits", ip, options);
+    Node::open(name, ip, options)
+}
+
+#[test]
+fn queue_pair_capacities_beyond_the_device_limits_are_refused() {
+    let node = lone_node("limits");
     let limits = node.ctx.device().query_device();
     let too_many = QpCap { max_send_wr: limits.max_qp_wr + 1, ..QpCap::default() };
     let init = node.init(QpType::Rc);
@@ -471,13 +477,7 @@ fn queue_pair_capacities_beyond_the_device_limits_are_refused() {
 
 #[test]
 fn a_queue_pair_gets_the_capacities_kernel_rxe_grants() {
-    let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-    let options = softroce::verbs::ContextOptions {
-        port: free_port(&[ip]),
-        busy_poll: false,
-        ..softroce::verbs::ContextOptions::default()
-    };
-    let node = Node::open("granted", ip, options);
+    let node = lone_node("granted");
     let cap = |max_send_wr, max_recv_wr, max_send_sge, max_inline_data| QpCap {
         max_send_wr,
         max_recv_wr,
