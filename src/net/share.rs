@@ -811,10 +811,11 @@ struct Coordinator(File);
 
 impl Coordinator {
     fn take(file: &File) -> io::Result<Coordinator> {
+        let file = file.try_clone()?;
         let deadline = Instant::now() + COORDINATOR_WAIT;
         loop {
-            if let Some(coordinator) = Coordinator::try_take(file)? {
-                return Ok(coordinator);
+            if try_flock(&file)? {
+                return Ok(Coordinator(file));
             }
             if Instant::now() >= deadline {
                 // A coordinator takes milliseconds; one that holds on is
@@ -828,20 +829,21 @@ impl Coordinator {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+}
 
-    /// The lock if no other coordinator holds it now.
-    #[allow(unsafe_code)]
-    fn try_take(file: &File) -> io::Result<Option<Coordinator>> {
-        let file = file.try_clone()?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(Some(Coordinator(file)));
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-            _ => Err(e),
-        }
+/// Takes the port's `flock` through `file` if no other coordinator holds
+/// it now; whether it did. It is released when the file's last descriptor
+/// closes (or by [`Coordinator`]'s drop).
+#[allow(unsafe_code)]
+fn try_flock(file: &File) -> io::Result<bool> {
+    // SAFETY: flock on a descriptor the caller owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(false),
+        _ => Err(e),
     }
 }
 
@@ -874,7 +876,10 @@ fn remove_if_abandoned(dir: &Path) -> io::Result<bool> {
         }
         opened => opened?,
     };
-    let Some(_coordinator) = Coordinator::try_take(&lock)? else { return Ok(false) };
+    // Held until `lock` closes, at the return.
+    if !try_flock(&lock)? {
+        return Ok(false);
+    }
     let current = fs::metadata(&path)?.ino() == lock.metadata()?.ino();
     let abandoned = current && !is_locked(&File::open(&path)?, 1..=MAX_MEMBERS as u8);
     if abandoned {
