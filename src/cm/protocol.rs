@@ -323,6 +323,9 @@ pub struct ProtocolStats {
     pub rejected: u64,
     /// REQs, REPs, DREQs and SIDR_REQs given up on after every retry.
     pub timed_out: u64,
+    /// Passive connections established by traffic on their QP, their RTU
+    /// lost ([`Protocol::communication_established`]).
+    pub established_by_traffic: u64,
     /// Transmits or events dropped because the user did not take them.
     pub queue_overflows: u64,
     /// IDs alive now.
@@ -1134,19 +1137,53 @@ impl Protocol {
     /// An RTU: the passive side's connection is established.
     fn on_rtu(&mut self, from: MadPeer, rtu: RtuRepr) {
         let id = rtu.remote_comm_id;
-        let Some(connection) = self.lookup(id, rtu.local_comm_id, false, from) else { return };
-        match connection.state {
-            State::RepSent | State::MraRepRcvd => {
-                connection.state = State::Established;
-                connection.resend = None;
-                let orphaned = connection.orphaned;
-                self.set_deadline(id, None);
-                if !orphaned {
-                    self.event(Event::Established { id });
-                }
-            }
-            _ => self.stats.duplicates.rtu += 1,
+        if self.lookup(id, rtu.local_comm_id, false, from).is_none() {
+            return;
         }
+        if !self.establish(id) {
+            self.stats.duplicates.rtu += 1;
+        }
+    }
+
+    /// The passive side's connections whose REP is due to be resent or
+    /// given up at `now`, with their QPs: one whose QP has received from
+    /// the peer is [`Protocol::communication_established`] first.
+    pub fn rep_due(&self, now: Instant) -> Vec<(CommId, u32)> {
+        self.timers
+            .iter()
+            .take_while(|&&(at, _)| at <= now)
+            .filter_map(|&(_, id)| self.ids.get(&id).map(|c| (id, c)))
+            .filter(|(_, c)| matches!(c.state, State::RepSent | State::MraRepRcvd))
+            .map(|(id, c)| (id, c.local_qpn))
+            .collect()
+    }
+
+    /// Data came in on the connection's QP before the RTU (the verbs'
+    /// Communication Established event, `ib_cm_notify`): the peer has the
+    /// REP and is established, so this side is too, as if the RTU had come.
+    /// Without it, a lost RTU left the passive side resending its REP to an
+    /// active side that might have moved on (a DREQ sent, which ignores a
+    /// repeated REP), and giving up with REJ(TIMEOUT) on a connection in use.
+    pub fn communication_established(&mut self, id: CommId) {
+        if self.establish(id) {
+            self.stats.established_by_traffic += 1;
+        }
+    }
+
+    /// RepSent or MraRepRcvd to Established; whether it moved.
+    fn establish(&mut self, id: CommId) -> bool {
+        let Some(connection) = self.ids.get_mut(&id) else { return false };
+        if !matches!(connection.state, State::RepSent | State::MraRepRcvd) {
+            return false;
+        }
+        connection.state = State::Established;
+        connection.resend = None;
+        let orphaned = connection.orphaned;
+        self.set_deadline(id, None);
+        if !orphaned {
+            self.event(Event::Established { id });
+        }
+        true
     }
 
     /// A DREQ: the peer disconnects (cm_dreq_handler).

@@ -214,9 +214,25 @@ impl Service {
                 self.received(state, now, &wc);
             }
             if state.protocol.poll_timeout().is_some_and(|t| t <= now) {
+                self.establish_by_traffic(state, now);
                 state.protocol.handle_timeout(now);
             }
         });
+    }
+
+    /// Before a REP is resent or given up: a connection whose QP has
+    /// received from the peer is established (rxe-spec M-24b).
+    fn establish_by_traffic(&self, state: &mut State, now: Instant) {
+        let due = state.protocol.rep_due(now);
+        if due.is_empty() {
+            return;
+        }
+        let counters = self.context.qp_counters();
+        for (id, qpn) in due {
+            if counters.iter().any(|&(q, c)| q == qpn && c.received_packets > 0) {
+                state.protocol.communication_established(id);
+            }
+        }
     }
 
     /// Hands a received MAD to the protocol and posts its receive again.

@@ -183,6 +183,60 @@ fn lost_rtu_is_recovered_by_the_rep_retry() {
     assert_eq!(pipe.a.cm.stats().retransmitted.rtu, 1);
 }
 
+/// The soak's timing (response timeout 17, 4 retries): a REP goes every
+/// 0.54 s, five times, where a DREQ is resent at the REQ's pace, 4.8 s.
+fn soak_timed_pipe() -> Pipe {
+    let mut pipe = Pipe::new();
+    for (end, slot) in [(&mut pipe.a, 1u8), (&mut pipe.b, 2)] {
+        let guid = 0x0200_00ff_fe00_0000 | u64::from(slot);
+        let config = ProtocolConfig { response_timeout: 17, max_cm_retries: 4, ..config(slot, guid) };
+        end.cm = Protocol::new(config, u32::from(slot) << 16);
+    }
+    pipe
+}
+
+#[test]
+fn a_lost_rtu_is_made_good_by_traffic_on_the_qp() {
+    for traffic in [false, true] {
+        let mut pipe = soak_timed_pipe();
+        pipe.b.cm.listen(SERVICE, 16).unwrap();
+        // A's RTU and its first DREQ are lost; A, done before B's REP is
+        // due again, disconnects, and ignores B's repeated REPs from then on.
+        let (mut rtu, mut dreq) = (lose_first(0, attr::RTU, 1), lose_first(0, attr::DREQ, 1));
+        pipe.lose = Box::new(move |side, t| rtu(side, t) | dreq(side, t));
+        let id_a = pipe.connect(0x23);
+        pipe.deliver();
+        let [Event::Request { id: id_b, .. }] = pipe.b.take_events()[..] else { panic!("B: a request") };
+        pipe.a.take_events();
+        pipe.a.cm.disconnect(pipe.now, id_a, b"").unwrap();
+        pipe.deliver();
+        let first_rep_retry = pipe.b.cm.poll_timeout().expect("B resends its REP");
+        assert_eq!(pipe.b.cm.rep_due(first_rep_retry), [(id_b, 0x123)]);
+        if traffic {
+            // What the CM service does there when B's QP has received.
+            pipe.now = first_rep_retry;
+            pipe.b.cm.communication_established(id_b);
+        }
+        pipe.run();
+        let (a, b) = (pipe.a.take_events(), pipe.b.take_events());
+        if traffic {
+            assert!(matches!(a[..], [Event::Disconnected { id }, Event::TimewaitExit { .. }] if id == id_a), "{a:?}");
+            assert!(matches!(
+                b[..],
+                [Event::Established { .. }, Event::DisconnectRequest { .. }, Event::TimewaitExit { .. }]
+            ));
+            assert_eq!((pipe.b.sent_of(attr::REP), pipe.b.cm.stats().established_by_traffic), (1, 1));
+        } else {
+            // B gives up on a connection in use, and its REJ(TIMEOUT) ends
+            // A's disconnect as a rejection: what the soak saw.
+            let [Event::Rejected { id, reason, timed_out: false, .. }, ..] = a[..] else { panic!("A: {a:?}") };
+            assert_eq!((id, reason), (id_a, RejReason::TIMEOUT));
+            assert_eq!(pipe.b.sent_of(attr::REP), 5);
+            assert!(matches!(b[..], [Event::Rejected { timed_out: true, .. }]), "{b:?}");
+        }
+    }
+}
+
 #[test]
 fn total_loss_times_out_with_a_rej_timeout() {
     let mut pipe = Pipe::new();
