@@ -115,9 +115,13 @@ struct End {
 }
 
 impl End {
-    fn new(slot: u8, ip: [u8; 4]) -> End {
+    /// An end with CM response timeout code `response_timeout` and
+    /// `max_cm_retries` retries.
+    fn new(slot: u8, ip: [u8; 4], response_timeout: u8, max_cm_retries: u8) -> End {
+        let guid = 0x0200_00ff_fe00_0000 | u64::from(ip[3]);
+        let config = ProtocolConfig { response_timeout, max_cm_retries, ..config(slot, guid) };
         End {
-            cm: Protocol::new(config(slot, 0x0200_00ff_fe00_0000 | u64::from(ip[3])), u32::from(ip[3]) << 16),
+            cm: Protocol::new(config, u32::from(ip[3]) << 16),
             at: peer(ip),
             events: Vec::new(),
             auto_answer: true,
@@ -150,11 +154,18 @@ struct Pipe {
 }
 
 impl Pipe {
+    /// Two ends with rdma_cm's timing.
     fn new() -> Pipe {
+        Pipe::with_timing(20, 15)
+    }
+
+    /// Two ends with CM response timeout code `response_timeout` and
+    /// `max_cm_retries` retries.
+    fn with_timing(response_timeout: u8, max_cm_retries: u8) -> Pipe {
         let now = Instant::now();
         Pipe {
-            a: End::new(1, [10, 0, 0, 1]),
-            b: End::new(2, [10, 0, 0, 2]),
+            a: End::new(1, [10, 0, 0, 1], response_timeout, max_cm_retries),
+            b: End::new(2, [10, 0, 0, 2], response_timeout, max_cm_retries),
             now,
             start: now,
             lose: Box::new(|_, _| false),

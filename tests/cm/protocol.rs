@@ -183,22 +183,12 @@ fn lost_rtu_is_recovered_by_the_rep_retry() {
     assert_eq!(pipe.a.cm.stats().retransmitted.rtu, 1);
 }
 
-/// The soak's timing (response timeout 17, 4 retries): a REP goes every
-/// 0.54 s, five times, where a DREQ is resent at the REQ's pace, 4.8 s.
-fn soak_timed_pipe() -> Pipe {
-    let mut pipe = Pipe::new();
-    for (end, slot) in [(&mut pipe.a, 1u8), (&mut pipe.b, 2)] {
-        let guid = 0x0200_00ff_fe00_0000 | u64::from(slot);
-        let config = ProtocolConfig { response_timeout: 17, max_cm_retries: 4, ..config(slot, guid) };
-        end.cm = Protocol::new(config, u32::from(slot) << 16);
-    }
-    pipe
-}
-
 #[test]
 fn a_lost_rtu_is_made_good_by_traffic_on_the_qp() {
     for traffic in [false, true] {
-        let mut pipe = soak_timed_pipe();
+        // The soak's timing (response timeout 17, 4 retries): a REP goes every
+        // 0.54 s, five times, where a DREQ is resent at the REQ's pace, 4.8 s.
+        let mut pipe = Pipe::with_timing(17, 4);
         pipe.b.cm.listen(SERVICE, 16).unwrap();
         // A's RTU and its first DREQ are lost; A, done before B's REP is
         // due again, disconnects, and ignores B's repeated REPs from then on.
