@@ -23,6 +23,7 @@ mod fuzz_responder;
 mod fuzz_stack;
 
 mod fuzz_regressions;
+mod lending;
 mod messages;
 mod placement;
 mod qp_states;

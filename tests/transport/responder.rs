@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use softroce::transport::*;
 use softroce::wire::{AethRepr, NakCode, Operation, RoceRepr, Syndrome, Transport};
 
+use crate::lending::transmit_lending;
 use crate::support::pattern;
 use crate::support::qp::*;
 
@@ -185,6 +186,23 @@ fn responder_after_read() -> (TestQp, Vec<u8>) {
     let payload: Vec<u8> = sent.iter().flat_map(|s| s.payload.clone()).collect();
     assert_eq!(payload, data);
     (node, data)
+}
+
+/// rxe-spec T-36: a READ response's payload of a whole 4 KiB is lent from
+/// the region the READ reads, as a request's is; a shorter one is copied.
+#[test]
+fn read_responses_lend_whole_packets_and_copy_the_rest() {
+    const M: usize = 4096;
+    let mut node = TestQp::new(QpType::Rc, QpAttr { path_mtu: Mtu::Mtu4096, ..attr() });
+    let data = pattern(2 * M + 100, 3);
+    node.fill(0, &data);
+    node.feed(rc(Operation::ReadRequest, RQ_PSN).ack_req().reth(VA, KEY, data.len() as u32), &[]);
+    let sent = transmit_lending(&mut node);
+    assert_eq!(sent.iter().map(|s| s.0).collect::<Vec<_>>(), [true, true, false]);
+    assert_eq!(sent.iter().flat_map(|s| s.1.clone()).collect::<Vec<_>>(), data);
+    // A READ of exactly one packet: its ONLY response (with an AETH) lent too.
+    node.feed(rc(Operation::ReadRequest, RQ_PSN + 3).ack_req().reth(VA + M as u64, KEY, M as u32), &[]);
+    assert_eq!(transmit_lending(&mut node), [(true, data[M..2 * M].to_vec())]);
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tracing::{debug, trace};
 
-use super::Qp;
+use super::{Qp, LEND_FROM};
 use crate::transport::attr::QpState;
 use crate::transport::memory::{for_each_piece, Lent, MemError, Memory};
 use crate::transport::queue::{Transmit, TRANSMIT_HEADROOM};
@@ -100,12 +100,6 @@ pub(super) struct ReqState {
     /// it waits for another turn (`None`: no limit; [`Qp::set_allowance`]).
     pub(super) allowance: Option<u32>,
 }
-
-/// The shortest payload lent rather than copied: a whole packet at MTU
-/// 4096. A smaller copy costs less than the two iovecs more a lent payload
-/// takes (at MTU 1024, lent 1 KiB payloads ran 64 KiB streams 7–27% slower
-/// than copied ones), and a lone datagram of one iovec leaves by `sendto`.
-const LEND_FROM: usize = 4096;
 
 /// What one request packet carries.
 struct Plan {

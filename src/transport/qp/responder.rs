@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use tracing::{debug, trace};
 
-use super::Qp;
+use super::{Qp, LEND_FROM};
 use crate::transport::attr::QpState;
 use crate::transport::memory::{for_each_piece, AtomicOp, Memory};
 use crate::transport::queue::{CqKind, Incoming, Transmit};
@@ -722,13 +722,23 @@ impl Qp {
                 let header_len = repr.header_len();
                 let total = repr.emit_headers(buf, n as usize).ok()?;
                 let payload = &mut buf[header_len..header_len + n as usize];
-                if n > 0 && mem.read(rkey, self.key_user(), addr, payload, access).is_err() {
+                let lent = if n as usize >= LEND_FROM {
+                    mem.lend(rkey, self.key_user(), addr, payload.len(), access)
+                } else {
+                    Ok(None)
+                };
+                let lent = match lent {
+                    Ok(None) if n > 0 => mem.read(rkey, self.key_user(), addr, payload, access).map(|()| None),
+                    Ok(lent) => Ok(lent.map(|lent| (header_len, lent))),
+                    Err(e) => Err(e),
+                };
+                let Ok(lent) = lent else {
                     // The region went away under the READ: it fails, and
                     // what was queued after it answers nothing any more.
                     self.resp.responses.clear();
                     self.nak_and_fail(psn, NakCode::RemoteAccessError);
                     return self.next_response(mem, buf);
-                }
+                };
                 let front = self.resp.responses.front_mut().expect("peeked above");
                 if last {
                     self.resp.responses.pop_front();
@@ -743,7 +753,7 @@ impl Qp {
                         msn,
                     };
                 }
-                total
+                return Some(Transmit { dest, len: total, lent });
             }
         };
         Some(Transmit { dest, len, lent: None })
