@@ -72,6 +72,12 @@ pub struct Args {
     /// A reduced set of rows, well under a minute.
     #[arg(long)]
     quick: bool,
+    /// Run the rows this many times over, then print each row's median
+    /// figures and ratios: on a shared machine a single run can be off by
+    /// half, and a ratio taken within each round and then the median of
+    /// those is what to quote.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
     /// One JSON object per row on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -157,46 +163,84 @@ fn bench(args: &Args) -> Result<bool, String> {
             small / 1024
         );
     }
-    let mut baselines = Baselines::default();
-    let mut rows = Vec::new();
     let mut failed = 0;
     let named = |test: Test| args.test.contains(&test);
     let wanted = |c: &Case| {
         (args.test.is_empty() || named(c.test) || c.test.reference().is_some_and(named))
             && (args.size.is_empty() || !c.test.is_softroce() || args.size.contains(&c.size))
     };
-    for case in plan(args.quick).into_iter().filter(wanted) {
-        let results = match reference(&case) {
-            None => vec![(case, measure(&case, &rigs, &timing).and_then(|m| Figures::new(&m)))],
-            Some(other) => match measure_in_turns(&case, &other, &rigs, &timing) {
-                Ok(turns) => {
-                    let reference = Some(turns.reference);
-                    let ours = Figures::new(&turns.ours).map(|f| Figures { reference, ..f });
-                    vec![(other, Figures::new(&turns.theirs)), (case, ours)]
-                }
-                Err(why) => vec![(other, Err(why.clone())), (case, Err(why))],
-            },
-        };
-        for (case, result) in results {
-            let row = match result {
-                Ok(mut figures) => {
-                    figures.ratios = case.test.is_softroce().then(|| baselines.ratios(&case, &figures));
-                    baselines.learn(&case, &figures);
-                    Row { case, result: Ok(figures) }
-                }
-                Err(why) => {
-                    failed += usize::from(case.test.must_work());
-                    Row { case, result: Err(why) }
-                }
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds {
+        if args.rounds > 1 && !args.json {
+            say!("round {round} of {}", args.rounds);
+        }
+        let mut baselines = Baselines::default();
+        let mut rows = Vec::new();
+        for case in plan(args.quick).into_iter().filter(wanted) {
+            let results = match reference(&case) {
+                None => vec![(case, measure(&case, &rigs, &timing).and_then(|m| Figures::new(&m)))],
+                Some(other) => match measure_in_turns(&case, &other, &rigs, &timing) {
+                    Ok(turns) => {
+                        let reference = Some(turns.reference);
+                        let ours = Figures::new(&turns.ours).map(|f| Figures { reference, ..f });
+                        vec![(other, Figures::new(&turns.theirs)), (case, ours)]
+                    }
+                    Err(why) => vec![(other, Err(why.clone())), (case, Err(why))],
+                },
             };
-            if args.json {
-                say!("{}", row.json());
-            } else {
+            for (case, result) in results {
+                let row = match result {
+                    Ok(mut figures) => {
+                        figures.ratios = case.test.is_softroce().then(|| baselines.ratios(&case, &figures));
+                        baselines.learn(&case, &figures);
+                        Row { case, result: Ok(figures) }
+                    }
+                    Err(why) => {
+                        failed += usize::from(case.test.must_work());
+                        Row { case, result: Err(why) }
+                    }
+                };
+                if args.json {
+                    let mut line = row.json();
+                    line["round"] = json!(round);
+                    say!("{line}");
+                } else {
+                    say!("{}", row.table_line());
+                }
+                rows.push(row);
+            }
+        }
+        rounds.push(rows);
+    }
+    let rows = if rounds.len() > 1 {
+        let medians = medians_of_rounds(&rounds);
+        if args.json {
+            for row in &medians {
+                let mut line = row.json();
+                line["round"] = Value::Null;
+                line["median_of_rounds"] = json!(rounds.len());
+                say!("{line}");
+            }
+        } else {
+            say!(
+                "medians of {} rounds (figures, and ratios each taken within its round), then each round's ratios",
+                rounds.len()
+            );
+            say!("{}", table_header());
+            for row in &medians {
                 say!("{}", row.table_line());
             }
-            rows.push(row);
+            for i in 0..medians.len() {
+                let by_round: Vec<&Row> = rounds.iter().filter_map(|rows| rows.get(i)).collect();
+                if let Some(line) = rounds_line(&by_round) {
+                    say!("{line}");
+                }
+            }
         }
-    }
+        medians
+    } else {
+        rounds.pop().unwrap_or_default()
+    };
     if !args.json {
         say!("load average {} at the end", Host::now().load);
         say!("ratios: softroce / baseline (GB/s for streams, msg/s for the write rates, median latency for send-lat; latency above 1 is slower)");
@@ -702,6 +746,88 @@ impl Reference {
     }
 }
 
+/// Each row's medians over the rounds (every round ran the same rows in
+/// the same order): its figures, and each ratio as the median of the
+/// ratios taken within the rounds, so that a baseline and the row it is
+/// compared with always shared a round. A row that failed in every round
+/// keeps its first error.
+fn medians_of_rounds(rounds: &[Vec<Row>]) -> Vec<Row> {
+    let first = rounds.first().map_or(&[][..], Vec::as_slice);
+    first
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let measured: Vec<&Figures> =
+                rounds.iter().filter_map(|rows| rows.get(i)).filter_map(|r| r.result.as_ref().ok()).collect();
+            let result = match measured.first() {
+                None => row.result.clone(),
+                Some(some) => {
+                    let of = |f: &dyn Fn(&Figures) -> Option<f64>| {
+                        let values: Vec<f64> = measured.iter().filter_map(|m| f(m)).collect();
+                        (!values.is_empty()).then(|| median(&values))
+                    };
+                    let ratio_of = |pick: fn(&Ratios) -> Option<f64>| of(&|m| m.ratios.as_ref().and_then(pick));
+                    let reference = some.reference.as_ref().map(|r| Reference {
+                        test: r.test,
+                        ratios: measured
+                            .iter()
+                            .flat_map(|m| m.reference.iter().flat_map(|r| r.ratios.clone()))
+                            .collect(),
+                        extra_ns: measured
+                            .iter()
+                            .flat_map(|m| m.reference.iter().flat_map(|r| r.extra_ns.clone()))
+                            .collect(),
+                        qp_costs: measured
+                            .iter()
+                            .flat_map(|m| m.reference.iter().flat_map(|r| r.qp_costs.clone()))
+                            .collect(),
+                    });
+                    Ok(Figures {
+                        gbytes_per_s: of(&|m| Some(m.gbytes_per_s)).unwrap_or(f64::NAN),
+                        msgs_per_s: of(&|m| Some(m.msgs_per_s)).unwrap_or(f64::NAN),
+                        cpu_s_per_gb: of(&|m| Some(m.cpu_s_per_gb)).unwrap_or(f64::NAN),
+                        latency: of(&|m| m.p50()).zip(of(&|m| m.latency.map(|(_, p99)| p99))),
+                        retries: some.retries.map(|_| measured.iter().filter_map(|m| m.retries).sum()),
+                        share: some.share,
+                        ratios: some.ratios.map(|_| Ratios {
+                            udp: ratio_of(|r| r.udp),
+                            udp_gso: ratio_of(|r| r.udp_gso),
+                            tcp: ratio_of(|r| r.tcp),
+                        }),
+                        reference,
+                    })
+                }
+            };
+            Row { case: row.case, result }
+        })
+        .collect()
+}
+
+/// One row's ratios to the baselines, round by round: the spread behind a
+/// median.
+fn rounds_line(by_round: &[&Row]) -> Option<String> {
+    let row = by_round.first()?;
+    let ratios: Vec<Ratios> = by_round.iter().filter_map(|r| r.result.as_ref().ok()?.ratios).collect();
+    let mut parts = Vec::new();
+    for (label, pick) in
+        [("×udp", (|r: &Ratios| r.udp) as fn(&Ratios) -> Option<f64>), ("×gso", |r| r.udp_gso), ("×tcp", |r| r.tcp)]
+    {
+        let values: Vec<String> = ratios.iter().filter_map(pick).map(|v| format!("{v:.3}")).collect();
+        if !values.is_empty() {
+            parts.push(format!("{label} {}", values.join(" ")));
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    let c = &row.case;
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let conn = c.conn.map_or(String::new(), |c| {
+        format!(", MTU {}, {}, {}", c.mtu.bytes(), plural(c.qps, "QP"), plural(c.engines, "engine"))
+    });
+    Some(format!("{} {}{conn}: {}", c.test.name(), size_label(c.size), parts.join("; ")))
+}
+
 /// The median of some figures (the mean of the middle two of an even count).
 fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
@@ -1055,6 +1181,40 @@ mod tests {
             ratios: None,
             reference: None,
         }
+    }
+
+    /// A row's median ratio is the median of the ratios taken within each
+    /// round, not its median figure over the baseline's: a baseline and
+    /// the row compared with it share a round's conditions.
+    #[test]
+    fn medians_of_rounds_take_each_ratio_within_its_round() {
+        let tcp = Case::baseline(Test::Tcp, TCP_WRITE);
+        let write = Case::softroce(Test::RcWrite, 1 << 20, Mtu::Mtu4096, 1);
+        let round = |tcp_gbs: f64, write_gbs: f64| {
+            let mut ours = figures(write_gbs, 1.0, None);
+            ours.ratios = Some(Ratios { tcp: Some(write_gbs / tcp_gbs), ..Ratios::default() });
+            vec![Row { case: tcp, result: Ok(figures(tcp_gbs, 1.0, None)) }, Row { case: write, result: Ok(ours) }]
+        };
+        let mut failed = round(1.0, 1.0);
+        failed[1].result = Err("nothing arrived".to_owned());
+        let rounds = [round(1.0, 2.0), round(4.0, 2.0), failed, round(2.5, 3.0)];
+        let medians = medians_of_rounds(&rounds);
+        assert_eq!(medians.len(), 2);
+        let (tcp_row, write_row) = (medians[0].result.as_ref().unwrap(), medians[1].result.as_ref().unwrap());
+        assert_eq!(tcp_row.gbytes_per_s, 1.75);
+        // The write row failed in one round: its medians are of the other three.
+        assert_eq!(write_row.gbytes_per_s, 2.0);
+        // Ratios 2, 0.5 and 1.2: the median is 1.2, where the median figures' ratio would be 2.0 / 1.75.
+        assert_eq!(write_row.ratios.unwrap().tcp, Some(1.2));
+        let line = rounds_line(&rounds.iter().map(|r| &r[1]).collect::<Vec<_>>()).unwrap();
+        assert_eq!(line, "rc-write 1 MiB, MTU 4096, 1 QP, 1 engine: ×tcp 2.000 0.500 1.200");
+        // A row that failed in every round keeps its error.
+        let all_failed = [failed_round(), failed_round()];
+        assert!(medians_of_rounds(&all_failed)[0].result.is_err());
+    }
+
+    fn failed_round() -> Vec<Row> {
+        vec![Row { case: Case::baseline(Test::Tcp, TCP_WRITE), result: Err("refused".to_owned()) }]
     }
 
     #[test]

@@ -263,3 +263,28 @@ fn the_table_has_ratios_and_a_line_per_row() {
         assert_eq!(fields[fields.len() - 2], "-", "{line}");
     }
 }
+
+/// `--rounds`: every row once a round, numbered, then a median row each
+/// whose ratio is the median of the rounds' ratios.
+#[test]
+fn rounds_end_with_each_rows_median() {
+    let stdout = bench(&["--test", "udp-lat,send-lat", "--size", "8", "--seconds", "0.05", "--rounds", "3", "--json"]);
+    let rows: Vec<Map<String, Value>> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let measured: Vec<&Map<String, Value>> = rows.iter().filter(|r| !r["round"].is_null()).collect();
+    let medians: Vec<&Map<String, Value>> = rows.iter().filter(|r| r["round"].is_null()).collect();
+    let tests = |rows: &[&Map<String, Value>]| rows.iter().map(|r| text(r, "test").to_owned()).collect::<Vec<_>>();
+    // udp-lat runs at 8 B and 4 KiB, send-lat at 8 B only.
+    assert_eq!(tests(&measured), ["udp-lat", "udp-lat", "send-lat"].repeat(3), "{stdout}");
+    let rounds: Vec<u64> = measured.iter().map(|r| r["round"].as_u64().unwrap()).collect();
+    assert_eq!(rounds, [1, 1, 1, 2, 2, 2, 3, 3, 3]);
+    assert_eq!(tests(&medians), ["udp-lat", "udp-lat", "send-lat"], "{stdout}");
+    let send_lat = medians[2];
+    assert_eq!(send_lat["median_of_rounds"].as_u64(), Some(3));
+    for key in KEYS {
+        assert!(send_lat.contains_key(key), "{key} missing from {send_lat:?}");
+    }
+    let mut ratios: Vec<f64> =
+        measured.iter().filter(|r| text(r, "test") == "send-lat").map(|r| number(r, "ratio_udp")).collect();
+    ratios.sort_by(f64::total_cmp);
+    assert_eq!(number(send_lat, "ratio_udp"), ratios[1], "{stdout}");
+}
