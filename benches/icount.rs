@@ -31,10 +31,13 @@
 //! 19.1k (single counts 17.8k to 19.0k) against 17.2k counted the day
 //! before, while the WRITEs' matched within 0.8%: up to 11% apart for the
 //! same code. So its baseline sits that much above the lowest count of
-//! the code it guards (14.8k when set, 15.5k in the file) and its
-//! tolerance is 8%: a loss like the 15% the shared-device round cost
-//! still fails on the day that counts low, and the same code passes on
-//! the day that counts high. System calls are not
+//! the code it guards (14.8k when set, 15.5k in the file). Its tolerance
+//! was 8% until an AMD EPYC VM of the same kind counted 16.7k for the
+//! code that had counted 15.2k on an Intel one (13.1k of it in the app's
+//! thread; the rest, the engines' own rounds, is what moves): 11% now, so that the same
+//! code passes on either host with room for a loaded day, and a loss like
+//! the 15% the shared-device round cost (15.2k → 17.5k) still fails on
+//! the host that counts low. System calls are not
 //! counted: this is the cost of softroce's own code, the ICRC and the
 //! copies included. Callgrind writes one profile per thread and run into
 //! `target/icount/`, for `callgrind_annotate`.
