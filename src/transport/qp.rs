@@ -32,6 +32,7 @@ use completer::CompState;
 use requester::ReqState;
 pub use requester::{buffer_charge, ACK_ASK_DELAY, MAX_PKTS_PER_ACK, MAX_UNACKED_PSNS, MAX_WINDOW_PSNS, PIECED_READS};
 use responder::RespState;
+pub use responder::{grh_area, GRH_LEN};
 
 /// The shortest payload lent rather than copied (rxe-spec T-36): a whole
 /// packet at MTU 4096. A smaller copy costs less than the two iovecs more a
@@ -39,7 +40,6 @@ use responder::RespState;
 /// 7–27% slower than copied ones), and a lone datagram of one iovec leaves
 /// by `sendto`.
 const LEND_FROM: usize = 4096;
-pub use responder::{grh_area, GRH_LEN};
 
 /// Capacities fixed at QP creation (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

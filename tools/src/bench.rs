@@ -749,8 +749,9 @@ impl Reference {
 /// Each row's medians over the rounds (every round ran the same rows in
 /// the same order): its figures, and each ratio as the median of the
 /// ratios taken within the rounds, so that a baseline and the row it is
-/// compared with always shared a round. A row that failed in every round
-/// keeps its first error.
+/// compared with always shared a round; its retries are all rounds'
+/// together, and a reference row's turns are all rounds' turns. A row that
+/// failed in every round keeps its first error.
 fn medians_of_rounds(rounds: &[Vec<Row>]) -> Vec<Row> {
     let first = rounds.first().map_or(&[][..], Vec::as_slice);
     first
@@ -767,20 +768,12 @@ fn medians_of_rounds(rounds: &[Vec<Row>]) -> Vec<Row> {
                         (!values.is_empty()).then(|| median(&values))
                     };
                     let ratio_of = |pick: fn(&Ratios) -> Option<f64>| of(&|m| m.ratios.as_ref().and_then(pick));
-                    let reference = some.reference.as_ref().map(|r| Reference {
+                    let references: Vec<&Reference> = measured.iter().filter_map(|m| m.reference.as_ref()).collect();
+                    let reference = references.first().map(|r| Reference {
                         test: r.test,
-                        ratios: measured
-                            .iter()
-                            .flat_map(|m| m.reference.iter().flat_map(|r| r.ratios.clone()))
-                            .collect(),
-                        extra_ns: measured
-                            .iter()
-                            .flat_map(|m| m.reference.iter().flat_map(|r| r.extra_ns.clone()))
-                            .collect(),
-                        qp_costs: measured
-                            .iter()
-                            .flat_map(|m| m.reference.iter().flat_map(|r| r.qp_costs.clone()))
-                            .collect(),
+                        ratios: references.iter().flat_map(|r| r.ratios.iter().copied()).collect(),
+                        extra_ns: references.iter().flat_map(|r| r.extra_ns.iter().copied()).collect(),
+                        qp_costs: references.iter().flat_map(|r| r.qp_costs.iter().copied()).collect(),
                     });
                     Ok(Figures {
                         gbytes_per_s: of(&|m| Some(m.gbytes_per_s)).unwrap_or(f64::NAN),
