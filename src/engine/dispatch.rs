@@ -57,6 +57,45 @@ impl Egress<'_> {
         limit: usize,
         order: TransmitOrder,
     ) -> usize {
+        let (sent, lent) = self.hand_over(qp, mem, now, limit, order);
+        // Lent bytes are let go of while `mem`'s guard keeps them registered.
+        if lent {
+            self.link.release_lent();
+        }
+        sent
+    }
+
+    /// As [`Egress::transmit`], except that packets with lent payloads leave
+    /// at once, the link's whole batch with them, while `mem`'s guard still
+    /// keeps those payloads registered: for a caller that flushes before it
+    /// is done anyway (a post), which would otherwise have the link copy
+    /// them into its batch first (less than half a batch, as a message of
+    /// up to 256 KiB is).
+    pub(crate) fn transmit_sending_lent(
+        &mut self,
+        qp: &mut Qp,
+        mem: &mut dyn Memory,
+        now: Duration,
+        limit: usize,
+        order: TransmitOrder,
+    ) -> usize {
+        let (sent, lent) = self.hand_over(qp, mem, now, limit, order);
+        if lent {
+            self.link.flush();
+        }
+        sent
+    }
+
+    /// Builds up to `limit` of `qp`'s packets into the link: how many, and
+    /// whether any payload was lent.
+    fn hand_over(
+        &mut self,
+        qp: &mut Qp,
+        mem: &mut dyn Memory,
+        now: Duration,
+        limit: usize,
+        order: TransmitOrder,
+    ) -> (usize, bool) {
         let mut sent = 0;
         let mut lent = false;
         while sent < limit {
@@ -81,11 +120,7 @@ impl Egress<'_> {
             }
             sent += 1;
         }
-        // Lent bytes are let go of while `mem`'s guard keeps them registered.
-        if lent {
-            self.link.release_lent();
-        }
-        sent
+        (sent, lent)
     }
 }
 

@@ -551,7 +551,13 @@ impl Engine {
         let few = busy && qp.unsent_packets(tuning.send_batch) < tuning.send_batch;
         let order = if few { TransmitOrder::ResponsesOnly } else { TransmitOrder::RequestsFirst };
         p.budget.admit(&mut qp, false);
-        let sent = transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, order);
+        // Every post ends in a flush (below): the batch need not copy the
+        // payloads it was lent to wait for others' packets.
+        let sent = {
+            let registry = self.shared.registry.read().unwrap_or_else(|e| e.into_inner());
+            let mem = &mut RegistryAccess(&registry);
+            p.out.egress().transmit_sending_lent(&mut qp, mem, now, tuning.kick_limit, order)
+        };
         if !p.owed && p.budget.line_is_empty() {
             // Nothing else will join this batch: it leaves before the
             // bookkeeping below, which the peer need not wait for.
