@@ -48,7 +48,9 @@ pub(crate) struct Egress<'a> {
 
 impl Egress<'_> {
     /// Hands up to `limit` of `qp`'s packets to the link, in `order`, each
-    /// from kernel rxe's UDP source port for the QP; returns how many.
+    /// from kernel rxe's UDP source port for the QP; returns how many. The
+    /// link may keep reading payloads lent from `mem` until its next
+    /// [`Link::flush`], which the caller makes before `mem`'s guard goes.
     pub(crate) fn transmit(
         &mut self,
         qp: &mut Qp,
@@ -57,57 +59,20 @@ impl Egress<'_> {
         limit: usize,
         order: TransmitOrder,
     ) -> usize {
-        let (sent, lent) = self.hand_over(qp, mem, now, limit, order);
-        // Lent bytes are let go of while `mem`'s guard keeps them registered.
-        if lent {
-            self.link.release_lent();
-        }
-        sent
-    }
-
-    /// As [`Egress::transmit`], except that packets with lent payloads leave
-    /// at once, the link's whole batch with them, while `mem`'s guard still
-    /// keeps those payloads registered: for a caller that flushes before it
-    /// is done anyway (a post), which would otherwise have the link copy
-    /// them into its batch first (less than half a batch, as a message of
-    /// up to 256 KiB is).
-    pub(crate) fn transmit_sending_lent(
-        &mut self,
-        qp: &mut Qp,
-        mem: &mut dyn Memory,
-        now: Duration,
-        limit: usize,
-        order: TransmitOrder,
-    ) -> usize {
-        let (sent, lent) = self.hand_over(qp, mem, now, limit, order);
-        if lent {
-            self.link.flush();
-        }
-        sent
-    }
-
-    /// Builds up to `limit` of `qp`'s packets into the link: how many, and
-    /// whether any payload was lent.
-    fn hand_over(
-        &mut self,
-        qp: &mut Qp,
-        mem: &mut dyn Memory,
-        now: Duration,
-        limit: usize,
-        order: TransmitOrder,
-    ) -> (usize, bool) {
         let mut sent = 0;
-        let mut lent = false;
+        let from = self.known_source(qp);
         while sent < limit {
             // Build in the link's send buffer where it has one: no copy there.
-            let room = self.link.send_buffer(self.buf.len());
+            let room = from.and_then(|src| self.link.send_buffer(src, self.buf.len()));
             let in_link = room.is_some();
             let space = room.unwrap_or(&mut *self.buf);
             let Some(t) = qp.poll_transmit(now, mem, space, order) else { break };
             let src_port = source_port(qp, Bth::new_unchecked(&space[..t.len]).dest_qpn());
             let src = source_for(self.locals, t.dest);
-            let sent_now = if in_link {
-                lent |= t.lent.is_some();
+            let sent_now = if in_link && Some(src) != from {
+                // A UD packet to the other IP version than the one address.
+                Err(std::io::Error::other(format!("no local address of {}'s IP version", t.dest)))
+            } else if in_link {
                 self.link.transmit_built(now, src, t.dest, src_port, t.len, t.lent)
             } else {
                 if let Some((at, payload)) = t.lent {
@@ -120,7 +85,18 @@ impl Egress<'_> {
             }
             sent += 1;
         }
-        (sent, lent)
+        sent
+    }
+
+    /// The local address `qp`'s packets leave from, where it is known before
+    /// one is built (to build it in that socket's buffer): a connected QP's
+    /// peer is fixed, and a link of one address has no choice.
+    fn known_source(&self, qp: &Qp) -> Option<IpAddr> {
+        match (qp.qp_type(), qp.attr().dest, self.locals) {
+            (QpType::Rc | QpType::Uc, Some(peer), _) => Some(source_for(self.locals, peer)),
+            (_, _, [only]) => Some(*only),
+            _ => None,
+        }
     }
 }
 

@@ -546,18 +546,16 @@ impl Engine {
         // packets it lets out, as one batch: a stream of posts each sent
         // alone costs a system call per packet on both sides.
         let tuning = &self.tuning;
+        // One registry guard for everything this post sends, held until the
+        // last flush: lent payloads go out from registered memory.
+        let registry = self.shared.registry.read().unwrap_or_else(|e| e.into_inner());
+        let mem = &mut RegistryAccess(&registry);
         let mut qp = lock(&cell.qp);
         let busy = qp.unacked_awaiting_ack().is_some_and(|psns| psns >= tuning.busy_unacked);
         let few = busy && qp.unsent_packets(tuning.send_batch) < tuning.send_batch;
         let order = if few { TransmitOrder::ResponsesOnly } else { TransmitOrder::RequestsFirst };
         p.budget.admit(&mut qp, false);
-        // Every post ends in a flush (below): the batch need not copy the
-        // payloads it was lent to wait for others' packets.
-        let sent = {
-            let registry = self.shared.registry.read().unwrap_or_else(|e| e.into_inner());
-            let mem = &mut RegistryAccess(&registry);
-            p.out.egress().transmit_sending_lent(&mut qp, mem, now, tuning.kick_limit, order)
-        };
+        let sent = p.out.egress().transmit(&mut qp, mem, now, tuning.kick_limit, order);
         if !p.owed && p.budget.line_is_empty() {
             // Nothing else will join this batch: it leaves before the
             // bookkeeping below, which the peer need not wait for.
@@ -581,14 +579,15 @@ impl Engine {
             for other in others.drain(..) {
                 let mut qp = lock(&other.qp);
                 p.budget.admit(&mut qp, false);
-                transmit(&mut qp, &mut p.out, &self.shared, now, tuning.kick_limit, TransmitOrder::ResponsesFirst);
+                p.out.egress().transmit(&mut qp, mem, now, tuning.kick_limit, TransmitOrder::ResponsesFirst);
                 other.drain(&mut qp, &self.shared.events);
                 p.note(&other, &qp, now, false);
             }
             p.spare = others;
         }
-        let line_served = p.serve_line(&self.shared, now);
+        let line_served = p.serve_line(&self.shared, mem, now);
         p.out.link.flush();
+        drop(registry);
         *lock(&self.shared.link_stats) = p.out.link.stats();
         drop(p);
         // More to send (unless the ACK on its way will send it), a turn
@@ -1012,12 +1011,18 @@ impl Progress {
         if quiet && !received {
             return Step { busy: false, next_timer: self.seen_timer.into_iter().chain(link_event).min() };
         }
-        let (served, next_timer) = self.run_timers_and_transmit(shared, now, drained);
+        // One registry guard for the round's sending, held until its flush:
+        // payloads lent from registered memory go out from there, however
+        // many QPs took turns at the batch.
+        let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
+        let mem = &mut RegistryAccess(&registry);
+        let (served, next_timer) = self.run_timers_and_transmit(shared, mem, now, drained);
         let next_timer = next_timer.into_iter().chain(link_event).min();
-        let answered = self.lingering.answer(&mut self.out, shared, now);
+        let answered = self.lingering.answer(&mut self.out, mem, now);
         self.lingering.expire(now);
         let busy = received || served || answered;
         self.out.link.flush();
+        drop(registry);
         *lock(&shared.link_stats) = self.out.link.stats();
         self.seen_timer = next_timer;
         self.quiet_until =
@@ -1167,6 +1172,7 @@ impl Progress {
     fn run_timers_and_transmit(
         &mut self,
         shared: &EngineShared,
+        mem: &mut RegistryAccess<'_>,
         now: Duration,
         drained: bool,
     ) -> (bool, Option<Duration>) {
@@ -1206,16 +1212,16 @@ impl Progress {
             if drained {
                 busy |= dispatch::run_due_timers(&mut qp, now);
             }
-            busy |= self.send_from(shared, now, &cell, &mut qp, false) > 0;
+            busy |= self.send_from(shared, mem, now, &cell, &mut qp, false) > 0;
         }
         self.spare = visiting;
-        busy |= self.serve_line(shared, now);
+        busy |= self.serve_line(shared, mem, now);
         (busy, self.next_timer())
     }
 
     /// Gives turns to the QPs in the budget's line while the buffer has
     /// room; says whether any sent.
-    fn serve_line(&mut self, shared: &EngineShared, now: Duration) -> bool {
+    fn serve_line(&mut self, shared: &EngineShared, mem: &mut RegistryAccess<'_>, now: Duration) -> bool {
         let mut sent_any = false;
         while let Some(cell) = self.budget.next_in_line() {
             let mut qp = lock(&cell.qp);
@@ -1224,7 +1230,7 @@ impl Progress {
                 self.budget.keep_first(cell);
                 break;
             }
-            sent_any |= self.send_from(shared, now, &cell, &mut qp, true) > 0;
+            sent_any |= self.send_from(shared, mem, now, &cell, &mut qp, true) > 0;
         }
         sent_any
     }
@@ -1235,6 +1241,7 @@ impl Progress {
     fn send_from(
         &mut self,
         shared: &EngineShared,
+        mem: &mut RegistryAccess<'_>,
         now: Duration,
         cell: &Arc<QpCell>,
         qp: &mut Qp,
@@ -1242,7 +1249,7 @@ impl Progress {
     ) -> usize {
         self.budget.admit(qp, served);
         let limit = self.tuning.round_transmit;
-        let sent = transmit(qp, &mut self.out, shared, now, limit, TransmitOrder::ResponsesFirst);
+        let sent = self.out.egress().transmit(qp, mem, now, limit, TransmitOrder::ResponsesFirst);
         cell.drain(qp, &shared.events);
         self.note(cell, qp, now, sent == limit);
         sent
@@ -1311,11 +1318,11 @@ impl Lingering {
 
     /// Sends what the QPs that may owe answers owe (the ACK of the last
     /// message, say, or of a resend); says whether they sent anything.
-    fn answer(&mut self, out: &mut Outbox, shared: &EngineShared, now: Duration) -> bool {
+    fn answer(&mut self, out: &mut Outbox, mem: &mut RegistryAccess<'_>, now: Duration) -> bool {
         let mut sent = false;
         for cell in std::mem::take(&mut self.answering) {
             let mut qp = lock(&cell.qp);
-            sent |= transmit(&mut qp, out, shared, now, usize::MAX, TransmitOrder::ResponsesFirst) > 0;
+            sent |= out.egress().transmit(&mut qp, mem, now, usize::MAX, TransmitOrder::ResponsesFirst) > 0;
         }
         sent
     }
@@ -1534,20 +1541,6 @@ fn deliver_multicast(
             active.push(Arc::clone(cell));
         }
     }
-}
-
-/// Hands up to `limit` of the QP's packets to the link, under a registry
-/// guard of its own; returns how many.
-fn transmit(
-    qp: &mut Qp,
-    out: &mut Outbox,
-    shared: &EngineShared,
-    now: Duration,
-    limit: usize,
-    order: TransmitOrder,
-) -> usize {
-    let registry = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-    out.egress().transmit(qp, &mut RegistryAccess(&registry), now, limit, order)
 }
 
 #[cfg(test)]

@@ -224,23 +224,6 @@ impl SendBatch {
         Ok(Some((queued, index as u16)))
     }
 
-    /// Whether a queued datagram's payload is lent.
-    pub fn has_lent(&self) -> bool {
-        !self.lent.is_empty()
-    }
-
-    /// Whether the batch holds half its bytes or more: worth a system call
-    /// of its own rather than waiting for more.
-    pub fn half_full(&self) -> bool {
-        self.used >= self.data.len() / 2
-    }
-
-    /// Copies the lent payloads into their places: the batch no longer
-    /// needs them readable, and waits for more as any other.
-    pub fn copy_lent(&mut self) {
-        materialize(&mut self.data, &mut self.lent, &mut self.messages[..self.count]);
-    }
-
     /// Sends everything queued on `fd`. Datagrams the kernel refuses for a
     /// full socket buffer are dropped, as a NIC drops on a full queue (RC
     /// retransmits them); one it refuses for another reason (too large for

@@ -107,6 +107,11 @@ pub struct LinkStats {
     /// `sendmmsg` each, for up to its 32 trains or datagrams). Links that
     /// send packet by packet leave it 0.
     pub send_batches: u64,
+    /// Of the packets sent, those whose payload the link was lent: read
+    /// from registered memory by the send itself, not copied into the send
+    /// buffer (rxe-spec T-36; a kernel without UDP GSO has the link copy
+    /// them as it sends).
+    pub lent: u64,
     /// Packets received, including those then dropped.
     pub received: u64,
     /// Received packets dropped for a bad ICRC.
@@ -149,22 +154,21 @@ pub trait Link {
     /// Sends one packet, filling in its ICRC.
     fn transmit(&mut self, now: Duration, out: Outgoing<'_>) -> io::Result<()>;
 
-    /// Room of `len` bytes to build the next packet in, inside the link's
-    /// own send buffer, for links that can send it from there
+    /// Room of `len` bytes to build the next packet from `src` in, inside
+    /// the link's own send buffer, for links that can send it from there
     /// ([`Link::transmit_built`]): one copy fewer than [`Link::transmit`].
-    /// `None` where the link has no such buffer, or cannot tell which of
-    /// its buffers the packet will leave from.
-    fn send_buffer(&mut self, len: usize) -> Option<&mut [u8]> {
-        let _ = len;
+    /// `None` where the link has no such buffer, or none for `src`.
+    fn send_buffer(&mut self, src: IpAddr, len: usize) -> Option<&mut [u8]> {
+        let _ = (src, len);
         None
     }
 
     /// Sends the packet of `len` RoCE bytes just built at the start of the
-    /// [`Link::send_buffer`] room, filling in its ICRC, as
+    /// [`Link::send_buffer`] room taken for `src`, filling in its ICRC, as
     /// [`Link::transmit`] would. With `lent`, its payload is the lent bytes,
     /// to go at that offset, where the room was left unwritten: the link
-    /// reads them until its next [`Link::flush`] or [`Link::release_lent`],
-    /// which the caller makes before the lender's guard goes.
+    /// reads them until its next [`Link::flush`], which the caller makes
+    /// before the lender's guard goes.
     fn transmit_built(
         &mut self,
         now: Duration,
@@ -181,11 +185,6 @@ pub trait Link {
     /// Sends whatever [`Link::transmit`] batched. Engines call it after each
     /// round of transmissions.
     fn flush(&mut self) {}
-
-    /// Lets go of every lent payload ([`Link::transmit_built`]) before the
-    /// lender's guard goes: sends them, or copies them in to wait for the
-    /// round's batch.
-    fn release_lent(&mut self) {}
 
     /// The next packet that arrived by `now` with a good ICRC, if any; packets
     /// with a bad ICRC are dropped and counted.

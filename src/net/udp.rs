@@ -619,17 +619,18 @@ impl Link for UdpLink {
         flushed.map(drop)
     }
 
-    /// Only with one socket: which one a packet leaves from is known once it
-    /// is built. A full batch is sent first.
-    fn send_buffer(&mut self, len: usize) -> Option<&mut [u8]> {
-        let mut sockets = self.sockets.iter_mut();
-        let (&local, (socket, batch)) = sockets.next()?;
-        if sockets.next().is_some() {
-            return None;
-        }
+    /// The batch of the socket at `src`. A full batch is sent first.
+    fn send_buffer(&mut self, src: IpAddr, len: usize) -> Option<&mut [u8]> {
+        // Most links have one socket: no search of the map for it, on every
+        // packet.
+        let (socket, batch) = if self.sockets.len() == 1 {
+            self.sockets.iter_mut().next().filter(|(&local, _)| local == src)?.1
+        } else {
+            self.sockets.get_mut(&src)?
+        };
         if batch.room(len).is_none() {
             // Errors mean dropped packets, which RC retransmits.
-            let _ = flush_batch(socket, batch, local, &mut self.stats);
+            let _ = flush_batch(socket, batch, src, &mut self.stats);
         }
         batch.room(len)
     }
@@ -664,6 +665,7 @@ impl Link for UdpLink {
             None => batch.commit(dest, len)?,
         };
         let (queued, id) = built.ok_or_else(|| io::Error::other("no room was taken for the packet"))?;
+        self.stats.lent += u64::from(lent.is_some());
         let crc = icrc_of(&mut self.tx_icrc, src, dst, dest.port(), queued, id, lent)?;
         seal(&mut self.stats, self.corrupt_every, queued, crc);
         if let Some(capture) = &mut self.capture {
@@ -680,23 +682,6 @@ impl Link for UdpLink {
         }
         if let Some(capture) = &mut self.capture {
             capture.flush();
-        }
-    }
-
-    /// A batch of half its bytes or more goes now, lent payloads and all
-    /// (a stream's round: no copy); a smaller one copies them in and waits
-    /// for the rest of the round (QPs taking turns of a train each, which a
-    /// system call apiece would cost more than the copies).
-    fn release_lent(&mut self) {
-        for (&local, (socket, batch)) in &mut self.sockets {
-            if !batch.has_lent() {
-                continue;
-            }
-            if batch.half_full() {
-                let _ = flush_batch(socket, batch, local, &mut self.stats);
-            } else {
-                batch.copy_lent();
-            }
         }
     }
 

@@ -115,7 +115,7 @@ impl Lent {
     /// # Safety
     /// They must stay mapped and readable until every holder of the `Lent`
     /// (or of a copy) is done with it: for an engine, until its link has
-    /// sent the packet or copied the bytes in (`Link::release_lent`).
+    /// sent the packet (`Link::flush`).
     #[allow(unsafe_code)]
     pub unsafe fn new(ptr: NonNull<u8>, len: usize) -> Lent {
         Lent { ptr, len }

@@ -233,8 +233,8 @@ fn impossible_packets_are_refused() {
 
 /// Packets an engine builds in the link's own send buffer leave as those
 /// handed to `transmit` do, in the same GSO trains (IDs counting up), with
-/// one copy fewer; a link with two sockets cannot tell which buffer a packet
-/// goes to, and offers none.
+/// one copy fewer; a link with two sockets offers each one's buffer, and
+/// none for an address it does not have.
 #[test]
 fn packets_built_in_the_send_buffer_join_the_trains() {
     let port = free_port();
@@ -246,7 +246,7 @@ fn packets_built_in_the_send_buffer_join_the_trains() {
     let packet = |i: usize| -> Vec<u8> { (0..1000).map(|j| if j == 5 { 0 } else { (i * 17 + j) as u8 }).collect() };
     for i in 0..6 {
         if i % 2 == 0 {
-            let room = link.send_buffer(4096 + 64).expect("one socket: room to build in");
+            let room = link.send_buffer(A, 4096 + 64).expect("room to build in");
             room[..1000].copy_from_slice(&packet(i));
             link.transmit_built(Duration::ZERO, A, B, port, 1000, None).unwrap();
         } else {
@@ -272,7 +272,8 @@ fn packets_built_in_the_send_buffer_join_the_trains() {
     }
     drop(receiver);
     link.attach(B).unwrap();
-    assert!(link.send_buffer(4096).is_none());
+    assert!(link.send_buffer(A, 4096).is_some() && link.send_buffer(B, 4096).is_some());
+    assert!(link.send_buffer("127.0.0.3".parse().unwrap(), 4096).is_none());
 }
 
 #[test]

@@ -46,8 +46,13 @@ pub struct Node {
 impl Node {
     /// Opens a device on `ip` alone.
     pub fn open(name: &str, ip: IpAddr, options: ContextOptions) -> Node {
+        Node::open_on(name, vec![ip], options)
+    }
+
+    /// Opens a device on `ips` (GID 1 onwards, in this order).
+    pub fn open_on(name: &str, ips: Vec<IpAddr>, options: ContextOptions) -> Node {
         // A locally administered MAC: the UDP link does not use it.
-        let device = Device::custom(name, vec![ip], [2, 0, 0, 0, 0, 1], LINK_MTU);
+        let device = Device::custom(name, ips, [2, 0, 0, 0, 0, 1], LINK_MTU);
         let ctx = Context::open(&device, options).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let channel = ctx.create_comp_channel().unwrap();

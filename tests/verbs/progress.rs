@@ -451,3 +451,28 @@ fn the_engine_thread_runs_on_the_devices_cpus_not_the_openers() {
     // Unless asked to stay with the program, as under `taskset` alone.
     assert_eq!(engine_cpus_when_opened_on_one_cpu("cpus_o", EngineCpus::Opener), 1);
 }
+
+/// A device on an IPv4 and an IPv6 address (as `softroce run`'s `sr_lo`)
+/// has a socket for each; an RC QP's packets all leave from the one its
+/// peer's address picks, so whole 4 KiB payloads are lent from the region
+/// there too, not copied in twice (rxe-spec T-36).
+#[test]
+fn a_device_of_two_addresses_sends_rc_payloads_from_registered_memory() {
+    let v6: std::net::IpAddr = "::1".parse().unwrap();
+    let device = ContextOptions { port: free_port(&[IP_A, IP_B, v6]), ..ContextOptions::default() };
+    let a = Node::open_on("two_addrs_a", vec![IP_A, v6], device.clone());
+    let b = Node::open("two_addrs_b", IP_B, device);
+    let pair = NodePair::new((a, b), QpType::Rc, &options(Mtu::Mtu4096), &options(Mtu::Mtu4096));
+    const LEN: usize = 1 << 20;
+    let data = pattern(LEN, 9);
+    pair.mr_a.write(0, &data).unwrap();
+    let before = pair.a.ctx.counters().link;
+    let op = SendOp::RdmaWrite { remote_addr: pair.mr_b.addr(), rkey: pair.mr_b.rkey() };
+    pair.qp_a.post_send(SendWr::new(1, op).with_sge(pair.mr_a.sge(0, LEN))).unwrap();
+    let wc = next_wc(&pair.a.cq);
+    assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, 1), "{wc:?}");
+    assert!(contents(&pair.mr_b)[..LEN] == data[..]);
+    let link = pair.a.ctx.counters().link;
+    let (sent, lent) = (link.sent - before.sent, link.lent - before.lent);
+    assert!(lent >= (LEN / 4096) as u64 && lent <= sent, "{lent} of {sent} packets lent");
+}
