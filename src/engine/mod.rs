@@ -27,6 +27,7 @@
 //! ```
 
 mod budget;
+mod clock;
 mod dispatch;
 #[allow(unsafe_code)]
 mod eventfd;

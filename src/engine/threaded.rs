@@ -33,6 +33,7 @@ use rustc_hash::FxHashMap;
 use tracing::{debug_span, trace};
 
 use super::budget::SendBudget;
+use super::clock::Clock;
 use super::dispatch::{self, Egress};
 use super::eventfd::EventFd;
 use super::handover::Handover;
@@ -711,7 +712,7 @@ impl Engine {
         let driving = self.shared.handover.driving();
         // On the transport's clock, which each round reads once: the loop
         // reads no clock of its own.
-        let deadline = deadline.saturating_duration_since(p.start);
+        let deadline = p.clock.at(deadline);
         // When the first round of the current idle spell began: about when
         // the last busy round ended (a busy round can take tens of µs, which
         // must not count as idle).
@@ -768,7 +769,7 @@ impl Engine {
             }
             std::thread::sleep(Duration::from_micros(100));
         };
-        let end = deadline.saturating_duration_since(p.start);
+        let end = p.clock.at(deadline);
         loop {
             p.quiet_until = Duration::ZERO;
             let step = p.iterate(&self.shared, None);
@@ -824,8 +825,8 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 /// thread, or an application thread that would otherwise wait for it.
 pub(crate) struct Progress {
     out: Outbox,
-    /// The transport's clock starts here.
-    start: Instant,
+    /// The transport's clock.
+    clock: Clock,
     /// The transport's clock when the last round began.
     round_at: Duration,
     rx: Vec<u8>,
@@ -911,7 +912,7 @@ impl Progress {
         fds.extend(shared.handover.doorbell_fd());
         Progress {
             out: Outbox { link, locals, buf: vec![0u8; 4096 + TRANSMIT_HEADROOM + 64] },
-            start: Instant::now(),
+            clock: Clock::start(),
             round_at: Duration::ZERO,
             rx: vec![0u8; 64 * 1024],
             by_qpn: FxHashMap::default(),
@@ -932,7 +933,7 @@ impl Progress {
     }
 
     fn now(&self) -> Duration {
-        self.start.elapsed()
+        self.clock.now()
     }
 
     /// The earliest timer of any QP (or a little earlier).
@@ -1351,9 +1352,9 @@ const CONTENDED_FOR: Duration = Duration::from_millis(100);
 /// something (or the next timer is due). While an application thread drives
 /// progress, the engine keeps off ([`Handover::engine_keeps_off`]).
 fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
-    let (mut fds, start) = {
+    let (mut fds, clock) = {
         let p = lock(progress);
-        (p.fds.clone(), p.start)
+        (p.fds.clone(), p.clock)
     };
     let mut link_version = shared.link_version.load(Ordering::Acquire);
     let handover = &shared.handover;
@@ -1366,7 +1367,7 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
     // only when a wait wants the other, not twice a wake-up.
     let mut lax_slack = false;
     while !shared.stop.load(Ordering::SeqCst) {
-        let now = start.elapsed();
+        let now = clock.now();
         // A program that leaves its CQ once a poll finds a completion may
         // have found it in a round of the engine's, and be spinning on
         // memory now: the engine keeps off only while a thread drives.
@@ -1403,14 +1404,14 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
             }
             step
         };
-        let now = start.elapsed();
+        let now = clock.now();
         if step.busy {
             last_busy = now;
             continue;
         }
         if now.saturating_sub(last_busy) < tuning.engine_spin && now >= contended_until {
             std::thread::yield_now();
-            let back = start.elapsed();
+            let back = clock.now();
             if back.saturating_sub(now) > CONTENDED_YIELD {
                 contended_until = back + CONTENDED_FOR;
             }
