@@ -57,6 +57,9 @@ pub fn device_counters(d: &DeviceCounters) -> impl Iterator<Item = (&'static str
         // passed on to it (kernel rxe demultiplexes in one place).
         ("forwarded_pkts", d.link.forwarded),
         ("forward_drop_pkts", d.link.forward_dropped),
+        // Sent with their payloads read from registered memory by the send
+        // itself, never copied in userspace (rxe-spec T-36).
+        ("lent_pkts", d.link.lent),
     ];
     link.into_iter()
         .chain(qp_counters(&d.qp).into_iter().filter(|(name, _)| !matches!(*name, "sent_pkts" | "rcvd_pkts")))
@@ -271,6 +274,8 @@ mod tests {
         let (pa, pb) = (find("stats_a"), find("stats_b"));
         assert_eq!(value(&pb.device_counters, "icrc_err"), Some(broken));
         assert_eq!(value(&pb.device_counters, "icrc_err"), Some(b.counters().link.icrc_errors));
+        // Eight 64 KiB WRITEs of whole 4 KiB packets from one region: lent.
+        assert!(value(&pa.device_counters, "lent_pkts").unwrap() >= 8 * 16, "{:?}", pa.device_counters);
         let (qpn, qp) = pa.qps.iter().find(|(qpn, _)| *qpn == qp_a.qpn()).expect("A's QP").clone();
         assert_eq!(qpn, qp_a.qpn());
         assert!(value(&qp, "completer_retry_err").unwrap() > 0, "{qp:?}");
