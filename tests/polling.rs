@@ -19,22 +19,33 @@ fn a_busy_engine_polls_through_the_gaps_between_windows() {
         return;
     }
     // The host is shared: a run the scheduler starves counts its stalls as
-    // sleeps, so the best of three runs is judged. An engine that did not
-    // poll sleeps in every run, well past the bound.
+    // sleeps, so the best of three runs is judged. A run in which the
+    // engine's yield came back late is not: it then sleeps at once when
+    // idle, as it must where threads that spin hold the CPUs (rxe-spec
+    // T-35), and on a busy host that is every few runs. An engine that did
+    // not poll never yields, and sleeps in every run, well past the bound.
     let mut counts = Vec::new();
-    for _ in 0..3 {
-        let sleeps = sleeps_in_64_mib();
+    let mut contended = 0;
+    for _ in 0..12 {
+        let (sleeps, late_yields) = sleeps_in_64_mib();
+        if late_yields > 0 {
+            contended += 1;
+            continue;
+        }
         if sleeps < 40 {
             return;
         }
         counts.push(sleeps);
+        if counts.len() == 3 {
+            panic!("the target's engine slept {counts:?} times in 64 MiB, in three runs");
+        }
     }
-    panic!("the target's engine slept {counts:?} times in 64 MiB, in three runs");
+    eprintln!("not judged: the engine's yields came back late in {contended} of 12 runs (a busy host)");
 }
 
 /// How many times the passive side's engine slept while 64 WRITEs of 1 MiB
-/// reached it.
-fn sleeps_in_64_mib() -> u64 {
+/// reached it, and how many of its yields came back late meanwhile.
+fn sleeps_in_64_mib() -> (u64, u64) {
     let port = free_port(&[IP_A, IP_B]);
     let small = ContextOptions { port, socket_buffer: Some(212_992), ..ContextOptions::default() };
     let (a, b) = (Node::open("polling_a", IP_A, small.clone()), Node::open("polling_b", IP_B, small));
@@ -52,7 +63,7 @@ fn sleeps_in_64_mib() -> u64 {
         post(posted);
         posted += 1;
     }
-    let before = b.ctx.counters().sleeps;
+    let before = b.ctx.counters();
     while done < MESSAGES {
         let wc = a.cq.wait_one(WAIT).expect("a WRITE completion");
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
@@ -66,5 +77,6 @@ fn sleeps_in_64_mib() -> u64 {
     // about 100 packets (the 416 KiB the kernel accounts): 160 windows or
     // more, each a sleep and a wake-up if the engine slept whenever a
     // round found nothing.
-    b.ctx.counters().sleeps - before
+    let after = b.ctx.counters();
+    (after.sleeps - before.sleeps, after.contended_yields - before.contended_yields)
 }

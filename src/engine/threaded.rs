@@ -383,6 +383,8 @@ pub(crate) struct EngineShared {
     pub unknown_qp: AtomicU64,
     /// Sleeps of the threads driving progress for want of packets.
     pub sleeps: AtomicU64,
+    /// Yields of the engine thread that came back late ([`CONTENDED_YIELD`]).
+    pub contended_yields: AtomicU64,
     /// The link's receive buffer, which RC windows keep within
     /// ([`Qp::set_peer_buffer`]).
     pub receive_buffer: Option<usize>,
@@ -1414,6 +1416,7 @@ fn run(progress: &Mutex<Progress>, shared: &EngineShared, tuning: &Tuning) {
             let back = clock.now();
             if back.saturating_sub(now) > CONTENDED_YIELD {
                 contended_until = back + CONTENDED_FOR;
+                shared.contended_yields.fetch_add(1, Ordering::Relaxed);
             }
             continue;
         }

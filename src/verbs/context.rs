@@ -354,6 +354,7 @@ fn device_counters(shared: &EngineShared) -> DeviceCounters {
         malformed: shared.malformed.load(Ordering::Relaxed),
         unknown_qp: shared.unknown_qp.load(Ordering::Relaxed) + link.ownerless,
         sleeps: shared.sleeps.load(Ordering::Relaxed),
+        contended_yields: shared.contended_yields.load(Ordering::Relaxed),
     }
 }
 
@@ -405,6 +406,11 @@ pub struct DeviceCounters {
     /// want of packets. Each costs a wake-up: a few µs, or 30–70 µs on a VM
     /// whose CPU went idle meanwhile.
     pub sleeps: u64,
+    /// Times the engine thread, polling after its last packet, yielded its
+    /// CPU and got it back more than 200 µs later: the CPUs are taken by
+    /// threads that spin, and it then sleeps at once when idle for 100 ms
+    /// (rxe-spec T-35), each gap between packets a sleep.
+    pub contended_yields: u64,
 }
 
 pub(super) fn add_counters(total: &mut Counters, c: &Counters) {
