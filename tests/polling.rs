@@ -40,7 +40,10 @@ fn a_busy_engine_polls_through_the_gaps_between_windows() {
             panic!("the target's engine slept {counts:?} times in 64 MiB, in three runs");
         }
     }
-    eprintln!("not judged: the engine's yields came back late in {contended} of 12 runs (a busy host)");
+    eprintln!(
+        "not judged: the engine's yields came back late in {contended} of 12 runs (a busy host); \
+         the other runs slept {counts:?} times"
+    );
 }
 
 /// How many times the passive side's engine slept while 64 WRITEs of 1 MiB
