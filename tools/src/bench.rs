@@ -46,14 +46,14 @@ macro_rules! say {
 #[derive(clap::Args)]
 #[command(after_help = "Rows: udp (4 KiB datagrams, sendmmsg/recvmmsg), udp-gso (UDP_SEGMENT and UDP_GRO), \
     tcp (64 KiB writes), udp-lat (UDP ping-pong), udp-gso-lat (the same with RoCE's packet sizes and a \
-    20-byte ACK behind each datagram in one GSO send: the wire of a SEND ping-pong whose every SEND asks for an \
-    ACK, as signaled ones do), then softroce between two devices on 127.0.0.1 and \
+    20-byte ACK behind each message in GSO trains: the wire of a SEND ping-pong whose every SEND asks for an \
+    ACK, as signaled ones do; 8 B, 4 KiB and 1 MiB), tcp-lat (TCP ping-pong, 8 B and 1 MiB), then softroce between two devices on 127.0.0.1 and \
     127.0.0.2: rc-write, rc-send and rc-read streams (64 B to 4 MiB, path MTU 1024 and 4096, 1 and 4 QPs), \
-    send-lat (SEND ping-pong), write-rate (64 B WRITEs, one post each) and write-rate-list (the same \
+    send-lat (SEND ping-pong, 8 B, 4 KiB and 1 MiB: a lone message, as in an MPI ping-pong), write-rate (64 B WRITEs, one post each) and write-rate-list (the same \
     posted 16 at a time, as ibv_post_send with a chain). Ping-pongs count the messages and bytes of \
     both directions. Ratios are softroce's figure over the \
     baseline's: GB/s for streams, messages/s for the write rates, median latency for send-lat (whose \
-    ×gso is to udp-gso-lat). Rows measured against a reference, in turns within each of 3 rounds (×ref: \
+    ×gso is to udp-gso-lat, ×tcp to tcp-lat). Rows measured against a reference, in turns within each of 3 rounds (×ref: \
     the median round's msg/s over the reference's; below the table each round, and the median \
     difference in cost a message): shared-write, a WRITE stream from this process to another that \
     shares its device (both on 127.0.0.1, one UDP port, each packet steered to its QP's process), \
@@ -276,6 +276,7 @@ pub enum Test {
     Tcp,
     UdpLat,
     UdpGsoLat,
+    TcpLat,
     RcWrite,
     RcSend,
     RcRead,
@@ -297,6 +298,7 @@ impl Test {
             Test::Tcp => "tcp",
             Test::UdpLat => "udp-lat",
             Test::UdpGsoLat => "udp-gso-lat",
+            Test::TcpLat => "tcp-lat",
             Test::RcWrite => "rc-write",
             Test::RcSend => "rc-send",
             Test::RcRead => "rc-read",
@@ -314,7 +316,14 @@ impl Test {
     fn is_softroce(self) -> bool {
         !matches!(
             self,
-            Test::Udp | Test::UdpGso | Test::Tcp | Test::UdpLat | Test::UdpGsoLat | Test::UdpAlone | Test::UdpSteered
+            Test::Udp
+                | Test::UdpGso
+                | Test::Tcp
+                | Test::UdpLat
+                | Test::UdpGsoLat
+                | Test::TcpLat
+                | Test::UdpAlone
+                | Test::UdpSteered
         )
     }
 
@@ -386,6 +395,8 @@ const GSO_SEGMENTS: usize = 15;
 /// The ping-pong sizes.
 const PING_SMALL: usize = 8;
 const PING_PAGE: usize = 4096;
+/// A lone large message: what an MPI ping-pong of 1 MiB moves each way.
+const PING_LARGE: usize = 1 << 20;
 /// Message sizes of the full run: 64 B to 4 MiB in powers of 4.
 const SIZES: [usize; 9] = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
 const RC_STREAMS: [Test; 3] = [Test::RcWrite, Test::RcSend, Test::RcRead];
@@ -407,6 +418,9 @@ fn plan(quick: bool) -> Vec<Case> {
         Case::baseline(Test::Tcp, TCP_WRITE),
         Case::baseline(Test::UdpLat, PING_SMALL),
         Case::baseline(Test::UdpGsoLat, PING_SMALL),
+        Case::baseline(Test::UdpGsoLat, PING_LARGE),
+        Case::baseline(Test::TcpLat, PING_SMALL),
+        Case::baseline(Test::TcpLat, PING_LARGE),
         Case::baseline(Test::UdpSteered, STEER_DATAGRAM),
     ];
     let mib = 1 << 20;
@@ -419,7 +433,9 @@ fn plan(quick: bool) -> Vec<Case> {
         cases.push(Case::engines(Test::RcWrite, mib, 4, rdma::MAX_ENGINES));
         cases.push(Case::softroce(Test::RcSend, mib, Mtu::Mtu4096, 1));
         cases.push(Case::softroce(Test::RcRead, mib, Mtu::Mtu4096, 1));
-        cases.push(Case::softroce(Test::SendLat, PING_SMALL, Mtu::Mtu4096, 1));
+        for size in [PING_SMALL, PING_LARGE] {
+            cases.push(Case::softroce(Test::SendLat, size, Mtu::Mtu4096, 1));
+        }
     } else {
         cases.push(Case::baseline(Test::UdpLat, PING_PAGE));
         cases.push(Case::baseline(Test::UdpGsoLat, PING_PAGE));
@@ -436,7 +452,7 @@ fn plan(quick: bool) -> Vec<Case> {
                 cases.push(Case::engines(test, size, 4, rdma::MAX_ENGINES));
             }
         }
-        for size in [PING_SMALL, PING_PAGE] {
+        for size in [PING_SMALL, PING_PAGE, PING_LARGE] {
             cases.push(Case::softroce(Test::SendLat, size, Mtu::Mtu4096, 1));
         }
         for qps in MANY_QPS {
@@ -492,6 +508,7 @@ fn measure(case: &Case, rigs: &Rigs, timing: &Timing) -> Result<Measured, String
         Test::Tcp => baselines::tcp_stream(case.size, timing),
         Test::UdpLat => baselines::udp_ping_pong(case.size, false, timing),
         Test::UdpGsoLat => baselines::udp_ping_pong(case.size, true, timing),
+        Test::TcpLat => baselines::tcp_ping_pong(case.size, timing),
         Test::RcWrite | Test::RcSend | Test::RcRead | Test::WriteRate | Test::WriteRateList => {
             devices.stream(case, timing)
         }
@@ -890,9 +907,11 @@ struct Baselines {
     udp: Option<Figures>,
     udp_gso: Option<Figures>,
     tcp: Option<Figures>,
-    /// UDP ping-pong median round trips by message size, plain and with ACKs.
+    /// Ping-pong median round trips by message size: UDP plain and with
+    /// ACKs, and TCP.
     udp_lat: Vec<(usize, f64)>,
     udp_gso_lat: Vec<(usize, f64)>,
+    tcp_lat: Vec<(usize, f64)>,
 }
 
 impl Baselines {
@@ -903,6 +922,7 @@ impl Baselines {
             Test::Tcp => self.tcp = Some(figures.clone()),
             Test::UdpLat => self.udp_lat.extend(figures.p50().map(|p50| (case.size, p50))),
             Test::UdpGsoLat => self.udp_gso_lat.extend(figures.p50().map(|p50| (case.size, p50))),
+            Test::TcpLat => self.tcp_lat.extend(figures.p50().map(|p50| (case.size, p50))),
             _ => {}
         }
     }
@@ -923,7 +943,11 @@ impl Baselines {
                 let at_size =
                     |lat: &[(usize, f64)]| lat.iter().find(|(size, _)| *size == case.size).map(|(_, p50)| *p50);
                 let p50 = |baseline| figures.p50().and_then(|p50| ratio(p50, baseline));
-                Ratios { udp: p50(at_size(&self.udp_lat)), udp_gso: p50(at_size(&self.udp_gso_lat)), tcp: None }
+                Ratios {
+                    udp: p50(at_size(&self.udp_lat)),
+                    udp_gso: p50(at_size(&self.udp_gso_lat)),
+                    tcp: p50(at_size(&self.tcp_lat)),
+                }
             }
             _ => Ratios {
                 udp: ratio(figures.gbytes_per_s, gbytes(&self.udp)),
@@ -1254,6 +1278,7 @@ mod tests {
         baselines.learn(&Case::baseline(Test::Tcp, TCP_WRITE), &figures(4.0, 60_000.0, None));
         baselines.learn(&Case::baseline(Test::UdpLat, PING_SMALL), &figures(0.001, 50_000.0, Some((10.0, 30.0))));
         baselines.learn(&Case::baseline(Test::UdpGsoLat, PING_SMALL), &figures(0.001, 40_000.0, Some((14.0, 30.0))));
+        baselines.learn(&Case::baseline(Test::TcpLat, PING_LARGE), &figures(5.0, 5000.0, Some((400.0, 500.0))));
         // udp-gso never arrived: unavailable.
 
         let write = Case::softroce(Test::RcWrite, 1 << 20, Mtu::Mtu4096, 1);
@@ -1276,6 +1301,12 @@ mod tests {
         // No UDP ping-pong of 4 KiB to compare with.
         let page = Case::softroce(Test::SendLat, PING_PAGE, Mtu::Mtu4096, 1);
         assert_eq!(baselines.ratios(&page, &figures(0.0, 1.0, Some((35.0, 80.0)))), Ratios::default());
+        // 1 MiB: TCP's ping-pong alone.
+        let large = Case::softroce(Test::SendLat, PING_LARGE, Mtu::Mtu4096, 1);
+        assert_eq!(
+            baselines.ratios(&large, &figures(2.0, 2000.0, Some((600.0, 900.0)))),
+            Ratios { udp: None, udp_gso: None, tcp: Some(1.5) }
+        );
     }
 
     #[test]
@@ -1283,6 +1314,8 @@ mod tests {
         let quick = plan(true);
         assert!(quick.contains(&Case::softroce(Test::RcWrite, 1 << 20, Mtu::Mtu4096, 1)));
         assert!(quick.contains(&Case::softroce(Test::SendLat, 8, Mtu::Mtu4096, 1)));
+        assert!(quick.contains(&Case::softroce(Test::SendLat, PING_LARGE, Mtu::Mtu4096, 1)));
+        assert!(quick.contains(&Case::baseline(Test::TcpLat, PING_LARGE)));
         let full = plan(false);
         let streams = |engines| {
             full.iter().filter(|c| RC_STREAMS.contains(&c.test) && c.conn.is_some_and(|c| c.engines == engines)).count()

@@ -89,20 +89,28 @@ fn find<'a>(
         .unwrap_or_else(|| panic!("no {test} row of {size} B, MTU {mtu:?}, {qps:?} QPs"))
 }
 
-/// A baseline's row, if it ran.
+/// A baseline's row, if it is planned at that size and ran.
 fn available<'a>(rows: &'a [Map<String, Value>], test: &str, size: u64) -> Option<&'a Map<String, Value>> {
-    let row = find(rows, test, size, None, None);
-    (!row.contains_key("unavailable")).then_some(row)
+    rows.iter().find(|r| text(r, "test") == test && r["size"].as_u64() == Some(size) && !r.contains_key("unavailable"))
 }
 
 #[test]
 fn every_json_row_is_complete_and_sane() {
     let rows = &quick_run().0;
-    for (test, size) in [("udp", 4096), ("udp-gso", 4096), ("tcp", 65536), ("udp-lat", 8), ("udp-gso-lat", 8)] {
+    for (test, size) in [
+        ("udp", 4096),
+        ("udp-gso", 4096),
+        ("tcp", 65536),
+        ("udp-lat", 8),
+        ("udp-gso-lat", 8),
+        ("udp-gso-lat", MIB),
+        ("tcp-lat", 8),
+        ("tcp-lat", MIB),
+    ] {
         find(rows, test, size, None, None);
     }
     // Only the GSO rows may be unavailable: the kernel may refuse GSO.
-    for test in ["udp", "tcp", "udp-lat"] {
+    for test in ["udp", "tcp", "udp-lat", "tcp-lat"] {
         let row = rows.iter().find(|r| text(r, "test") == test).unwrap();
         assert!(!row.contains_key("unavailable"), "{row:?}");
     }
@@ -110,6 +118,9 @@ fn every_json_row_is_complete_and_sane() {
         find(rows, test, MIB, Some(4096), Some(1));
     }
     find(rows, "send-lat", 8, Some(4096), Some(1));
+    // A lone 1 MiB message each way, against TCP's and the bare wire's.
+    let large = find(rows, "send-lat", MIB, Some(4096), Some(1));
+    number(large, "ratio_tcp");
     find(rows, "write-rate", 64, Some(4096), Some(1));
     find(rows, "write-rate-list", 64, Some(4096), Some(1));
     // Rows measured against a reference, in turns: each reference's row
@@ -167,7 +178,8 @@ fn every_json_row_is_complete_and_sane() {
         } else {
             assert!(row["lat_p50_us"].is_null() && row["lat_p99_us"].is_null(), "{row:?}");
         }
-        let softroce = !["udp", "udp-gso", "tcp", "udp-lat", "udp-gso-lat", "udp-alone", "udp-steered"].contains(&test);
+        let softroce =
+            !["udp", "udp-gso", "tcp", "udp-lat", "udp-gso-lat", "tcp-lat", "udp-alone", "udp-steered"].contains(&test);
         if !softroce {
             for key in ["mtu", "qps", "engines", "ratio_udp", "ratio_udp_gso", "ratio_tcp"] {
                 assert!(row[key].is_null(), "{key} of {row:?}");
@@ -183,7 +195,7 @@ fn every_json_row_is_complete_and_sane() {
             "send-lat" => [
                 ("ratio_udp", available(rows, "udp-lat", size).is_some()),
                 ("ratio_udp_gso", available(rows, "udp-gso-lat", size).is_some()),
-                ("ratio_tcp", false),
+                ("ratio_tcp", available(rows, "tcp-lat", size).is_some()),
             ],
             "write-rate" | "write-rate-list" => [
                 ("ratio_udp", true),

@@ -271,7 +271,7 @@ pub fn tcp_stream(write: usize, timing: &Timing) -> Result<Measured, String> {
     Ok(Measured { window, rtts: Vec::new(), retries: None, per_qp: Vec::new() })
 }
 
-/// UDP ping-pong of `size`-byte datagrams, one thread pinging and waiting
+/// UDP ping-pong of `size`-byte messages, one thread pinging and waiting
 /// for each answer, the other answering until the pinger is done (so that
 /// the last ping is answered too). Both wait as softroce's waiting threads
 /// do: polling for [`SPIN`], then asleep, as a blocking receive alone
@@ -279,13 +279,15 @@ pub fn tcp_stream(write: usize, timing: &Timing) -> Result<Measured, String> {
 /// so a ping-pong that only sleeps measures that: 4 µs or 70 µs from one
 /// run to the next, as the scheduler places the threads.
 ///
-/// With `acked`, each datagram is a RoCE packet's size (`size` plus BTH and
-/// ICRC) and leaves in one GSO send (`UDP_SEGMENT`) with a 20-byte datagram
-/// behind it, and arrives with it (`UDP_GRO`): the packets a RoCE SEND
-/// ping-pong puts on the wire when every SEND asks for an ACK (signaled
-/// SENDs, or any of rxe's), as softroce's link sends them — each SEND with
-/// the ACK of the one before — with nothing computed. (`send-lat`'s SENDs
-/// are unsignaled and ask for none, rxe-spec T-6.)
+/// Without `acked`, each message is one datagram of `size` bytes. With
+/// `acked`, it is the packets a RoCE SEND of `size` bytes puts on the wire
+/// when it asks for an ACK (signaled SENDs, or any of rxe's), as softroce's
+/// link sends them: payloads of up to [`MTU`] bytes, each with BTH and
+/// ICRC's room, in GSO trains (`UDP_SEGMENT`) taken coalesced (`UDP_GRO`),
+/// the last train ending in a 20-byte datagram, the ACK of the message
+/// before — with nothing computed and nothing placed: what the kernel's
+/// path costs a message. (`send-lat`'s SENDs are unsignaled and ask for
+/// none, rxe-spec T-6.)
 pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measured, String> {
     let bind = |ip| UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"));
     let (pinger, answerer) = (bind(ADDRESS_A)?, bind(ADDRESS_B)?);
@@ -293,30 +295,40 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
     let back = pinger.local_addr().map_err(|e| e.to_string())?;
     pinger.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
     answerer.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
-    let packet = if acked { size + ROCE_OVERHEAD } else { size };
+    let wire = if acked { RoceWire::new(size) } else { RoceWire::plain(size) };
     if acked {
-        // Every send a train of packet-sized segments, the ACK last and shorter.
         for socket in [&pinger, &answerer] {
-            set_option(socket, libc::SOL_UDP, libc::UDP_SEGMENT, packet as libc::c_int)
+            set_option(socket, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, SOCKET_BUFFER)
+                .and_then(|()| set_option(socket, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, SOCKET_BUFFER))
+                .map_err(|e| format!("socket buffers: {e}"))?;
+            set_option(socket, libc::SOL_UDP, libc::UDP_SEGMENT, wire.segment as libc::c_int)
                 .map_err(|e| format!("the kernel refuses UDP_SEGMENT: {e}"))?;
             set_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1)
                 .map_err(|e| format!("the kernel refuses UDP_GRO: {e}"))?;
         }
     }
-    // A ping and its ACK, or the ping alone.
-    let train = if acked { packet + ACK_PACKET } else { packet };
     let spin = if std::thread::available_parallelism().map_or(1, usize::from) > 1 { SPIN } else { Duration::ZERO };
+    let send = |socket: &UdpSocket, data: &[u8], to| -> io::Result<()> {
+        let mut at = 0;
+        for &train in &wire.trains {
+            socket.send_to(&data[at..at + train], to)?;
+            at += train;
+        }
+        Ok(())
+    };
     let meter = Meter::default();
     let pinger_done = AtomicBool::new(false);
     let (window, pinged, answered) = std::thread::scope(|s| {
         let pinging = s.spawn(|| {
-            let (data, mut buf, mut rtts) = (vec![0xa5u8; train], vec![0u8; train], Vec::new());
+            let (data, mut buf, mut rtts) = (vec![0xa5u8; wire.total], vec![0u8; wire.largest_train()], Vec::new());
             let pinged = (|| {
                 while !meter.stopped() {
                     let start = Instant::now();
-                    pinger.send_to(&data, there)?;
-                    // The ping's own size: an ACK that arrived apart is not the answer.
-                    while receive(&pinger, &mut buf, spin)? < packet {}
+                    send(&pinger, &data, there)?;
+                    let mut got = 0;
+                    while got < wire.total {
+                        got += receive(pinger.as_raw_fd(), &mut buf, spin)?;
+                    }
                     let rtt = start.elapsed();
                     if meter.measuring() {
                         rtts.push(rtt);
@@ -329,13 +341,17 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
             pinged.map(|()| rtts)
         });
         let answering = s.spawn(|| {
-            let mut buf = vec![0u8; train];
+            let (data, mut buf) = (vec![0x5au8; wire.total], vec![0u8; wire.largest_train()]);
+            let mut got = 0;
             while !pinger_done.load(Ordering::Relaxed) {
-                match receive(&answerer, &mut buf, spin) {
-                    Ok(n) if n >= packet => drop(answerer.send_to(&buf[..train], back)?),
-                    Ok(_) => {}
+                match receive(answerer.as_raw_fd(), &mut buf, spin) {
+                    Ok(n) => got += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
+                }
+                if got >= wire.total {
+                    got = 0;
+                    send(&answerer, &data, back)?;
                 }
             }
             Ok(())
@@ -349,6 +365,128 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
     Ok(Measured { window, rtts, retries: None, per_qp: Vec::new() })
 }
 
+/// The datagrams of one ping-pong message, as `send` calls.
+#[derive(Debug, PartialEq, Eq)]
+struct RoceWire {
+    /// The GSO segment size: every segment of a train but its last has it.
+    segment: usize,
+    /// Bytes of each `send`, in order.
+    trains: Vec<usize>,
+    total: usize,
+}
+
+impl RoceWire {
+    /// One datagram of `size` bytes.
+    fn plain(size: usize) -> RoceWire {
+        RoceWire { segment: size, trains: vec![size], total: size }
+    }
+
+    /// A SEND of `size` bytes in packets of up to [`MTU`] bytes of payload,
+    /// then the ACK, gathered into GSO trains: a train ends after
+    /// [`MAX_TRAIN`] bytes or after a segment shorter than the rest.
+    fn new(size: usize) -> RoceWire {
+        let segment = size.clamp(1, MTU) + ROCE_OVERHEAD;
+        let full = size / MTU;
+        let rest = size % MTU;
+        let mut segments = vec![segment; full.max(usize::from(size <= MTU))];
+        if size > MTU && rest > 0 {
+            segments.push(rest + ROCE_OVERHEAD);
+        }
+        segments.push(ACK_PACKET);
+        let mut trains = Vec::new();
+        let mut train = 0;
+        for seg in segments {
+            if train + seg > MAX_TRAIN {
+                trains.push(std::mem::take(&mut train));
+            }
+            train += seg;
+            if seg < segment {
+                trains.push(std::mem::take(&mut train));
+            }
+        }
+        if train > 0 {
+            trains.push(train);
+        }
+        let total = trains.iter().sum();
+        RoceWire { segment, trains, total }
+    }
+
+    fn largest_train(&self) -> usize {
+        self.trains.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// TCP ping-pong of `size`-byte messages over one connection (Nagle off),
+/// each side waiting as [`udp_ping_pong`]'s do: what a program that moves
+/// its messages over TCP, as Open MPI's TCP transport does, pays a round
+/// trip on this machine.
+pub fn tcp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
+    let listener = TcpListener::bind((ADDRESS_B, 0)).map_err(|e| format!("bind {ADDRESS_B}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let mut pinger = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    let (mut answerer, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+    for (stream, timeout) in [(&pinger, ANSWER_TIMEOUT), (&answerer, POLL)] {
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        // An answer nobody reads any more does not hold the row up.
+        stream.set_write_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
+    }
+    let spin = if std::thread::available_parallelism().map_or(1, usize::from) > 1 { SPIN } else { Duration::ZERO };
+    let meter = Meter::default();
+    let pinger_done = AtomicBool::new(false);
+    let (window, pinged, answered) = std::thread::scope(|s| {
+        let pinging = s.spawn(|| {
+            let (data, mut buf, mut rtts) = (vec![0xa5u8; size], vec![0u8; size], Vec::new());
+            let pinged = (|| {
+                while !meter.stopped() {
+                    let start = Instant::now();
+                    pinger.write_all(&data)?;
+                    let mut got = 0;
+                    while got < size {
+                        match receive(pinger.as_raw_fd(), &mut buf[got..], spin)? {
+                            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                            n => got += n,
+                        }
+                    }
+                    let rtt = start.elapsed();
+                    if meter.measuring() {
+                        rtts.push(rtt);
+                    }
+                    meter.add(2 * size as u64, 2);
+                }
+                Ok(())
+            })();
+            pinger_done.store(true, Ordering::Relaxed);
+            // Closing tells the answerer the ping-pong is over.
+            let closed = pinger.shutdown(std::net::Shutdown::Write);
+            pinged.and(closed).map(|()| rtts)
+        });
+        let answering = s.spawn(|| {
+            let (data, mut buf) = (vec![0x5au8; size], vec![0u8; size]);
+            let mut got = 0;
+            loop {
+                match receive(answerer.as_raw_fd(), &mut buf[got..], spin) {
+                    Ok(0) => return Ok(()),
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && !pinger_done.load(Ordering::Relaxed) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                if got == size {
+                    got = 0;
+                    answerer.write_all(&data)?;
+                }
+            }
+        });
+        let window = meter.time(timing);
+        (window, pinging.join(), answering.join())
+    });
+    let mut rtts = joined(pinged, "TCP pinger")?;
+    joined(answered, "TCP answerer")?;
+    rtts.sort_unstable();
+    Ok(Measured { window, rtts, retries: None, per_qp: Vec::new() })
+}
+
 /// How long a ping-pong thread polls before it sleeps: softroce's waiting
 /// threads poll for 20 µs (none in a process with one CPU).
 const SPIN: Duration = Duration::from_micros(20);
@@ -356,23 +494,29 @@ const SPIN: Duration = Duration::from_micros(20);
 const ROCE_OVERHEAD: usize = 16;
 /// A RoCE ACK: BTH, AETH and ICRC.
 const ACK_PACKET: usize = 20;
+/// The path MTU of the ping-pongs' RoCE packets.
+const MTU: usize = 4096;
+/// The most a UDP datagram over IPv4 carries: a GSO train's limit.
+const MAX_TRAIN: usize = 65507;
 
-/// Receives a datagram (a whole GRO train) into `buf`, polling for `spin`
-/// before a blocking receive with the socket's timeout; returns its length.
-fn receive(socket: &UdpSocket, buf: &mut [u8], spin: Duration) -> io::Result<usize> {
+/// Receives a datagram (a whole GRO train), or what a stream has, into
+/// `buf`, polling for `spin` before a blocking receive with the socket's
+/// timeout (`WouldBlock` when it passes); returns the length.
+fn receive(fd: RawFd, buf: &mut [u8], spin: Duration) -> io::Result<usize> {
     let until = Instant::now() + spin;
+    let mut flags = libc::MSG_DONTWAIT;
     loop {
         // SAFETY: a valid socket and a buffer of the length given.
-        let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
         if n >= 0 {
             return Ok(n as usize);
         }
         let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::WouldBlock {
+        if e.kind() != io::ErrorKind::WouldBlock || flags == 0 {
             return Err(e);
         }
         if Instant::now() >= until {
-            return socket.recv(buf);
+            flags = 0;
         }
     }
 }
@@ -556,7 +700,34 @@ mod tests {
         tx.send_to(&[7u8; 24 + ACK_PACKET], rx.local_addr().unwrap()).unwrap();
         // One GSO send, one GRO receive, as a SEND and its ACK travel.
         let mut buf = [0u8; 128];
-        assert_eq!(receive(&rx, &mut buf, SPIN).unwrap(), 24 + ACK_PACKET);
+        assert_eq!(receive(rx.as_raw_fd(), &mut buf, SPIN).unwrap(), 24 + ACK_PACKET);
+    }
+
+    #[test]
+    fn a_send_of_many_packets_goes_in_trains_with_its_ack_last() {
+        // 8 B: one packet and the ACK, one train.
+        assert_eq!(RoceWire::new(8), RoceWire { segment: 24, trains: vec![44], total: 44 });
+        // 1 MiB: 256 packets of 4112 bytes, 15 to a train, the ACK behind the last.
+        let mib = RoceWire::new(1 << 20);
+        assert_eq!(mib.segment, 4112);
+        assert_eq!(mib.trains.len(), 18);
+        assert!(mib.trains[..17].iter().all(|&t| t == 15 * 4112), "{:?}", mib.trains);
+        assert_eq!(mib.trains[17], 4112 + ACK_PACKET);
+        assert_eq!(mib.total, 256 * 4112 + ACK_PACKET);
+        // A short last packet ends its train; the ACK goes alone.
+        let odd = RoceWire::new(MTU + 100);
+        assert_eq!(odd.trains, vec![4112 + 116, ACK_PACKET]);
+        assert_eq!(RoceWire::plain(8), RoceWire { segment: 8, trains: vec![8], total: 8 });
+    }
+
+    #[test]
+    fn the_one_mib_ping_pongs_answer_every_byte() {
+        let timing = Timing { warmup: Duration::from_millis(10), seconds: Duration::from_millis(50) };
+        for measured in [udp_ping_pong(1 << 20, true, &timing), tcp_ping_pong(1 << 20, &timing)] {
+            let m = measured.unwrap();
+            assert!(m.window.messages > 0 && m.window.bytes == m.window.messages * (1 << 20), "{m:?}");
+            assert!(!m.rtts.is_empty(), "{m:?}");
+        }
     }
 
     #[test]

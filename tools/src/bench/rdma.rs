@@ -232,6 +232,7 @@ impl Pair {
             | Test::Tcp
             | Test::UdpLat
             | Test::UdpGsoLat
+            | Test::TcpLat
             | Test::SendLat
             | Test::UdpAlone
             | Test::UdpSteered
