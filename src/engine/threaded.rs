@@ -16,19 +16,19 @@
 //! So a message costs one wake-up, the receiver's, as a UDP datagram does,
 //! instead of three hand-offs between application and engine threads; and
 //! the engine still runs a passive side (a WRITE target) on its own.
-//! Completions reach applications through `crossbeam-channel` queues, one
-//! per CQ.
+//! Completions reach applications through one queue per CQ, whose
+//! emptiness a poll reads without a lock.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender};
 use rustc_hash::FxHashMap;
 use tracing::{debug_span, trace};
 
@@ -70,30 +70,26 @@ pub(crate) struct ChannelShared {
     pub events: (Sender<u32>, Receiver<u32>),
 }
 
-/// The entries of a completion queue: a bounded channel, replaced whole
-/// by a resize.
+/// A completion queue's entries, oldest first, and how many it holds at most.
 #[derive(Debug)]
 struct Entries {
-    tx: Sender<WorkCompletion>,
-    rx: Receiver<WorkCompletion>,
+    queue: VecDeque<WorkCompletion>,
     capacity: usize,
-}
-
-impl Entries {
-    fn new(capacity: usize) -> Entries {
-        let (tx, rx) = crossbeam_channel::bounded(capacity);
-        Entries { tx, rx, capacity }
-    }
 }
 
 /// A completion queue's shared half.
 #[derive(Debug)]
 pub(crate) struct CqShared {
     pub id: u32,
-    /// Pushes and polls share the lock; a purge or a resize, which take the
-    /// entries out and put them back, takes it alone, so that no push
-    /// overtakes a QP's earlier completions meanwhile.
-    entries: RwLock<Entries>,
+    /// Pushes, polls, purges and resizes take turns at the entries.
+    entries: Mutex<Entries>,
+    /// How many completions are queued, read without the lock: a poll of an
+    /// empty CQ, a spinning program's every poll, takes none.
+    queued: AtomicUsize,
+    /// Threads blocked in [`CqShared::wait_pop`]; a push wakes them only if
+    /// there are any (a wake-up is a system call).
+    waiters: AtomicUsize,
+    pushed: Condvar,
     /// An [`Arm`].
     pub arm: AtomicU8,
     pub overflowed: AtomicBool,
@@ -107,20 +103,15 @@ impl CqShared {
     pub fn new(id: u32, capacity: usize, channel: Option<Arc<ChannelShared>>) -> CqShared {
         CqShared {
             id,
-            entries: RwLock::new(Entries::new(capacity)),
+            entries: Mutex::new(Entries { queue: VecDeque::new(), capacity }),
+            queued: AtomicUsize::new(0),
+            waiters: AtomicUsize::new(0),
+            pushed: Condvar::new(),
             arm: AtomicU8::new(Arm::Off as u8),
             overflowed: AtomicBool::new(false),
             channel,
             destroyed: AtomicBool::new(false),
         }
-    }
-
-    fn entries(&self) -> std::sync::RwLockReadGuard<'_, Entries> {
-        self.entries.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn entries_alone(&self) -> std::sync::RwLockWriteGuard<'_, Entries> {
-        self.entries.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Adds a completion and raises the channel event if the CQ is armed for it.
@@ -129,9 +120,19 @@ impl CqShared {
             return;
         }
         let notable = wc.solicited || wc.status != crate::transport::WcStatus::Success;
-        if let Err(TrySendError::Full(_)) = self.entries().tx.try_send(wc) {
-            self.overflowed.store(true, Ordering::Relaxed);
-            return;
+        {
+            let mut entries = lock(&self.entries);
+            if entries.queue.len() >= entries.capacity {
+                self.overflowed.store(true, Ordering::Relaxed);
+                return;
+            }
+            entries.queue.push_back(wc);
+            self.queued.store(entries.queue.len(), Ordering::Release);
+        }
+        // A waiter counted itself while holding the lock, before this push
+        // took it: it is seen here, or it saw the completion.
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.pushed.notify_all();
         }
         let arm = self.arm.load(Ordering::Acquire);
         let fire = arm == Arm::Next as u8 || (arm == Arm::Solicited as u8 && notable);
@@ -146,60 +147,74 @@ impl CqShared {
 
     /// The oldest completion, if any.
     pub fn pop(&self) -> Option<WorkCompletion> {
-        self.entries().rx.try_recv().ok()
+        if self.is_empty() {
+            return None;
+        }
+        let mut entries = lock(&self.entries);
+        let wc = entries.queue.pop_front();
+        self.queued.store(entries.queue.len(), Ordering::Release);
+        wc
+    }
+
+    /// The oldest completion, waiting up to `timeout` for one to be pushed.
+    pub fn wait_pop(&self, timeout: Duration) -> Option<WorkCompletion> {
+        let deadline = Instant::now() + timeout;
+        let mut entries = lock(&self.entries);
+        loop {
+            if let Some(wc) = entries.queue.pop_front() {
+                self.queued.store(entries.queue.len(), Ordering::Release);
+                return Some(wc);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.destroyed.load(Ordering::Acquire) {
+                return None;
+            }
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            entries = self.pushed.wait_timeout(entries, left).unwrap_or_else(|e| e.into_inner()).0;
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     /// Whether no completion is queued.
     pub fn is_empty(&self) -> bool {
-        self.entries().rx.is_empty()
+        self.queued.load(Ordering::Acquire) == 0
     }
 
     /// How many completions are queued.
     pub fn len(&self) -> usize {
-        self.entries().rx.len()
-    }
-
-    /// The receiving end, to block on outside the lock: after a resize it
-    /// is disconnected, and the waiter takes the new one.
-    pub fn receiver(&self) -> Receiver<WorkCompletion> {
-        self.entries().rx.clone()
+        self.queued.load(Ordering::Acquire)
     }
 
     /// How many completions it holds at most.
     pub fn capacity(&self) -> usize {
-        self.entries().capacity
+        lock(&self.entries).capacity
     }
 
     /// Drops every queued completion.
     pub fn clear(&self) {
-        while self.pop().is_some() {}
+        let mut entries = lock(&self.entries);
+        entries.queue.clear();
+        self.queued.store(0, Ordering::Release);
     }
 
     /// Removes the completions of QP `qpn` not yet polled: the QP moved to
     /// RESET, and they name work of its past (rxe-spec V-19).
     pub fn purge_qp(&self, qpn: u32) {
-        let entries = self.entries_alone();
-        let others: Vec<WorkCompletion> = entries.rx.try_iter().filter(|wc| wc.qp_num != qpn).collect();
-        for wc in others {
-            // Fewer than were taken out: there is room.
-            let _ = entries.tx.try_send(wc);
-        }
+        let mut entries = lock(&self.entries);
+        entries.queue.retain(|wc| wc.qp_num != qpn);
+        self.queued.store(entries.queue.len(), Ordering::Release);
     }
 
     /// `ibv_resize_cq`: room for `capacity` completions from now on, with
     /// those queued kept in order; refused (with how many are queued) if
     /// they would not fit.
     pub fn resize(&self, capacity: usize) -> Result<(), usize> {
-        let mut entries = self.entries_alone();
-        let queued = entries.rx.len();
+        let mut entries = lock(&self.entries);
+        let queued = entries.queue.len();
         if queued > capacity {
             return Err(queued);
         }
-        let resized = Entries::new(capacity);
-        for wc in entries.rx.try_iter() {
-            let _ = resized.tx.try_send(wc);
-        }
-        *entries = resized;
+        entries.capacity = capacity;
         Ok(())
     }
 }
@@ -678,7 +693,7 @@ impl Engine {
                 // Someone else drives: they hand completions over. Look
                 // again soon, in case they stop.
                 let left = deadline.saturating_duration_since(Instant::now());
-                if let Ok(wc) = cq.receiver().recv_timeout(left.min(self.tuning.handover)) {
+                if let Some(wc) = cq.wait_pop(left.min(self.tuning.handover)) {
                     return Some(wc);
                 }
             }
@@ -1553,6 +1568,50 @@ mod tests {
 
     use super::*;
     use crate::net::{Outgoing, Received};
+
+    fn completion(wr_id: u64, qp_num: u32) -> WorkCompletion {
+        WorkCompletion::new(wr_id, qp_num, crate::transport::WcStatus::Success, crate::transport::WcOpcode::Recv)
+    }
+
+    #[test]
+    fn a_cq_keeps_order_counts_without_its_lock_and_overflows_when_full() {
+        let cq = CqShared::new(1, 3, None);
+        assert!(cq.is_empty() && cq.pop().is_none());
+        for (wr_id, qpn) in [(1, 7), (2, 8), (3, 7)] {
+            cq.push(completion(wr_id, qpn));
+        }
+        assert_eq!(cq.len(), 3);
+        cq.push(completion(4, 7));
+        assert!(cq.overflowed.load(Ordering::Relaxed), "a fourth completion in a CQ of three");
+        // A purge keeps the others in order; a resize below what is queued is refused.
+        cq.purge_qp(8);
+        assert_eq!(cq.len(), 2);
+        assert_eq!(cq.resize(1), Err(2));
+        assert_eq!(cq.resize(4), Ok(()));
+        assert_eq!(cq.capacity(), 4);
+        let ids: Vec<u64> = std::iter::from_fn(|| cq.pop()).map(|wc| wc.wr_id).collect();
+        assert_eq!(ids, [1, 3]);
+        assert!(cq.is_empty());
+    }
+
+    #[test]
+    fn a_waiter_on_a_cq_gets_a_completion_pushed_from_another_thread() {
+        let cq = Arc::new(CqShared::new(1, 16, None));
+        assert!(cq.wait_pop(Duration::from_millis(5)).is_none(), "nothing pushed: the wait times out");
+        let pusher = {
+            let cq = Arc::clone(&cq);
+            std::thread::spawn(move || {
+                // Until the waiter is asleep in the CQ, so that the push must wake it.
+                while cq.waiters.load(Ordering::SeqCst) == 0 {
+                    std::thread::yield_now();
+                }
+                cq.push(completion(9, 1));
+            })
+        };
+        let wc = cq.wait_pop(Duration::from_secs(10)).expect("woken by the push");
+        assert_eq!(wc.wr_id, 9);
+        pusher.join().unwrap();
+    }
 
     /// A link with nothing to receive that counts the rounds that flush it:
     /// only full rounds (and posts) do.
