@@ -312,19 +312,56 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
         let SocketAddr::V4(to) = to else { unreachable!("bound to IPv4") };
         send_trains(socket.as_raw_fd(), data, &wire.trains, &to)
     };
+    let (data, mut buf) = (vec![0xa5u8; wire.total], vec![0u8; wire.largest_train()]);
+    let ping = || {
+        send(&pinger, &data, there)?;
+        let mut got = 0;
+        while got < wire.total {
+            got += receive(pinger.as_raw_fd(), &mut buf, spin)?;
+        }
+        Ok(())
+    };
+    let answer = |pinger_done: &AtomicBool| {
+        let (data, mut buf) = (vec![0x5au8; wire.total], vec![0u8; wire.largest_train()]);
+        let mut got = 0;
+        while !pinger_done.load(Ordering::Relaxed) {
+            match receive(answerer.as_raw_fd(), &mut buf, spin) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            if got >= wire.total {
+                got = 0;
+                send(&answerer, &data, back)?;
+            }
+        }
+        Ok(())
+    };
+    ping_pong("UDP", size, timing, ping, || Ok(()), answer)
+}
+
+/// The two threads of a ping-pong of `size`-byte messages: `ping` sends one
+/// and waits for its answer, round trip after round trip (each timed) until
+/// the meter stops, and then `pinged` runs; `answer` answers until the flag
+/// it is given says the pinger is done (so that the last ping is answered
+/// too). `who` names the transport in errors.
+fn ping_pong(
+    who: &str,
+    size: usize,
+    timing: &Timing,
+    mut ping: impl FnMut() -> io::Result<()> + Send,
+    pinged: impl FnOnce() -> io::Result<()> + Send,
+    answer: impl FnOnce(&AtomicBool) -> io::Result<()> + Send,
+) -> Result<Measured, String> {
     let meter = Meter::default();
     let pinger_done = AtomicBool::new(false);
-    let (window, pinged, answered) = std::thread::scope(|s| {
+    let (window, pinging, answering) = std::thread::scope(|s| {
         let pinging = s.spawn(|| {
-            let (data, mut buf, mut rtts) = (vec![0xa5u8; wire.total], vec![0u8; wire.largest_train()], Vec::new());
-            let pinged = (|| {
+            let mut rtts = Vec::new();
+            let pinging = (|| {
                 while !meter.stopped() {
                     let start = Instant::now();
-                    send(&pinger, &data, there)?;
-                    let mut got = 0;
-                    while got < wire.total {
-                        got += receive(pinger.as_raw_fd(), &mut buf, spin)?;
-                    }
+                    ping()?;
                     let rtt = start.elapsed();
                     if meter.measuring() {
                         rtts.push(rtt);
@@ -334,29 +371,14 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
                 Ok(())
             })();
             pinger_done.store(true, Ordering::Relaxed);
-            pinged.map(|()| rtts)
+            pinging.and(pinged()).map(|()| rtts)
         });
-        let answering = s.spawn(|| {
-            let (data, mut buf) = (vec![0x5au8; wire.total], vec![0u8; wire.largest_train()]);
-            let mut got = 0;
-            while !pinger_done.load(Ordering::Relaxed) {
-                match receive(answerer.as_raw_fd(), &mut buf, spin) {
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-                if got >= wire.total {
-                    got = 0;
-                    send(&answerer, &data, back)?;
-                }
-            }
-            Ok(())
-        });
+        let answering = s.spawn(|| answer(&pinger_done));
         let window = meter.time(timing);
         (window, pinging.join(), answering.join())
     });
-    let mut rtts = joined(pinged, "UDP pinger")?;
-    joined(answered, "UDP answerer")?;
+    let mut rtts = joined(pinging, &format!("{who} pinger"))?;
+    joined(answering, &format!("{who} answerer"))?;
     rtts.sort_unstable();
     Ok(Measured { window, rtts, retries: None, per_qp: Vec::new() })
 }
@@ -455,8 +477,8 @@ impl RoceWire {
 pub fn tcp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
     let listener = TcpListener::bind((ADDRESS_B, 0)).map_err(|e| format!("bind {ADDRESS_B}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let mut pinger = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    let (mut answerer, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+    let pinger = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    let (answerer, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
     for (stream, timeout) in [(&pinger, ANSWER_TIMEOUT), (&answerer, POLL)] {
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
         stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
@@ -464,59 +486,38 @@ pub fn tcp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
         stream.set_write_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
     }
     let spin = if std::thread::available_parallelism().map_or(1, usize::from) > 1 { SPIN } else { Duration::ZERO };
-    let meter = Meter::default();
-    let pinger_done = AtomicBool::new(false);
-    let (window, pinged, answered) = std::thread::scope(|s| {
-        let pinging = s.spawn(|| {
-            let (data, mut buf, mut rtts) = (vec![0xa5u8; size], vec![0u8; size], Vec::new());
-            let pinged = (|| {
-                while !meter.stopped() {
-                    let start = Instant::now();
-                    pinger.write_all(&data)?;
-                    let mut got = 0;
-                    while got < size {
-                        match receive(pinger.as_raw_fd(), &mut buf[got..], spin)? {
-                            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                            n => got += n,
-                        }
-                    }
-                    let rtt = start.elapsed();
-                    if meter.measuring() {
-                        rtts.push(rtt);
-                    }
-                    meter.add(2 * size as u64, 2);
-                }
-                Ok(())
-            })();
-            pinger_done.store(true, Ordering::Relaxed);
-            // Closing tells the answerer the ping-pong is over.
-            let closed = pinger.shutdown(std::net::Shutdown::Write);
-            pinged.and(closed).map(|()| rtts)
-        });
-        let answering = s.spawn(|| {
-            let (data, mut buf) = (vec![0x5au8; size], vec![0u8; size]);
-            let mut got = 0;
-            loop {
-                match receive(answerer.as_raw_fd(), &mut buf[got..], spin) {
-                    Ok(0) => return Ok(()),
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && !pinger_done.load(Ordering::Relaxed) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                    Err(e) => return Err(e),
-                }
-                if got == size {
-                    got = 0;
-                    answerer.write_all(&data)?;
-                }
+    let (data, mut buf) = (vec![0xa5u8; size], vec![0u8; size]);
+    let ping = || {
+        (&pinger).write_all(&data)?;
+        let mut got = 0;
+        while got < size {
+            match receive(pinger.as_raw_fd(), &mut buf[got..], spin)? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => got += n,
             }
-        });
-        let window = meter.time(timing);
-        (window, pinging.join(), answering.join())
-    });
-    let mut rtts = joined(pinged, "TCP pinger")?;
-    joined(answered, "TCP answerer")?;
-    rtts.sort_unstable();
-    Ok(Measured { window, rtts, retries: None, per_qp: Vec::new() })
+        }
+        Ok(())
+    };
+    // Closing tells the answerer the ping-pong is over.
+    let pinged = || pinger.shutdown(std::net::Shutdown::Write);
+    let answer = |pinger_done: &AtomicBool| {
+        let (data, mut buf) = (vec![0x5au8; size], vec![0u8; size]);
+        let mut got = 0;
+        loop {
+            match receive(answerer.as_raw_fd(), &mut buf[got..], spin) {
+                Ok(0) => return Ok(()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !pinger_done.load(Ordering::Relaxed) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            if got == size {
+                got = 0;
+                (&answerer).write_all(&data)?;
+            }
+        }
+    };
+    ping_pong("TCP", size, timing, ping, pinged, answer)
 }
 
 /// How long a ping-pong thread polls before it sleeps: softroce's waiting
