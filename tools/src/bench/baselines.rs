@@ -286,8 +286,8 @@ pub fn tcp_stream(write: usize, timing: &Timing) -> Result<Measured, String> {
 /// ICRC's room, in GSO trains (`UDP_SEGMENT`) taken coalesced (`UDP_GRO`),
 /// the last train ending in a 20-byte datagram, the ACK of the message
 /// before, all the trains in one `sendmmsg` — with nothing computed and
-/// nothing placed: what the kernel's path costs a message, at least. (`send-lat`'s SENDs are unsignaled and ask for
-/// none, rxe-spec T-6.)
+/// nothing placed: what the kernel's path costs a message, at least.
+/// (`send-lat`'s SENDs are unsignaled and ask for none, rxe-spec T-6.)
 pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measured, String> {
     let bind = |ip| UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"));
     let (pinger, answerer) = (bind(ADDRESS_A)?, bind(ADDRESS_B)?);
@@ -307,7 +307,7 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
                 .map_err(|e| format!("the kernel refuses UDP_GRO: {e}"))?;
         }
     }
-    let spin = if std::thread::available_parallelism().map_or(1, usize::from) > 1 { SPIN } else { Duration::ZERO };
+    let spin = spin();
     let send = |socket: &UdpSocket, data: &[u8], to: SocketAddr| -> io::Result<()> {
         let SocketAddr::V4(to) = to else { unreachable!("bound to IPv4") };
         send_trains(socket.as_raw_fd(), data, &wire.trains, &to)
@@ -485,7 +485,7 @@ pub fn tcp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
         // An answer nobody reads any more does not hold the row up.
         stream.set_write_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
     }
-    let spin = if std::thread::available_parallelism().map_or(1, usize::from) > 1 { SPIN } else { Duration::ZERO };
+    let spin = spin();
     let (data, mut buf) = (vec![0xa5u8; size], vec![0u8; size]);
     let ping = || {
         (&pinger).write_all(&data)?;
@@ -523,6 +523,15 @@ pub fn tcp_ping_pong(size: usize, timing: &Timing) -> Result<Measured, String> {
 /// How long a ping-pong thread polls before it sleeps: softroce's waiting
 /// threads poll for 20 µs (none in a process with one CPU).
 const SPIN: Duration = Duration::from_micros(20);
+
+/// [`SPIN`] on a machine of several CPUs; none on one, as softroce's threads.
+fn spin() -> Duration {
+    if std::thread::available_parallelism().map_or(1, usize::from) > 1 {
+        SPIN
+    } else {
+        Duration::ZERO
+    }
+}
 /// Bytes a RoCE packet adds to its payload: a BTH (12) and the ICRC (4).
 const ROCE_OVERHEAD: usize = 16;
 /// A RoCE ACK: BTH, AETH and ICRC.
