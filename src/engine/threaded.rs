@@ -63,6 +63,73 @@ pub(crate) enum Arm {
     Solicited,
 }
 
+/// The link's counters as the thread driving progress last published them,
+/// for readers on other threads (the device's counters). Every message
+/// publishes them, so neither side takes a lock (two locked instructions,
+/// each waiting for the payload just copied to leave the store buffer):
+/// the one publisher, which holds the progress lock, stores each field
+/// relaxed, and a reader may see one field a message newer than another.
+#[derive(Debug, Default)]
+pub(crate) struct PublishedLinkStats {
+    sent: AtomicU64,
+    send_batches: AtomicU64,
+    lent: AtomicU64,
+    received: AtomicU64,
+    icrc_errors: AtomicU64,
+    malformed: AtomicU64,
+    forwarded: AtomicU64,
+    forward_dropped: AtomicU64,
+    ownerless: AtomicU64,
+    corrupted: AtomicU64,
+}
+
+impl PublishedLinkStats {
+    pub(crate) fn publish(&self, stats: &LinkStats) {
+        let LinkStats {
+            sent,
+            send_batches,
+            lent,
+            received,
+            icrc_errors,
+            malformed,
+            forwarded,
+            forward_dropped,
+            ownerless,
+            corrupted,
+        } = *stats;
+        for (field, value) in [
+            (&self.sent, sent),
+            (&self.send_batches, send_batches),
+            (&self.lent, lent),
+            (&self.received, received),
+            (&self.icrc_errors, icrc_errors),
+            (&self.malformed, malformed),
+            (&self.forwarded, forwarded),
+            (&self.forward_dropped, forward_dropped),
+            (&self.ownerless, ownerless),
+            (&self.corrupted, corrupted),
+        ] {
+            field.store(value, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn read(&self) -> LinkStats {
+        let read = |field: &AtomicU64| field.load(Ordering::Relaxed);
+        LinkStats {
+            sent: read(&self.sent),
+            send_batches: read(&self.send_batches),
+            lent: read(&self.lent),
+            received: read(&self.received),
+            icrc_errors: read(&self.icrc_errors),
+            malformed: read(&self.malformed),
+            forwarded: read(&self.forwarded),
+            forward_dropped: read(&self.forward_dropped),
+            ownerless: read(&self.ownerless),
+            corrupted: read(&self.corrupted),
+        }
+    }
+}
+
 /// A completion channel's shared half.
 #[derive(Debug)]
 pub(crate) struct ChannelShared {
@@ -387,7 +454,7 @@ pub(crate) struct EngineShared {
     pub stop: AtomicBool,
     /// Who drives progress, and the doorbell that calls them in.
     pub handover: Handover,
-    pub link_stats: Mutex<LinkStats>,
+    pub link_stats: PublishedLinkStats,
     /// Destroyed QPs whose queued answers the engine still has to send.
     pub closing: Mutex<Vec<Arc<QpCell>>>,
     /// Counters of QPs that were destroyed, so device totals never go back.
@@ -606,7 +673,7 @@ impl Engine {
         let line_served = p.serve_line(&self.shared, mem, now);
         p.out.link.flush();
         drop(registry);
-        *lock(&self.shared.link_stats) = p.out.link.stats();
+        self.shared.link_stats.publish(&p.out.link.stats());
         drop(p);
         // More to send (unless the ACK on its way will send it), a turn
         // given, or a timer the sleeping engine does not know about.
@@ -1014,7 +1081,7 @@ impl Progress {
                 self.owed = true;
                 self.quiet_until = Duration::ZERO;
                 self.last_received = now;
-                *lock(&shared.link_stats) = self.out.link.stats();
+                shared.link_stats.publish(&self.out.link.stats());
                 return Step { busy: true, next_timer: None };
             }
             Batch::Done { received, drained } => (received, drained),
@@ -1041,7 +1108,7 @@ impl Progress {
         let busy = received || served || answered;
         self.out.link.flush();
         drop(registry);
-        *lock(&shared.link_stats) = self.out.link.stats();
+        shared.link_stats.publish(&self.out.link.stats());
         self.seen_timer = next_timer;
         self.quiet_until =
             if busy { Duration::ZERO } else { (now + self.tuning.quiet_span).min(next_timer.unwrap_or(Duration::MAX)) };
@@ -1571,6 +1638,26 @@ mod tests {
 
     fn completion(wr_id: u64, qp_num: u32) -> WorkCompletion {
         WorkCompletion::new(wr_id, qp_num, crate::transport::WcStatus::Success, crate::transport::WcOpcode::Recv)
+    }
+
+    #[test]
+    fn published_link_stats_read_back_as_published() {
+        let published = PublishedLinkStats::default();
+        assert_eq!(published.read(), LinkStats::default());
+        let stats = LinkStats {
+            sent: 1,
+            send_batches: 2,
+            lent: 3,
+            received: 4,
+            icrc_errors: 5,
+            malformed: 6,
+            forwarded: 7,
+            forward_dropped: 8,
+            ownerless: 9,
+            corrupted: 10,
+        };
+        published.publish(&stats);
+        assert_eq!(published.read(), stats);
     }
 
     #[test]

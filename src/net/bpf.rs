@@ -208,9 +208,13 @@ const MAX_INSNS: usize = 4096;
 /// The socket filter every member's socket carries: it drops census probes
 /// that come from the shared port itself (which only members can send
 /// from), so each shows in the socket's drop counter, and keeps all else.
+/// A probe is exactly [`PROBE_LEN`] bytes, which no RoCE packet is (a BTH
+/// and an ICRC alone are 16), so every RoCE packet is kept after its length
+/// is read: the loads of the port and the magic word call into the kernel
+/// for each packet that gets that far.
 pub fn probe_filter(port: u16) -> Vec<Insn> {
     let mut a = Asm::default();
-    a.op(LD_W_LEN, 0).jump(JMP_JGE_K, 8 + PROBE_LEN as u32, None, Some("keep"));
+    a.op(LD_W_LEN, 0).jump(JMP_JEQ_K, 8 + PROBE_LEN as u32, None, Some("keep"));
     a.op(LD_H_ABS, 0).jump(JMP_JEQ_K, u32::from(port), None, Some("keep"));
     a.op(LD_W_ABS, 8).jump(JMP_JEQ_K, PROBE_MAGIC, None, Some("keep"));
     a.op(RET_K, 0);
@@ -359,6 +363,8 @@ mod tests {
         assert_eq!(run(&filter, &udp(4792, &probe(1, 0))), u32::MAX);
         assert_eq!(run(&filter, &udp(4791, &packet(0x07_0001, 64))), u32::MAX);
         assert_eq!(run(&filter, &udp(4791, &[0xff])), u32::MAX);
+        let longer = [&probe(1, 0)[..], &[0; 4]].concat();
+        assert_eq!(run(&filter, &udp(4791, &longer)), u32::MAX, "a probe is exactly PROBE_LEN bytes");
     }
 
     #[test]

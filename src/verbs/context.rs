@@ -347,7 +347,7 @@ fn device_counters(shared: &EngineShared) -> DeviceCounters {
         add_counters(&mut qp_totals, lock(&cell.qp).counters());
     }
     drop(qps);
-    let link = *lock(&shared.link_stats);
+    let link = shared.link_stats.read();
     DeviceCounters {
         qp: qp_totals,
         link,
