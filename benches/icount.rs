@@ -182,7 +182,9 @@ impl Side {
     }
 
     fn post_recv(&self, size: usize) -> Result<(), String> {
-        self.qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![self.mr.sge(SINK_AT, size)] }).map_err(|e| e.to_string())
+        self.qp
+            .post_recv(RecvWr { wr_id: 0, sg_list: softroce::sg_list![self.mr.sge(SINK_AT, size)] })
+            .map_err(|e| e.to_string())
     }
 
     fn post_send(&self, wr: SendWr) -> Result<(), String> {

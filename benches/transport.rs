@@ -116,7 +116,7 @@ impl Pair {
     fn run(&mut self, wr: SendWr, len: u32) -> usize {
         if matches!(wr.op, SendOp::Send) {
             let sink = Sge { addr: VA, length: len, lkey: KEY };
-            self.b.qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![sink] }).expect("post_recv");
+            self.b.qp.post_recv(RecvWr { wr_id: 0, sg_list: softroce::sg_list![sink] }).expect("post_recv");
         }
         self.a.qp.post_send(wr).expect("post_send");
         let moved = self.pump();

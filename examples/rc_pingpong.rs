@@ -155,7 +155,7 @@ fn run() -> Result<()> {
 /// the buffer. Returns `n`.
 fn post_receives(qp: &QueuePair, mr: &MemoryRegion, size: usize, n: u32) -> Result<u32> {
     for _ in 0..n {
-        qp.post_recv(RecvWr { wr_id: RECV_WRID, sg_list: vec![mr.sge(size, size)] })?;
+        qp.post_recv(RecvWr { wr_id: RECV_WRID, sg_list: softroce::sg_list![mr.sge(size, size)] })?;
     }
     Ok(n)
 }

@@ -82,7 +82,7 @@ impl Connection {
         let mr = pd.alloc_mr(BUFFER, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
         let cq = context.create_cq(16, None)?;
         let qp = id.create_qp(pd.create_qp(QpType::Rc, &cq))?;
-        qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![mr.sge(0, ECHO)] })?;
+        qp.post_recv(RecvWr { wr_id: 0, sg_list: softroce::sg_list![mr.sge(0, ECHO)] })?;
         Ok(Connection { id, mr, cq, qp })
     }
 
@@ -119,7 +119,7 @@ impl Connection {
         let len = self.complete(WcOpcode::Recv)? as usize;
         let mut message = vec![0; len];
         self.mr.read(0, &mut message)?;
-        self.qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![self.mr.sge(0, ECHO)] })?;
+        self.qp.post_recv(RecvWr { wr_id: 0, sg_list: softroce::sg_list![self.mr.sge(0, ECHO)] })?;
         Ok(message)
     }
 

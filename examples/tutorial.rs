@@ -78,7 +78,7 @@ fn completion(cq: &CompletionQueue) -> Result<WorkCompletion> {
 fn send() -> Result<()> {
     let (alice, bob) = pair(0)?;
     let message = b"Hello, RDMA!";
-    bob.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![bob.mr.sge(0, 4096)] })?;
+    bob.qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![bob.mr.sge(0, 4096)] })?;
     alice.mr.write(0, message)?;
     alice.qp.post_send(SendWr::new(2, SendOp::Send).with_sge(alice.mr.sge(0, message.len())))?;
     completion(&alice.cq)?;
@@ -146,7 +146,7 @@ fn rnr() -> Result<()> {
         check(since.elapsed() < WAIT, "bob's device sent no RNR NAK")?;
         std::thread::sleep(Duration::from_millis(1));
     }
-    bob.qp.post_recv(RecvWr { wr_id: 7, sg_list: vec![bob.mr.sge(0, 4096)] })?;
+    bob.qp.post_recv(RecvWr { wr_id: 7, sg_list: softroce::sg_list![bob.mr.sge(0, 4096)] })?;
     completion(&alice.cq)?;
     let received = completion(&bob.cq)?;
     println!("rnr: bob received {} bytes once it had posted a receive", received.byte_len);

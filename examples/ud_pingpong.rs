@@ -146,7 +146,7 @@ fn run() -> Result<()> {
 /// Posts `n` receives, each with room for the GRH and a whole message.
 fn post_receives(qp: &QueuePair, mr: &MemoryRegion, size: usize, n: u32) -> Result<u32> {
     for _ in 0..n {
-        qp.post_recv(RecvWr { wr_id: RECV_WRID, sg_list: vec![mr.sge(0, GRH_LEN + size)] })?;
+        qp.post_recv(RecvWr { wr_id: RECV_WRID, sg_list: softroce::sg_list![mr.sge(0, GRH_LEN + size)] })?;
     }
     Ok(n)
 }

@@ -413,7 +413,7 @@ mod tests {
         qp_b.connect(&qp_a.endpoint(1).unwrap(), &ConnectOptions::default()).unwrap();
         let (mr_a, mr_b) =
             (pd_a.alloc_mr(4096, Access::LOCAL_WRITE).unwrap(), pd_b.alloc_mr(4096, Access::LOCAL_WRITE).unwrap());
-        qp_b.post_recv(RecvWr { wr_id: 7, sg_list: vec![mr_b.sge(0, 4096)] }).unwrap();
+        qp_b.post_recv(RecvWr { wr_id: 7, sg_list: crate::sg_list![mr_b.sge(0, 4096)] }).unwrap();
         qp_a.post_send(SendWr::new(9, SendOp::Send).with_sge(mr_a.sge(0, 3000))).unwrap();
         assert_eq!(cq_a.wait_one(Duration::from_secs(10)).unwrap().status, WcStatus::Success);
         assert_eq!(cq_b.wait_one(Duration::from_secs(10)).unwrap().byte_len, 3000);

@@ -105,7 +105,9 @@ impl Connection {
         self.mr_a.write(WRITE_AT, &write).unwrap();
         self.cq_a.req_notify(false);
         self.cq_b.req_notify(false);
-        self.qp_b.post_recv(RecvWr { wr_id: self.rounds, sg_list: vec![self.mr_b.sge(SEND_AT, SEND_MAX)] }).unwrap();
+        self.qp_b
+            .post_recv(RecvWr { wr_id: self.rounds, sg_list: softroce::sg_list![self.mr_b.sge(SEND_AT, SEND_MAX)] })
+            .unwrap();
         let (remote, rkey) = (self.mr_b.addr(), self.mr_b.rkey());
         let wrs = [
             signaled(1, SendOp::Send).with_sge(self.mr_a.sge(SEND_AT, send.len())),
@@ -314,7 +316,7 @@ fn churn_a_context(a: &Node, context: ContextOptions, rng: &mut Rng, graves: &mu
 
     let data = pattern(4096, rng.next_u32());
     mr_c.write(0, &data).unwrap();
-    qp_a.post_recv(RecvWr { wr_id: 1, sg_list: vec![mr_a.sge(8192, 4096)] }).unwrap();
+    qp_a.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![mr_a.sge(8192, 4096)] }).unwrap();
     qp_c.post_send(
         SendWr::new(1, SendOp::RdmaWrite { remote_addr: mr_a.addr(), rkey: mr_a.rkey() }).with_sge(mr_c.sge(0, 4096)),
     )

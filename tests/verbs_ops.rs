@@ -77,7 +77,7 @@ fn for_each_size(case: impl Fn(&End<'_>, &End<'_>, usize)) {
 /// with 64 bytes to spare.
 fn send_case(a: &End<'_>, b: &End<'_>, len: usize, imm: Option<u32>) {
     let data = stage(a.mr, b.mr, len);
-    b.qp.post_recv(RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(DST, len + 64)] }).unwrap();
+    b.qp.post_recv(RecvWr { wr_id: 7, sg_list: softroce::sg_list![b.mr.sge(DST, len + 64)] }).unwrap();
     let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
     a.qp.post_send(SendWr::new(8, op).with_sge(a.mr.sge(SRC, len))).unwrap();
     assert_eq!(next_wc(a.cq), success(8, a.qp, WcOpcode::Send, len));
@@ -91,7 +91,7 @@ fn write_case(a: &End<'_>, b: &End<'_>, len: usize, imm: Option<u32>) {
     let (remote_addr, rkey) = (b.mr.addr() + DST as u64, b.mr.rkey());
     let op = match imm {
         Some(imm) => {
-            b.qp.post_recv(RecvWr { wr_id: 7, sg_list: vec![] }).unwrap();
+            b.qp.post_recv(RecvWr { wr_id: 7, sg_list: softroce::sg_list![] }).unwrap();
             SendOp::RdmaWriteWithImm { remote_addr, rkey, imm }
         }
         None => SendOp::RdmaWrite { remote_addr, rkey },
@@ -183,9 +183,9 @@ fn rc_sge_lists_span_two_regions() {
     // SEND gathers from both of A's regions and scatters over both of B's.
     fill(&pair.mr_b, FILL);
     fill(&b2, FILL);
-    let scatter = vec![pair.mr_b.sge(DST, 1000), b2.sge(11, 4000)];
+    let scatter = softroce::sg_list![pair.mr_b.sge(DST, 1000), b2.sge(11, 4000)];
     pair.qp_b.post_recv(RecvWr { wr_id: 1, sg_list: scatter }).unwrap();
-    pair.qp_a.post_send(SendWr { sg_list: gather.to_vec(), ..SendWr::new(2, SendOp::Send) }).unwrap();
+    pair.qp_a.post_send(SendWr { sg_list: gather.as_slice().into(), ..SendWr::new(2, SendOp::Send) }).unwrap();
     assert_eq!(next_wc(&pair.a.cq), success(2, &pair.qp_a, WcOpcode::Send, message.len()));
     assert_eq!(next_wc(&pair.b.cq), success(1, &pair.qp_b, WcOpcode::Recv, message.len()));
     assert_holds_only(&pair.mr_b, DST, &message[..1000]);
@@ -194,7 +194,7 @@ fn rc_sge_lists_span_two_regions() {
     // WRITE gathers them into one remote range...
     fill(&pair.mr_b, FILL);
     let write = SendOp::RdmaWrite { remote_addr: pair.mr_b.addr() + DST as u64, rkey: pair.mr_b.rkey() };
-    pair.qp_a.post_send(SendWr { sg_list: gather.to_vec(), ..SendWr::new(3, write) }).unwrap();
+    pair.qp_a.post_send(SendWr { sg_list: gather.as_slice().into(), ..SendWr::new(3, write) }).unwrap();
     assert_eq!(next_wc(&pair.a.cq), success(3, &pair.qp_a, WcOpcode::RdmaWrite, message.len()));
     assert_holds_only(&pair.mr_b, DST, &message);
 
@@ -202,7 +202,7 @@ fn rc_sge_lists_span_two_regions() {
     fill(&pair.mr_a, FILL);
     fill(&a2, FILL);
     let read = SendOp::RdmaRead { remote_addr: pair.mr_b.addr() + DST as u64, rkey: pair.mr_b.rkey() };
-    let sg_list = vec![a2.sge(100, 3000), pair.mr_a.sge(DST, message.len() - 3000)];
+    let sg_list = softroce::sg_list![a2.sge(100, 3000), pair.mr_a.sge(DST, message.len() - 3000)];
     pair.qp_a.post_send(SendWr { sg_list, ..SendWr::new(4, read) }).unwrap();
     assert_eq!(next_wc(&pair.a.cq), success(4, &pair.qp_a, WcOpcode::RdmaRead, message.len()));
     assert_holds_only(&a2, 100, &message[..3000]);
@@ -215,11 +215,11 @@ fn rc_inline_sends_and_writes_carry_the_posted_bytes() {
     let data = pattern(200, 9);
     let inline = |wr_id, op| SendWr {
         flags: SendFlags { inline: true, signaled: true, ..SendFlags::default() },
-        inline_data: data.clone(),
+        inline_data: data.as_slice().into(),
         ..SendWr::new(wr_id, op)
     };
     fill(&pair.mr_b, FILL);
-    pair.qp_b.post_recv(RecvWr { wr_id: 1, sg_list: vec![pair.mr_b.sge(DST, 256)] }).unwrap();
+    pair.qp_b.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![pair.mr_b.sge(DST, 256)] }).unwrap();
     pair.qp_a.post_send(inline(2, SendOp::Send)).unwrap();
     assert_eq!(next_wc(&pair.a.cq), success(2, &pair.qp_a, WcOpcode::Send, data.len()));
     assert_eq!(next_wc(&pair.b.cq), success(1, &pair.qp_b, WcOpcode::Recv, data.len()));
@@ -236,7 +236,7 @@ fn rc_inline_sends_and_writes_carry_the_posted_bytes() {
 /// waits for the receives.
 fn send_three(a: &End<'_>, b: &End<'_>, signaled: [bool; 3]) {
     for (wr_id, signaled) in (1..).zip(signaled) {
-        b.qp.post_recv(RecvWr { wr_id, sg_list: vec![b.mr.sge(0, 100)] }).unwrap();
+        b.qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![b.mr.sge(0, 100)] }).unwrap();
         let wr = SendWr::new(wr_id, SendOp::Send).with_sge(a.mr.sge(0, 100));
         a.qp.post_send(if signaled { wr } else { unsignaled(wr) }).unwrap();
     }
@@ -262,7 +262,7 @@ fn unsignaled_sends_complete_silently() {
 fn an_unsignaled_send_alone_is_acknowledged_without_a_retry() {
     let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let (a, b) = pair.ends();
-    b.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0, 100)] }).unwrap();
+    b.qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![b.mr.sge(0, 100)] }).unwrap();
     a.qp.post_send(unsignaled(SendWr::new(2, SendOp::Send).with_sge(a.mr.sge(0, 100)))).unwrap();
     assert_eq!(next_wc(b.cq).status, WcStatus::Success);
     let drain = QpAttr { state: QpState::Sqd, en_sqd_async_notify: true, ..QpAttr::default() };
@@ -308,7 +308,7 @@ fn uc_send_and_write() {
     let (addr, rkey) = (pair.mr_b.addr(), pair.mr_b.rkey());
     let first = SendOp::RdmaWrite { remote_addr: addr + DST as u64, rkey };
     let second = SendOp::RdmaWriteWithImm { remote_addr: addr + 3 * DST as u64, rkey, imm: 5 };
-    pair.qp_b.post_recv(RecvWr { wr_id: 9, sg_list: vec![] }).unwrap();
+    pair.qp_b.post_recv(RecvWr { wr_id: 9, sg_list: softroce::sg_list![] }).unwrap();
     pair.qp_a.post_send(SendWr::new(10, first).with_sge(pair.mr_a.sge(SRC, 1000))).unwrap();
     pair.qp_a.post_send(SendWr::new(11, second).with_sge(pair.mr_a.sge(SRC + 1000, 2000))).unwrap();
     assert_eq!(next_wc(&pair.a.cq), success(10, &pair.qp_a, WcOpcode::RdmaWrite, 1000));
@@ -363,7 +363,7 @@ fn ud_sends(a: &End<'_>, b: &End<'_>, ah: &AddressHandle, (a_ip, b_ip): (IpAddr,
     for (wr_id, len, imm) in [(1, 1, None), (2, 1000, Some(0xfeed)), (3, 4096, None), (4, 1, Some(7))] {
         eprintln!("{len} bytes, immediate {imm:?}");
         let data = stage(a.mr, b.mr, len);
-        b.qp.post_recv(RecvWr { wr_id, sg_list: vec![b.mr.sge(0, GRH_LEN + len)] }).unwrap();
+        b.qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![b.mr.sge(0, GRH_LEN + len)] }).unwrap();
         let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
         let wr = SendWr { ud: Some(ah.ud_dest(b.qp.qpn(), QKEY)), ..SendWr::new(wr_id, op) };
         a.qp.post_send(wr.with_sge(a.mr.sge(SRC, len))).unwrap();
@@ -408,7 +408,8 @@ fn srq_shared_by_two_qps_raises_its_limit_event() {
     let (mr_a, mr_b) = (node_a.mr(8 * SLOT), node_b.mr(8 * SLOT));
     fill(&mr_b, FILL);
     for slot in 0..6 {
-        srq.post_recv(RecvWr { wr_id: 100 + slot as u64, sg_list: vec![mr_b.sge(slot * SLOT, SLOT)] }).unwrap();
+        srq.post_recv(RecvWr { wr_id: 100 + slot as u64, sg_list: softroce::sg_list![mr_b.sge(slot * SLOT, SLOT)] })
+            .unwrap();
     }
     srq.arm_limit(3);
     let mut landed = Vec::new();
@@ -462,7 +463,7 @@ fn a_send_that_found_the_srq_empty_lands_once_a_receive_is_posted() {
         assert!(Instant::now() < deadline, "the SEND never met the empty SRQ");
         std::thread::sleep(Duration::from_millis(1));
     }
-    srq.post_recv(RecvWr { wr_id: 100, sg_list: vec![mr_b.sge(0, 4096)] }).unwrap();
+    srq.post_recv(RecvWr { wr_id: 100, sg_list: softroce::sg_list![mr_b.sge(0, 4096)] }).unwrap();
     assert_eq!(next_wc(&node_a.cq), success(1, &sender, WcOpcode::Send, data.len()));
     assert_eq!(next_wc(&node_b.cq), success(100, &receiver, WcOpcode::Recv, data.len()));
     assert_holds_only(&mr_b, 0, &data);
@@ -471,7 +472,7 @@ fn a_send_that_found_the_srq_empty_lands_once_a_receive_is_posted() {
     std::thread::sleep(QUIET);
     let sleeps = node_b.ctx.counters().sleeps;
     for wr_id in 0..REFILLS {
-        srq.post_recv(RecvWr { wr_id, sg_list: vec![mr_b.sge(0, 64)] }).unwrap();
+        srq.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![mr_b.sge(0, 64)] }).unwrap();
         std::thread::sleep(Duration::from_millis(2));
     }
     let woken = node_b.ctx.counters().sleeps - sleeps;
@@ -482,7 +483,7 @@ fn a_send_that_found_the_srq_empty_lands_once_a_receive_is_posted() {
 fn channel_pair() -> NodePair {
     let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     for wr_id in 0..4 {
-        pair.qp_b.post_recv(RecvWr { wr_id, sg_list: vec![pair.mr_b.sge(0, 64)] }).unwrap();
+        pair.qp_b.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![pair.mr_b.sge(0, 64)] }).unwrap();
     }
     pair
 }
@@ -607,7 +608,7 @@ fn a_qp_destroyed_right_after_its_last_receive_still_acknowledges_it() {
         let options =
             ConnectOptions { timeout: AckTimeout::from_exponent(14).unwrap(), retry_cnt: 1, ..options(Mtu::Mtu1024) };
         let NodePair { a, b, qp_a, qp_b, mr_a, mr_b } = NodePair::connected(QpType::Rc, &options);
-        qp_b.post_recv(RecvWr { wr_id: 1, sg_list: vec![mr_b.sge(0, 64)] }).unwrap();
+        qp_b.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![mr_b.sge(0, 64)] }).unwrap();
         qp_a.post_send(SendWr::new(2, SendOp::Send).with_sge(mr_a.sge(0, 64))).unwrap();
         // Spin, so the drop races the engine's next step as closely as it can.
         let received = loop {
@@ -639,7 +640,7 @@ fn a_posted_list_runs_in_order_up_to_the_request_the_qp_refuses() {
         let op = SendOp::RdmaWrite { remote_addr: pair.mr_b.addr() + (DST + at) as u64, rkey };
         SendWr::new(wr_id, op).with_sge(pair.mr_a.sge(SRC + at, len))
     };
-    let too_many_sges = SendWr { sg_list: vec![pair.mr_a.sge(SRC, 1); 17], ..write(3, 0, 0) };
+    let too_many_sges = SendWr { sg_list: softroce::sg_list![pair.mr_a.sge(SRC, 1); 17], ..write(3, 0, 0) };
     let list = [write(1, 0, 1000), write(2, 1000, 2000), too_many_sges, write(4, 0, 1)];
 
     let (bad, error) = pair.qp_a.post_send_list(list).unwrap_err();

@@ -6,7 +6,8 @@ use std::ptr;
 use std::sync::Mutex;
 
 use softroce::verbs::{
-    Access, AttrMask, Gid, Mtu, Psn, QpAttr, QpCap, QpState, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    Access, AttrMask, Gid, InlineData, Mtu, Psn, QpAttr, QpCap, QpState, QpType, QueuePair, RecvWr, SendFlags, SendOp,
+    SendWr, SgList, Sge,
 };
 
 use crate::cq::Cq;
@@ -419,7 +420,7 @@ unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr:
         return unsafe { refuse(qp) };
     }
     // SAFETY: the program's 8 bytes of data.
-    let data = unsafe { std::slice::from_raw_parts(atomic_wr.cast::<u8>(), 8) }.to_vec();
+    let data = InlineData::from_slice(unsafe { std::slice::from_raw_parts(atomic_wr.cast::<u8>(), 8) });
     unsafe { begin(qp, SendOp::AtomicWrite { remote_addr, rkey }) };
     unsafe {
         amend(qp, |_, wr| {
@@ -466,7 +467,7 @@ unsafe extern "C" fn refuse_fetch_add(qp: *mut ibv_qp_ex, _: u32, _: u64, _: u64
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     unsafe {
         amend(qp, |_, wr| {
-            wr.sg_list = vec![Sge { addr, length, lkey }];
+            wr.sg_list = softroce::sg_list![Sge { addr, length, lkey }];
             Ok(())
         })
     }
@@ -677,7 +678,7 @@ pub unsafe extern "C" fn ibv_query_qp(
 symver!(ibv_query_qp);
 
 /// Reads `n` SGEs of a C work request.
-pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+pub(crate) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
     // SAFETY: as the caller promises.
     let c = unsafe { c_sges(list, n) }?;
     Ok(c.iter().map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect())
@@ -737,7 +738,8 @@ unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Result<SendWr, c_int> {
         solicited: wr.send_flags & IBV_SEND_SOLICITED != 0,
         inline: wr.send_flags & IBV_SEND_INLINE != 0,
     };
-    let mut out = SendWr { wr_id: wr.wr_id, op, sg_list: Vec::new(), flags, inline_data: Vec::new(), ud: None };
+    let mut out =
+        SendWr { wr_id: wr.wr_id, op, sg_list: SgList::new(), flags, inline_data: InlineData::new(), ud: None };
     if flags.inline && !op.is_atomic() {
         // SAFETY: the program's SGEs.
         let c = unsafe { c_sges(wr.sg_list, wr.num_sge) }?;

@@ -527,7 +527,7 @@ impl Responder {
                 Sge { addr, length, lkey }
             })
             .collect();
-        let wr = RecvWr { wr_id: self.posted.len() as u64, sg_list };
+        let wr = RecvWr { wr_id: self.posted.len() as u64, sg_list: sg_list.into() };
         if self.qp.post_recv(wr.clone()).is_ok() {
             let windows = wr.sg_list.iter().map(|s| Window::new(s.lkey, s.addr, s.length.into()));
             self.grants.receives.extend(windows);

@@ -305,7 +305,7 @@ impl Plan {
             let mut take_recv = |rng: &mut Rng, len: usize| {
                 let room = len + rng.below(9);
                 let at = recv[h].take(rng, room);
-                Some(RecvWr { wr_id: receives, sg_list: split(rng, RECV, at, room, 2) })
+                Some(RecvWr { wr_id: receives, sg_list: split(rng, RECV, at, room, 2).into() })
             };
             match input.kind {
                 Kind::Send | Kind::SendImm => {
@@ -398,7 +398,7 @@ impl Stream {
                     Kind::FetchAdd => SendOp::FetchAdd { remote_addr, rkey, add: op.operand },
                 };
                 let mut wr = SendWr::new(i as u64, send_op);
-                wr.sg_list = op.local.clone();
+                wr.sg_list = op.local.as_slice().into();
                 model.apply(op, &wr);
                 wr
             })

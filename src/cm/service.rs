@@ -98,7 +98,10 @@ impl Service {
         gsi.activate(GSI_QKEY)?;
         let receives = pd.alloc_mr(RECEIVES * RECEIVE_LEN, Access::LOCAL_WRITE)?;
         for slot in 0..RECEIVES {
-            gsi.post_recv(RecvWr { wr_id: slot as u64, sg_list: vec![receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] })?;
+            gsi.post_recv(RecvWr {
+                wr_id: slot as u64,
+                sg_list: crate::sg_list![receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)],
+            })?;
         }
         let config = ProtocolConfig {
             slot: context.slot(),
@@ -196,7 +199,7 @@ impl Service {
     fn send(&self, to: MadPeer, mad: &[u8]) {
         let wr = SendWr {
             flags: SendFlags { inline: true, signaled: false, ..SendFlags::default() },
-            inline_data: mad.to_vec(),
+            inline_data: mad.into(),
             ud: Some(UdDest { dest: to.gid.to_ip(), remote_qpn: to.qpn, remote_qkey: GSI_QKEY }),
             ..SendWr::new(u64::MAX, SendOp::Send)
         };
@@ -250,7 +253,8 @@ impl Service {
             let from = MadPeer { gid: source_gid(&received[..GRH_LEN]), qpn: wc.src_qp };
             state.protocol.handle_mad(now, from, &received[GRH_LEN..len]);
         }
-        let again = RecvWr { wr_id: wc.wr_id, sg_list: vec![self.receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] };
+        let again =
+            RecvWr { wr_id: wc.wr_id, sg_list: crate::sg_list![self.receives.sge(slot * RECEIVE_LEN, RECEIVE_LEN)] };
         if let Err(e) = crate::trace::quietly(|| self.gsi.post_recv(again)) {
             tracing::warn!("GSI receive {slot} not reposted: {e}");
         }

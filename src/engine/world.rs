@@ -279,7 +279,10 @@ mod tests {
         w.connect((0, UD.0), (1, UD.1), &attr, psns).unwrap();
         let sge = |len| Sge { addr: 0x1000, length: len, lkey: 1 };
         for qpn in [RC.1, UD.1] {
-            w.hosts[1].qp(qpn).post_recv(RecvWr { wr_id: 1, sg_list: vec![sge(GRH_LEN as u32 + 64)] }).unwrap();
+            w.hosts[1]
+                .qp(qpn)
+                .post_recv(RecvWr { wr_id: 1, sg_list: crate::sg_list![sge(GRH_LEN as u32 + 64)] })
+                .unwrap();
         }
         w.hosts[0].qp(RC.0).post_send(SendWr::new(1, SendOp::Send).with_sge(sge(64))).unwrap();
         let to_b = UdDest { dest: addrs[1], remote_qpn: UD.1, remote_qkey: QKEY };

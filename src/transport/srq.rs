@@ -130,9 +130,12 @@ mod tests {
     fn limit_event_fires_once_then_disarms() {
         let mut srq = Srq::new(1, 4, 1);
         for i in 0..4 {
-            srq.post(RecvWr { wr_id: i, sg_list: vec![] }).unwrap();
+            srq.post(RecvWr { wr_id: i, sg_list: crate::sg_list![] }).unwrap();
         }
-        assert_eq!(srq.post(RecvWr { wr_id: 9, sg_list: vec![] }), Err(PostRecvError::QueueFull { max_wr: 4 }));
+        assert_eq!(
+            srq.post(RecvWr { wr_id: 9, sg_list: crate::sg_list![] }),
+            Err(PostRecvError::QueueFull { max_wr: 4 })
+        );
         srq.arm_limit(3);
         assert_eq!(srq.take().unwrap().wr_id, 0);
         assert!(!srq.poll_limit_event()); // 3 left, not below 3

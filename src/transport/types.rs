@@ -341,6 +341,36 @@ pub struct SendFlags {
     pub inline: bool,
 }
 
+/// A work request's scatter/gather list. One entry (what most verbs
+/// programs post) is held in the request itself, so that such a post
+/// allocates nothing and the thread that completes it frees nothing; more
+/// go to the heap. One and not two: a second would make a [`SendWr`] too
+/// large to move without a call to `memcpy` (each post moves it a few
+/// times), which costs about what the allocation saved. [`sg_list!`] makes
+/// one as `vec!` makes a `Vec`, and a `Vec<Sge>` or `&[Sge]` converts
+/// `into()` one.
+///
+/// [`sg_list!`]: crate::sg_list
+pub type SgList = smallvec::SmallVec<[Sge; 1]>;
+
+/// The data of an inline send, copied from the program's buffers at post
+/// time. Up to 16 bytes (a latency test's message, a small header) are held
+/// in the request, as one SGE is ([`SgList`]), so such a post allocates
+/// nothing; the request stays as large as with a `Vec`.
+pub type InlineData = smallvec::SmallVec<[u8; 16]>;
+
+/// A [`SgList`](crate::transport::SgList) of the entries given, as `vec!`
+/// makes a `Vec`: `RecvWr { wr_id, sg_list: sg_list![mr.sge(0, 64)] }`.
+#[macro_export]
+macro_rules! sg_list {
+    ($sge:expr; $n:expr) => {
+        $crate::transport::SgList::from_elem($sge, $n)
+    };
+    ($($sge:expr),* $(,)?) => {
+        <$crate::transport::SgList as ::core::iter::FromIterator<$crate::transport::Sge>>::from_iter([$($sge),*])
+    };
+}
+
 /// A send work request (`ibv_send_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
@@ -349,12 +379,12 @@ pub struct SendWr {
     /// The operation and its remote-side arguments.
     pub op: SendOp,
     /// Local memory the data comes from (or, for READ and atomics, goes to).
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// Fencing, completion and solicited-event behaviour, and whether the data
     /// is inline.
     pub flags: SendFlags,
     /// Data of an inline send, copied at post time.
-    pub inline_data: Vec<u8>,
+    pub inline_data: InlineData,
     /// Destination of a UD send.
     pub ud: Option<UdDest>,
 }
@@ -365,9 +395,9 @@ impl SendWr {
         SendWr {
             wr_id,
             op,
-            sg_list: Vec::new(),
+            sg_list: SgList::new(),
             flags: SendFlags { signaled: true, ..SendFlags::default() },
-            inline_data: Vec::new(),
+            inline_data: InlineData::new(),
             ud: None,
         }
     }
@@ -402,7 +432,7 @@ pub struct RecvWr {
     /// The caller's identifier, returned in the completion.
     pub wr_id: u64,
     /// Buffers a received message is scattered into, in order.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 impl RecvWr {

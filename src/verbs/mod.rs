@@ -69,7 +69,7 @@ pub use srq::SharedReceiveQueue;
 // The transport's value types that verbs calls take and return, so that a
 // program imports everything from here.
 pub use crate::transport::{
-    Access, AsyncEvent, AttrMask, Mtu, MwBind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    UdDest, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+    Access, AsyncEvent, AttrMask, InlineData, Mtu, MwBind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp,
+    SendWr, SgList, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
 };
 pub use crate::wire::Psn;

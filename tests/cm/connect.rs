@@ -56,7 +56,7 @@ impl Side {
     }
 
     pub fn post_recv(&self, qp: &QueuePair, offset: usize) {
-        qp.post_recv(RecvWr { wr_id: offset as u64, sg_list: vec![self.mr.sge(offset, 512)] }).unwrap();
+        qp.post_recv(RecvWr { wr_id: offset as u64, sg_list: softroce::sg_list![self.mr.sge(offset, 512)] }).unwrap();
     }
 
     /// SENDs `data` from offset 3000 of the region.

@@ -37,7 +37,7 @@ fn packets_for_unknown_or_destroyed_qps_are_counted_and_dropped() {
 fn every_opcode_byte_at_a_real_context_is_counted_and_survived() {
     let v = Victim::new("all_opcodes");
     for wr_id in 0..4 {
-        v.qp.post_recv(RecvWr { wr_id, sg_list: vec![v.mr.sge(4096 * wr_id as usize, 4096)] }).unwrap();
+        v.qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![v.mr.sge(4096 * wr_id as usize, 4096)] }).unwrap();
     }
     let before = v.node.ctx.counters();
     let mut malformed = 0;
@@ -68,7 +68,7 @@ fn every_opcode_byte_at_a_real_context_is_counted_and_survived() {
 #[test]
 fn malformed_datagrams_are_counted_and_dropped() {
     let v = Victim::new("malformed");
-    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![v.mr.sge(0, 4096)] }).unwrap();
+    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![v.mr.sge(0, 4096)] }).unwrap();
     let before = v.node.ctx.counters();
     let valid = |op, psn| {
         let header = rc(op, psn).ack_req().qpn(v.qp.qpn());
@@ -146,7 +146,7 @@ impl EmitVec for RoceRepr {
 #[test]
 fn spoofed_sources_get_nothing_from_a_real_context() {
     let v = Victim::new("spoofed");
-    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![v.mr.sge(0, 4096)] }).unwrap();
+    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![v.mr.sge(0, 4096)] }).unwrap();
     let before = v.node.ctx.counters();
     // Someone who knows everything but cannot send from the peer's address.
     let spoofer = FakePeer::sender(OFF_PATH, v.port);
@@ -177,7 +177,7 @@ fn a_qp_pinned_to_its_peers_port_drops_the_peers_address_from_other_ports() {
     // A spoofer that can forge the peer's address but not its source port
     // (the peer holds it): by default it is the peer, as IBTA and rxe have it.
     let open = Victim::pinned("unpinned", false);
-    open.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![open.mr.sge(0, 4096)] }).unwrap();
+    open.qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![open.mr.sge(0, 4096)] }).unwrap();
     let forger = FakePeer::sender(FAKE_PEER, open.port);
     forger.send(IP_A, &rc(Op::SendOnly, FAKE_PSN).ack_req().qpn(open.qp.qpn()), &[0x5e; 64]);
     let wc = next_wc(&open.node.cq);
@@ -185,7 +185,7 @@ fn a_qp_pinned_to_its_peers_port_drops_the_peers_address_from_other_ports() {
 
     // Pinned to the peer's port, the QP drops it and stays the peer's.
     let v = Victim::pinned("pinned", true);
-    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![v.mr.sge(0, 4096)] }).unwrap();
+    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![v.mr.sge(0, 4096)] }).unwrap();
     let before = v.node.ctx.counters();
     let forger = FakePeer::sender(FAKE_PEER, v.port);
     let requests = [
@@ -234,7 +234,7 @@ fn a_write_stream_into_a_region_deregistered_half_way_is_naked() {
 #[test]
 fn remote_invalidation_of_a_plain_mr_is_refused() {
     let v = Victim::new("invalidate");
-    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![v.mr.sge(0, 4096)] }).unwrap();
+    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![v.mr.sge(0, 4096)] }).unwrap();
     v.send(rc(Op::SendOnlyInv, FAKE_PSN).ack_req().ieth(v.mr.rkey()), &[1; 16]);
     let nak = v.peer.receive(WAIT).expect("a NAK");
     assert_eq!(
@@ -262,7 +262,7 @@ fn remote_invalidation_of_a_plain_mr_is_refused() {
 #[test]
 fn a_flood_of_duplicates_at_a_real_context_leaves_the_qp_working() {
     let v = Victim::new("duplicates");
-    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![v.mr.sge(0, 64)] }).unwrap();
+    v.qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![v.mr.sge(0, 64)] }).unwrap();
     v.send(rc(Op::SendOnly, FAKE_PSN).ack_req(), &[1; 64]);
     v.send(rc(Op::ReadRequest, FAKE_PSN + 1).ack_req().reth(v.mr.addr() + 4096, v.mr.rkey(), 3000), &[]);
     let first: Vec<Sent> = (0..4).map(|_| v.peer.receive(WAIT).expect("an answer")).collect();
@@ -310,7 +310,7 @@ fn a_dropped_cq_gets_no_more_completions_or_events() {
     connect(&qp, &peer, &options(Mtu::Mtu1024), &options(Mtu::Mtu1024));
     let mr = a.mr(4096);
     for wr_id in 0..4 {
-        qp.post_recv(RecvWr { wr_id, sg_list: vec![mr.sge(0, 64)] }).unwrap();
+        qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![mr.sge(0, 64)] }).unwrap();
     }
     cq.req_notify(false);
     drop(cq);
@@ -339,7 +339,7 @@ fn a_destroyed_qp_completes_nothing_after_destroy_returns() {
         let (qp_a, qp_b) = (a.qp(QpType::Rc), b.qp(QpType::Rc));
         connect(&qp_a, &qp_b, &options(Mtu::Mtu1024), &options(Mtu::Mtu1024));
         for wr_id in 0..128 {
-            qp_b.post_recv(RecvWr { wr_id, sg_list: vec![mr_b.sge(0, 1024)] }).unwrap();
+            qp_b.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![mr_b.sge(0, 1024)] }).unwrap();
         }
         for wr_id in 0..128 {
             let wr = SendWr {

@@ -148,7 +148,7 @@ impl Victim {
     /// A SEND at `psn` is ACKed: the QP works.
     fn assert_works(&self, psn: u32) {
         let mr = self.node.mr(4096);
-        self.qp.post_recv(RecvWr { wr_id: 0x600d, sg_list: vec![mr.sge(0, 64)] }).unwrap();
+        self.qp.post_recv(RecvWr { wr_id: 0x600d, sg_list: softroce::sg_list![mr.sge(0, 64)] }).unwrap();
         self.send(rc(Op::SendOnly, psn).ack_req(), &[7; 16]);
         // Late answers to earlier packets may come first.
         let deadline = Instant::now() + WAIT;

@@ -303,7 +303,7 @@ fn a_region_deregistered_mid_write_naks_the_rest_of_the_write() {
 fn zero_length_requests_check_no_rkey_and_touch_nothing() {
     let mut t = target();
     t.post_recv(1, RECV_AT, 64);
-    t.qp.post_recv(RecvWr { wr_id: 2, sg_list: vec![] }).unwrap();
+    t.qp.post_recv(RecvWr { wr_id: 2, sg_list: softroce::sg_list![] }).unwrap();
     t.post_recv(3, RECV_AT + 64, 64);
     let before = t.snapshot();
     // IBTA: a zero-length READ or WRITE needs no valid R_Key or address.
@@ -332,7 +332,7 @@ fn zero_length_requests_check_no_rkey_and_touch_nothing() {
     assert_eq!(t.qp.state(), QpState::Rts);
 
     // A receive without buffers takes only zero bytes.
-    t.qp.post_recv(RecvWr { wr_id: 4, sg_list: vec![] }).unwrap();
+    t.qp.post_recv(RecvWr { wr_id: 4, sg_list: softroce::sg_list![] }).unwrap();
     t.feed(rc(Op::SendOnly, RQ_PSN + 5).ack_req(), &[1]);
     let sent = t.transmit();
     assert_eq!((sent[0].psn(), sent[0].syndrome()), (RQ_PSN + 5, Syndrome::Nak(NakCode::InvalidRequest)));
@@ -449,7 +449,7 @@ fn a_maximum_length_read_streams_and_a_retry_cuts_it_short() {
     let packets = len.div_ceil(4096);
     feed(&mut qp, &mut mem, rc(Op::ReadRequest, RQ_PSN).ack_req().reth(HUGE_VA, HUGE_KEY, len));
     // The PSN after the READ's responses: a zero-length SEND into a receive without buffers.
-    qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![] }).unwrap();
+    qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![] }).unwrap();
     feed(&mut qp, &mut mem, rc(Op::SendOnly, psn_plus(RQ_PSN, packets.into())).ack_req());
     for k in 0..256u32 {
         let (op, psn, payload) = next(&mut qp, &mut mem).expect("the READ streams");

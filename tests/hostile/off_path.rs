@@ -30,7 +30,7 @@ fn off_path_injection_gets_nothing_accepted() {
     t.register(key, Region { pd: PD, addr: VA, access, data: pattern(REGION_LEN, 0x5a) });
     for wr_id in 0..16 {
         let sge = Sge { addr: VA + RECV_AT + 64 * wr_id, length: 64, lkey: key };
-        t.qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
+        t.qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![sge] }).unwrap();
     }
     let before = t.snapshot();
     let mut attacker = Rng::new(0xa77a_c4e2);
@@ -134,7 +134,7 @@ fn off_path_spray_at_a_real_context_gets_nothing_accepted() {
     const SPRAY: u32 = 20_000;
     let v = Victim::new("sprayed");
     for wr_id in 0..16 {
-        v.qp.post_recv(RecvWr { wr_id, sg_list: vec![v.mr.sge(64 * wr_id as usize, 64)] }).unwrap();
+        v.qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![v.mr.sge(64 * wr_id as usize, 64)] }).unwrap();
     }
     let attacker = FakePeer::sender(OFF_PATH, v.port);
     let before = v.node.ctx.counters();

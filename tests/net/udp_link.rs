@@ -39,7 +39,7 @@ fn rc_send_write_read_over_loopback_udp() {
     let msg: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
     w.hosts[0].mem.region_mut(1).unwrap().data[..msg.len()].copy_from_slice(&msg);
 
-    let recv = RecvWr { wr_id: 9, sg_list: vec![Sge { addr: 0x9000, length: 16384, lkey: 2 }] };
+    let recv = RecvWr { wr_id: 9, sg_list: softroce::sg_list![Sge { addr: 0x9000, length: 16384, lkey: 2 }] };
     w.hosts[1].qp(0x11).post_recv(recv).unwrap();
     let src = Sge { addr: 0x1000, length: msg.len() as u32, lkey: 1 };
     let qp = w.hosts[0].qp(0x11);

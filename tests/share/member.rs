@@ -597,7 +597,7 @@ impl Traffic {
     fn post_rc_recv(&self, p: &Peer, peer: usize, k: u64) {
         let wr = RecvWr {
             wr_id: wr_id(WR_RECV, peer, k),
-            sg_list: vec![self.mr.sge(self.layout.send_in(peer, k), SEND_MAX)],
+            sg_list: softroce::sg_list![self.mr.sge(self.layout.send_in(peer, k), SEND_MAX)],
         };
         if let Err(e) = p.qp.post_recv(wr) {
             assert!(p.error.is_some(), "member {}: receive for {peer}: {e}", self.me);
@@ -607,7 +607,7 @@ impl Traffic {
     fn post_ud_recv(&self, k: u64) {
         let wr = RecvWr {
             wr_id: wr_id(WR_UD_RECV, 0, k),
-            sg_list: vec![self.mr.sge(self.layout.ud_in(k), GRH_LEN + UD_MAX)],
+            sg_list: softroce::sg_list![self.mr.sge(self.layout.ud_in(k), GRH_LEN + UD_MAX)],
         };
         self.ud.post_recv(wr).unwrap();
     }
@@ -690,7 +690,7 @@ impl Traffic {
                 write.flags.signaled = false;
                 let mut send = SendWr::new(wr_id(WR_SEND, peer, m), SendOp::Send);
                 send.flags.inline = true;
-                send.inline_data = message(RC_MAGIC, WR_SEND, me, peer, m, send_len(me, peer, m));
+                send.inline_data = message(RC_MAGIC, WR_SEND, me, peer, m, send_len(me, peer, m)).into();
                 let posted = p.qp.post_send_list([write, send]);
                 let p = self.peers.get_mut(&peer).unwrap();
                 if let Err((_, e)) = posted {
@@ -984,7 +984,8 @@ fn newcomer(role: &Role) {
     let ud = pd.create_qp(QpType::Ud, &cq).build().unwrap();
     ud.activate(QKEY).unwrap();
     for k in 0..32 {
-        let wr = RecvWr { wr_id: k, sg_list: vec![mr.sge(k as usize * (GRH_LEN + UD_MAX), GRH_LEN + UD_MAX)] };
+        let wr =
+            RecvWr { wr_id: k, sg_list: softroce::sg_list![mr.sge(k as usize * (GRH_LEN + UD_MAX), GRH_LEN + UD_MAX)] };
         ud.post_recv(wr).unwrap();
     }
     let info = Info {
@@ -1046,7 +1047,8 @@ fn newcomer(role: &Role) {
         );
         answered.entry(from).or_insert_with(mono_ns);
         let k = wc.wr_id;
-        let wr = RecvWr { wr_id: k, sg_list: vec![mr.sge(k as usize * (GRH_LEN + UD_MAX), GRH_LEN + UD_MAX)] };
+        let wr =
+            RecvWr { wr_id: k, sg_list: softroce::sg_list![mr.sge(k as usize * (GRH_LEN + UD_MAX), GRH_LEN + UD_MAX)] };
         ud.post_recv(wr).unwrap();
     }
     let mut text = format!("index {me}\nslot {}\nuid {}\npings {pings}\n", info.slot, uid());

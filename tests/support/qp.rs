@@ -226,7 +226,7 @@ impl TestQp {
 
     /// Posts a receive of `len` bytes at `offset` in the region.
     pub fn post_recv(&mut self, wr_id: u64, offset: u64, len: u32) {
-        self.qp.post_recv(RecvWr { wr_id, sg_list: vec![sge(offset, len)] }).unwrap();
+        self.qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![sge(offset, len)] }).unwrap();
     }
 
     /// `len` bytes of the region at `offset`.

@@ -388,7 +388,7 @@ impl TwoHosts {
             Kind::FetchAdd => SendOp::FetchAdd { remote_addr: B0.addr(ATOMIC_OFF), rkey, add: 0x1_0000_0003 },
         };
         let mut wr = SendWr::new(SEND_ID, op);
-        wr.sg_list = local.clone();
+        wr.sg_list = local.as_slice().into();
         wr.flags.signaled = case.signaled;
         wr.flags.solicited = case.solicited;
         let msg = match case.kind {
@@ -397,7 +397,7 @@ impl TwoHosts {
         };
         if case.inline {
             wr.flags.inline = true;
-            wr.inline_data = msg.clone();
+            wr.inline_data = msg.as_slice().into();
             wr.sg_list.clear();
         }
         if ud {
@@ -414,7 +414,7 @@ impl TwoHosts {
         };
         let recv = case.kind.consumes_recv().then(|| RecvWr {
             wr_id: RECV_ID,
-            sg_list: place([B1, B0], RECV_OFF, &case.layout.recv_lens(delivered.len())),
+            sg_list: place([B1, B0], RECV_OFF, &case.layout.recv_lens(delivered.len())).into(),
         });
         if let Some(recv) = &recv {
             self.qp(B).post_recv(recv.clone()).unwrap_or_else(|e| panic!("{ctx}: post_recv: {e}"));
@@ -529,7 +529,7 @@ fn inline_sends() {
     let mut sim = TwoHosts::new(QpType::Rc, Mtu::Mtu256, Family::V4, REGION_LEN);
     let mut wr = SendWr::new(1, SendOp::Send);
     wr.flags.inline = true;
-    wr.inline_data = vec![0; 1025];
+    wr.inline_data = vec![0; 1025].into();
     assert_eq!(sim.qp(A).post_send(wr), Err(PostSendError::InlineTooLong { given: 1025, max: 1024 }));
 }
 
@@ -580,7 +580,7 @@ fn unsignaled_mixed_with_signaled() {
         let lens = [10, 2000, 0, 300, 4097];
         let signaled = [true, false, false, true, false];
         for (i, &len) in lens.iter().enumerate() {
-            let recv = RecvWr { wr_id: 100 + i as u64, sg_list: vec![B1.sge(i * 8192, 8192)] };
+            let recv = RecvWr { wr_id: 100 + i as u64, sg_list: softroce::sg_list![B1.sge(i * 8192, 8192)] };
             sim.qp(B).post_recv(recv).unwrap();
             let mut wr = SendWr::new(i as u64, SendOp::Send).with_sge(A0.sge(i * 8192, len));
             wr.flags.signaled = signaled[i];
@@ -698,7 +698,7 @@ fn ud_deliveries(sim: &mut TwoHosts, remote_qkeys: &[u32]) -> Vec<u64> {
     let sent_before = sim.w.hosts[A].completions.len();
     for (i, &qkey) in remote_qkeys.iter().enumerate() {
         let wr_id = 1000 + first as u64 + i as u64;
-        sim.qp(B).post_recv(RecvWr { wr_id, sg_list: vec![B1.sge(0, GRH_LEN + 64)] }).unwrap();
+        sim.qp(B).post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![B1.sge(0, GRH_LEN + 64)] }).unwrap();
         let mut wr = SendWr::new(wr_id, SendOp::Send).with_sge(A0.sge(0, 64));
         wr.ud = Some(sim.ud_dest(qkey));
         sim.qp(A).post_send(wr).unwrap();
@@ -764,8 +764,9 @@ fn srq_shared_by_three_qps() {
         w.create_qp(RECEIVER, qpn_r, QpType::Rc, qp_cap(), Some(SRQ));
         w.connect((sender, qpn_s), (RECEIVER, qpn_r), &qp_attr(mtu), (Psn::new(PSN_A), Psn::new(PSN_B))).unwrap();
     }
-    let recvs: Vec<RecvWr> =
-        (0..POSTED).map(|i| RecvWr { wr_id: i as u64, sg_list: place(recv_mrs, i * 4 * m, &[m + 3, 3 * m]) }).collect();
+    let recvs: Vec<RecvWr> = (0..POSTED)
+        .map(|i| RecvWr { wr_id: i as u64, sg_list: place(recv_mrs, i * 4 * m, &[m + 3, 3 * m]).into() })
+        .collect();
     let srq = w.hosts[RECEIVER].srqs.get_mut(&SRQ).unwrap();
     for recv in &recvs {
         srq.post(recv.clone()).unwrap();
@@ -826,7 +827,7 @@ fn srq_limit_event_fires_once() {
         w.connect((A, QPN_A), (B, QPN_B), &qp_attr(Mtu::Mtu1024), (Psn::new(PSN_A), Psn::new(PSN_B))).unwrap();
         let srq = w.hosts[B].srqs.get_mut(&SRQ).unwrap();
         for i in 0..8 {
-            srq.post(RecvWr { wr_id: i, sg_list: vec![B0.sge(i as usize * 256, 256)] }).unwrap();
+            srq.post(RecvWr { wr_id: i, sg_list: softroce::sg_list![B0.sge(i as usize * 256, 256)] }).unwrap();
         }
         srq.arm_limit(5);
         let send = |w: &mut SimWorld, n: u64| {

@@ -95,7 +95,7 @@ fn run(faults: Faults, seed: u64) {
     // Then a SEND with invalidate ends the window, and a WRITE through it fails.
     w.hosts[1]
         .qp(QPN_B)
-        .post_recv(RecvWr { wr_id: 7, sg_list: vec![Sge { addr: BASE_B, length: 64, lkey: KEY_B }] })
+        .post_recv(RecvWr { wr_id: 7, sg_list: softroce::sg_list![Sge { addr: BASE_B, length: 64, lkey: KEY_B }] })
         .unwrap();
     // Fenced: it waits for the READ's responses, which a retry could not
     // get once the window is gone (the fence is for exactly this).

@@ -85,7 +85,7 @@ fn moving_to_err_from_any_state_flushes_everything() {
             at.state = QpState::Rtr;
             qp.modify(&at, AttrMask::STATE | rc_rtr_mask()).unwrap();
         }
-        qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![sge(0, 64)] }).unwrap();
+        qp.post_recv(RecvWr { wr_id: 1, sg_list: softroce::sg_list![sge(0, 64)] }).unwrap();
         qp.modify(&to_err, AttrMask::STATE).unwrap();
         assert_eq!(qp.state(), QpState::Err);
         let wcs: Vec<_> = std::iter::from_fn(|| qp.poll_completion()).collect();
@@ -117,7 +117,7 @@ fn moving_to_err_from_any_state_flushes_everything() {
     let reset = QpAttr { state: QpState::Reset, ..QpAttr::default() };
     node.qp.modify(&reset, AttrMask::STATE).unwrap();
     assert_eq!(node.qp.state(), QpState::Reset);
-    assert_eq!(node.qp.post_recv(RecvWr { wr_id: 4, sg_list: vec![] }), Err(PostRecvError::InvalidState));
+    assert_eq!(node.qp.post_recv(RecvWr { wr_id: 4, sg_list: softroce::sg_list![] }), Err(PostRecvError::InvalidState));
 }
 
 #[test]

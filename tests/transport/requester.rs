@@ -942,7 +942,7 @@ fn rc_payloads_are_lent_from_one_registered_piece_and_the_rest_copied() {
     let (mut node, _) = requester(attr(), M);
     let mut wr = SendWr::new(3, SendOp::Send);
     wr.flags.inline = true;
-    wr.inline_data = vec![7; 64];
+    wr.inline_data = vec![7; 64].into();
     node.post_send(wr);
     node.post_send(send(5, 0, M as u32 - 1));
     assert_eq!(transmit_lending(&mut node), [(false, vec![7; 64]), (false, data[..M - 1].to_vec())]);

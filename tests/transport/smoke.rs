@@ -52,7 +52,10 @@ fn run_ops(faults: Faults, seed: u64) {
     // SEND 5000 bytes into a posted receive.
     w.hosts[1]
         .qp(0x22)
-        .post_recv(RecvWr { wr_id: 7, sg_list: vec![Sge { addr: 0x20000 + 0x8000, length: 8192, lkey: 2 }] })
+        .post_recv(RecvWr {
+            wr_id: 7,
+            sg_list: softroce::sg_list![Sge { addr: 0x20000 + 0x8000, length: 8192, lkey: 2 }],
+        })
         .unwrap();
     let sge = Sge { addr: 0x10000, length: 5000, lkey: 1 };
     w.hosts[0].qp(0x11).post_send(SendWr::new(1, SendOp::Send).with_sge(sge)).unwrap();

@@ -147,7 +147,7 @@ impl Scenario {
                 let room = len + rng.below(9);
                 let at = recv.take(rng, room);
                 recvs += 1;
-                Some(RecvWr { wr_id: recvs - 1, sg_list: split(rng, RECV, at, room, 2) })
+                Some(RecvWr { wr_id: recvs - 1, sg_list: split(rng, RECV, at, room, 2).into() })
             };
             match kind {
                 Kind::Send | Kind::SendImm => {

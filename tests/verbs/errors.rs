@@ -64,7 +64,7 @@ fn bad_local_sges_fail_with_loc_prot_err_and_flush_what_follows() {
     for bad_sge in bad_sges {
         let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
         fill(&pair.mr_b, FILL);
-        pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: vec![pair.mr_b.sge(0, 4096)] }).unwrap();
+        pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: softroce::sg_list![pair.mr_b.sge(0, 4096)] }).unwrap();
         pair.qp_a.post_send(SendWr::new(1, SendOp::Send).with_sge(bad_sge(&pair))).unwrap();
         pair.qp_a.post_send(send(2, &pair.mr_a)).unwrap();
         assert_eq!(next_wc(&pair.a.cq), failed(1, &pair.qp_a, WcStatus::LocProtErr, WcOpcode::Send));
@@ -162,7 +162,7 @@ fn refused_atomics_leave_both_words_alone() {
 fn send_longer_than_the_receive_fails_on_both_sides() {
     let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     fill(&pair.mr_b, FILL);
-    pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: vec![pair.mr_b.sge(0, 99)] }).unwrap();
+    pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: softroce::sg_list![pair.mr_b.sge(0, 99)] }).unwrap();
     let event = AsyncEvent::QpRequestError { qpn: pair.qp_b.qpn() };
     assert_refused(&pair, send(1, &pair.mr_a), WcStatus::RemInvReqErr, event);
     assert_eq!(next_wc(&pair.b.cq), failed(5, &pair.qp_b, WcStatus::LocLenErr, WcOpcode::Recv));
@@ -179,7 +179,7 @@ fn ud_sends_with_the_wrong_qkey_are_dropped() {
     let (mr_a, mr_b) = (node_a.mr(4096), node_b.mr(4096));
     let ah = node_a.pd.create_ah(node_b.ctx.device().gid(1).unwrap());
     let send_with = |wr_id, qkey| {
-        qp_b.post_recv(RecvWr { wr_id, sg_list: vec![mr_b.sge(0, 4096)] }).unwrap();
+        qp_b.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![mr_b.sge(0, 4096)] }).unwrap();
         let wr = SendWr { ud: Some(ah.ud_dest(qp_b.qpn(), qkey)), ..send(wr_id, &mr_a) };
         qp_a.post_send(wr).unwrap();
         // UD completes once sent, received or not.
@@ -245,7 +245,7 @@ fn modify_without_required_attributes_names_them() {
 fn moving_to_err_flushes_posted_receives_and_sends() {
     let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     for wr_id in [101, 102] {
-        pair.qp_a.post_recv(RecvWr { wr_id, sg_list: vec![pair.mr_a.sge(0, 4096)] }).unwrap();
+        pair.qp_a.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![pair.mr_a.sge(0, 4096)] }).unwrap();
     }
     // B posts no receive and A retries RNR forever: the SENDs stay queued.
     for wr_id in 1..=3 {
@@ -265,7 +265,7 @@ fn moving_to_err_flushes_posted_receives_and_sends() {
     // In ERR, work requests complete as they are posted.
     pair.qp_a.post_send(send(4, &pair.mr_a)).unwrap();
     assert_eq!(pair.a.cq.poll_one(), Some(failed(4, &pair.qp_a, WcStatus::WrFlushErr, WcOpcode::Send)));
-    pair.qp_a.post_recv(RecvWr { wr_id: 103, sg_list: vec![pair.mr_a.sge(0, 64)] }).unwrap();
+    pair.qp_a.post_recv(RecvWr { wr_id: 103, sg_list: softroce::sg_list![pair.mr_a.sge(0, 64)] }).unwrap();
     assert_eq!(pair.a.cq.poll_one(), Some(failed(103, &pair.qp_a, WcStatus::WrFlushErr, WcOpcode::Recv)));
     assert_eq!(pair.qp_a.state(), QpState::Err);
 }
@@ -281,7 +281,7 @@ fn flushes_reach_the_cq_of_their_queue() {
     for round in 0..10 {
         let qp = node_a.init(QpType::Rc).recv_cq(&recv_cq).build().unwrap();
         qp.connect(&peer.endpoint(1).unwrap(), &options(Mtu::Mtu1024)).unwrap();
-        qp.post_recv(RecvWr { wr_id: 100 + round, sg_list: vec![mr.sge(0, 64)] }).unwrap();
+        qp.post_recv(RecvWr { wr_id: 100 + round, sg_list: softroce::sg_list![mr.sge(0, 64)] }).unwrap();
         move_to(&qp, QpState::Err).unwrap();
         qp.post_send(SendWr::new(round, SendOp::Send).with_sge(mr.sge(0, 8))).unwrap();
         assert_eq!(next_wc(&node_a.cq), failed(round, &qp, WcStatus::WrFlushErr, WcOpcode::Send));
@@ -340,7 +340,7 @@ fn overflowing_a_cq_is_reported() {
     connect(&qp_a, &qp_b, &options(Mtu::Mtu1024), &options(Mtu::Mtu1024));
     let (mr_a, mr_b) = (node_a.mr(4096), node_b.mr(4096));
     for wr_id in 1..=4 {
-        qp_b.post_recv(RecvWr { wr_id, sg_list: vec![mr_b.sge(0, 100)] }).unwrap();
+        qp_b.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![mr_b.sge(0, 100)] }).unwrap();
     }
     let send_and_receive = |wr_id| {
         qp_a.post_send(send(wr_id, &mr_a)).unwrap();
@@ -411,10 +411,13 @@ fn region_copies_out_of_bounds_are_refused_and_change_nothing() {
 fn malformed_requests_are_refused_at_post_time() {
     let pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let cap = QpCap::default();
-    let too_many = SendWr { sg_list: vec![pair.mr_a.sge(0, 1); cap.max_send_sge as usize + 1], ..send(1, &pair.mr_a) };
+    let too_many = SendWr {
+        sg_list: softroce::sg_list![pair.mr_a.sge(0, 1); cap.max_send_sge as usize + 1],
+        ..send(1, &pair.mr_a)
+    };
     let inline = SendWr {
         flags: SendFlags { inline: true, ..SendFlags::default() },
-        inline_data: vec![0; cap.max_inline_data as usize + 1],
+        inline_data: vec![0; cap.max_inline_data as usize + 1].into(),
         ..SendWr::new(2, SendOp::Send)
     };
     let atomic = SendOp::FetchAdd { remote_addr: pair.mr_b.addr(), rkey: pair.mr_b.rkey(), add: 1 };
@@ -439,12 +442,12 @@ fn malformed_requests_are_refused_at_post_time() {
 
     let srq = pair.b.pd.create_srq(4, 1).unwrap();
     let on_srq = pair.b.init(QpType::Rc).srq(&srq).build().unwrap();
-    let refused = on_srq.post_recv(RecvWr { wr_id: 6, sg_list: vec![] }).unwrap_err();
+    let refused = on_srq.post_recv(RecvWr { wr_id: 6, sg_list: softroce::sg_list![] }).unwrap_err();
     assert!(matches!(refused, Error::PostRecv(PostRecvError::InvalidState)), "{refused:?}");
 
     // Nothing was queued: the QPs work on.
     assert_no_wc(&pair.a.cq);
-    pair.qp_b.post_recv(RecvWr { wr_id: 7, sg_list: vec![pair.mr_b.sge(0, 100)] }).unwrap();
+    pair.qp_b.post_recv(RecvWr { wr_id: 7, sg_list: softroce::sg_list![pair.mr_b.sge(0, 100)] }).unwrap();
     pair.qp_a.post_send(send(8, &pair.mr_a)).unwrap();
     assert_eq!(next_wc(&pair.a.cq).status, WcStatus::Success);
 }

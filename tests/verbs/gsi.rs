@@ -34,7 +34,7 @@ impl Gsi {
         let mr = node.mr(1 << 16);
         for i in 0..8 {
             // A UD receive starts with 40 bytes for the GRH.
-            qp.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(4096 * i as usize, 4096)] }).unwrap();
+            qp.post_recv(RecvWr { wr_id: i, sg_list: softroce::sg_list![mr.sge(4096 * i as usize, 4096)] }).unwrap();
         }
         Gsi { node, qp, mr }
     }

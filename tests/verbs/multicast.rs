@@ -23,7 +23,7 @@ fn ud(node: &Node) -> QueuePair {
 
 /// Posts a receive on `qp` with room for 64 bytes of message.
 fn receive(qp: &QueuePair, wr_id: u64, mr: &softroce::verbs::MemoryRegion) {
-    qp.post_recv(RecvWr { wr_id, sg_list: vec![mr.sge(wr_id as usize * 256, GRH_LEN + 64)] }).unwrap();
+    qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![mr.sge(wr_id as usize * 256, GRH_LEN + 64)] }).unwrap();
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn lossy_pair() -> NodePair {
 fn a_timer_armed_by_a_posting_thread_fires_on_the_engine_thread() {
     let p = lossy_pair();
     for wr_id in 0..2 {
-        p.qp_b.post_recv(RecvWr { wr_id, sg_list: vec![p.mr_b.sge(0, 64)] }).unwrap();
+        p.qp_b.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![p.mr_b.sge(0, 64)] }).unwrap();
     }
     // The first SEND arrives; the second is dropped by B for its ICRC. The
     // posting thread then never touches A again: only A's engine thread can
@@ -98,7 +98,7 @@ fn a_wait_that_finds_nothing_returns_at_its_deadline() {
 fn the_engine_takes_over_once_a_waiting_thread_has_gone() {
     let p = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     for wr_id in 0..2 {
-        p.qp_b.post_recv(RecvWr { wr_id, sg_list: vec![p.mr_b.sge(0, 64)] }).unwrap();
+        p.qp_b.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![p.mr_b.sge(0, 64)] }).unwrap();
     }
     let send = |wr_id| p.qp_a.post_send(SendWr::new(wr_id, SendOp::Send).with_sge(p.mr_a.sge(0, 64))).unwrap();
     send(0);
@@ -369,7 +369,7 @@ fn settling_answers_the_resend_of_a_lost_last_ack() {
         ConnectOptions { timeout: AckTimeout::from_exponent(14).unwrap(), retry_cnt: 2, ..options(Mtu::Mtu1024) };
     let NodePair { a, b, qp_a, qp_b, mr_a, mr_b } = NodePair::new((a, b), QpType::Rc, &quick, &quick);
     for wr_id in 0..2 {
-        qp_b.post_recv(RecvWr { wr_id, sg_list: vec![mr_b.sge(0, 64)] }).unwrap();
+        qp_b.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![mr_b.sge(0, 64)] }).unwrap();
     }
     for wr_id in 0..2 {
         qp_a.post_send(SendWr::new(wr_id, SendOp::Send).with_sge(mr_a.sge(0, 64))).unwrap();

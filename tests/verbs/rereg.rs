@@ -29,7 +29,7 @@ fn a_region_moved_to_other_memory_or_another_domain_refuses_what_named_the_old()
     let mut pair = NodePair::connected(QpType::Rc, &options(Mtu::Mtu1024));
     let mut other = vec![0u8; 4096];
     // A receive posted on the old bytes fails once the region moves.
-    pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: vec![pair.mr_b.sge(0, 64)] }).unwrap();
+    pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: softroce::sg_list![pair.mr_b.sge(0, 64)] }).unwrap();
     // SAFETY: `other` outlives the region's use below (the pair is dropped first).
     unsafe { pair.mr_b.rereg(Rereg { memory: Some((other.as_mut_ptr(), other.len())), ..Rereg::default() }) }.unwrap();
     assert_eq!(pair.mr_b.addr(), other.as_ptr() as u64);
@@ -58,8 +58,8 @@ fn a_move_to_reset_takes_the_qps_unpolled_completions_off_its_cq() {
     let other = pair.b.qp(QpType::Rc);
     let move_to = |qp: &QueuePair, state| qp.modify(&QpAttr { state, ..QpAttr::default() }, AttrMask::STATE);
     other.init(&options(Mtu::Mtu1024)).unwrap();
-    other.post_recv(RecvWr { wr_id: 9, sg_list: vec![pair.mr_b.sge(0, 64)] }).unwrap();
-    pair.qp_b.post_recv(RecvWr { wr_id: 8, sg_list: vec![pair.mr_b.sge(0, 64)] }).unwrap();
+    other.post_recv(RecvWr { wr_id: 9, sg_list: softroce::sg_list![pair.mr_b.sge(0, 64)] }).unwrap();
+    pair.qp_b.post_recv(RecvWr { wr_id: 8, sg_list: softroce::sg_list![pair.mr_b.sge(0, 64)] }).unwrap();
     // Both flush into B's CQ; then B's QP is reset, unpolled.
     move_to(&pair.qp_b, QpState::Err).unwrap();
     move_to(&other, QpState::Err).unwrap();

@@ -31,7 +31,7 @@ fn rc_verbs_over_loopback() {
 
     let msg: Vec<u8> = (0..100_000u32).map(|i| (i * 13 % 256) as u8).collect();
     mr_a.write(0, &msg).unwrap();
-    qp_b.post_recv(RecvWr { wr_id: 77, sg_list: vec![mr_b.sge(0, msg.len())] }).unwrap();
+    qp_b.post_recv(RecvWr { wr_id: 77, sg_list: softroce::sg_list![mr_b.sge(0, msg.len())] }).unwrap();
     qp_a.post_send(SendWr::new(1, SendOp::SendWithImm(0xabcd)).with_sge(mr_a.sge(0, msg.len()))).unwrap();
     let write = SendOp::RdmaWrite { remote_addr: mr_b.addr() + 200_000, rkey: mr_b.rkey() };
     qp_a.post_send(SendWr::new(2, write).with_sge(mr_a.sge(0, msg.len()))).unwrap();

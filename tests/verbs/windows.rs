@@ -87,7 +87,7 @@ fn send_with_invalidate_revokes_a_type_2_window() {
     let (pair, mr, mw) = setup(WindowType::Type2);
     let rkey = bound(&pair, &mr, &mw, Access::REMOTE_WRITE);
     assert_eq!(write(&pair, &mr, rkey, AT, 100), WcStatus::Success);
-    pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: vec![pair.mr_b.sge(0, 64)] }).unwrap();
+    pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: softroce::sg_list![pair.mr_b.sge(0, 64)] }).unwrap();
     let send = SendWr::new(2, SendOp::SendWithInv(rkey)).with_sge(pair.mr_a.sge(0, 10));
     pair.qp_a.post_send(send).unwrap();
     assert_eq!(next_wc(&pair.a.cq).status, WcStatus::Success);
@@ -146,10 +146,10 @@ fn a_freed_window_answers_no_more() {
 #[test]
 fn a_bind_completes_after_the_requests_before_it() {
     let (pair, mr, mw) = setup(WindowType::Type1);
-    pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: vec![pair.mr_b.sge(0, 4096)] }).unwrap();
+    pair.qp_b.post_recv(RecvWr { wr_id: 5, sg_list: softroce::sg_list![pair.mr_b.sge(0, 4096)] }).unwrap();
     // B sends first, then binds: the bind completes second.
     let send = SendWr::new(1, SendOp::Send).with_sge(pair.mr_b.sge(0, 3000));
-    pair.qp_a.post_recv(RecvWr { wr_id: 6, sg_list: vec![pair.mr_a.sge(0, 4096)] }).unwrap();
+    pair.qp_a.post_recv(RecvWr { wr_id: 6, sg_list: softroce::sg_list![pair.mr_a.sge(0, 4096)] }).unwrap();
     let bind = mw.bind_request(Some(&mr), mr.addr() + AT, LEN, Access::REMOTE_READ);
     pair.qp_b.post_send_list([send, SendWr::new(2, SendOp::BindMw(bind))]).unwrap();
     let ids: Vec<(u64, WcOpcode)> = (0..2).map(|_| next_wc(&pair.b.cq)).map(|w| (w.wr_id, w.opcode)).collect();

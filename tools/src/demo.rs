@@ -344,7 +344,7 @@ impl Pair {
     fn send(&self, step: &mut Step, imm: Option<u32>) -> Result<(), String> {
         let data = pattern(MESSAGE, step.id);
         self.a.put(SOURCE_AT, &data)?;
-        self.b.post_recv(RecvWr { wr_id: step.id, sg_list: vec![self.b.mr.sge(RECV_AT, RECV_LEN)] })?;
+        self.b.post_recv(RecvWr { wr_id: step.id, sg_list: softroce::sg_list![self.b.mr.sge(RECV_AT, RECV_LEN)] })?;
         let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
         self.a.post_send(SendWr::new(step.id, op).with_sge(self.a.mr.sge(SOURCE_AT, MESSAGE)))?;
         let len = MESSAGE as u32;
@@ -359,7 +359,7 @@ impl Pair {
         let data = pattern(MESSAGE, step.id);
         self.a.put(SOURCE_AT, &data)?;
         if imm.is_some() {
-            self.b.post_recv(RecvWr { wr_id: step.id, sg_list: Vec::new() })?;
+            self.b.post_recv(RecvWr { wr_id: step.id, sg_list: softroce::sg_list![] })?;
         }
         let (remote_addr, rkey) = (self.b.mr.addr() + WRITE_AT as u64, self.b.mr.rkey());
         let op = match imm {
@@ -465,7 +465,8 @@ impl Pair {
     /// SEND ping-pong: `a` sends its round number, `b` sends it back; returns
     /// the round-trip times, sorted.
     fn latency(&self, wait: Wait) -> Result<Vec<Duration>, String> {
-        let recv = |side: &Side| side.post_recv(RecvWr { wr_id: 0, sg_list: vec![side.mr.sge(RECV_AT, PING)] });
+        let recv =
+            |side: &Side| side.post_recv(RecvWr { wr_id: 0, sg_list: softroce::sg_list![side.mr.sge(RECV_AT, PING)] });
         let send = |side: &Side| {
             let mut wr = SendWr::new(0, SendOp::Send).with_sge(side.mr.sge(SOURCE_AT, PING));
             // Unsignaled: only the receives complete, so waits see nothing else.

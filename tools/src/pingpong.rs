@@ -321,7 +321,7 @@ impl Pp {
     fn post_recv(&self, n: i64) -> i64 {
         let mut posted = 0;
         while posted < n {
-            let wr = RecvWr { wr_id: RECV_WRID, sg_list: vec![self.mr.sge(0, self.recv_len)] };
+            let wr = RecvWr { wr_id: RECV_WRID, sg_list: softroce::sg_list![self.mr.sge(0, self.recv_len)] };
             let ok = match &self.srq {
                 Some(srq) => srq.post_recv(wr).is_ok(),
                 None => self.qps[0].post_recv(wr).is_ok(),

@@ -98,7 +98,8 @@ impl Side {
 
     /// Posts a receive of `size` bytes into the sink.
     fn recv(&self, qp: &QueuePair, wr_id: u64, size: usize) -> Result<(), String> {
-        qp.post_recv(RecvWr { wr_id, sg_list: vec![self.mr.sge(SINK_AT, size)] }).map_err(|e| e.to_string())
+        qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![self.mr.sge(SINK_AT, size)] })
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -441,7 +442,7 @@ impl Link {
             let Some(wc) = self.b_cq.wait_one(POLL) else { continue };
             expect(wc, "stream receive")?;
             let qp = &self.qps[wc.wr_id as usize].1;
-            qp.post_recv(RecvWr { wr_id: wc.wr_id, sg_list: vec![sink] }).map_err(|e| e.to_string())?;
+            qp.post_recv(RecvWr { wr_id: wc.wr_id, sg_list: softroce::sg_list![sink] }).map_err(|e| e.to_string())?;
         }
         Ok(())
     }

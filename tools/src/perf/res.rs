@@ -316,7 +316,7 @@ impl Res {
             offset += self.cache_line - UD_ADDITION;
             len += UD_ADDITION;
         }
-        RecvWr { wr_id: q as u64, sg_list: vec![self.mr.sge(offset, len)] }
+        RecvWr { wr_id: q as u64, sg_list: softroce::sg_list![self.mr.sge(offset, len)] }
     }
 
     /// Posts `count` receives on QP `q`.

@@ -362,7 +362,7 @@ impl Resources {
     }
 
     fn recv(&self, qp: &QueuePair, wr_id: u64, at: usize, len: usize) -> bool {
-        qp.post_recv(RecvWr { wr_id, sg_list: vec![self.mr.sge(at, len)] }).is_ok()
+        qp.post_recv(RecvWr { wr_id, sg_list: softroce::sg_list![self.mr.sge(at, len)] }).is_ok()
     }
 
     fn uc_connect(&self, peer: &Endpoint, ctx: &Context) -> softroce::verbs::Result<()> {
