@@ -516,6 +516,20 @@ fn icrc_of(
     icrc.map_err(|e| invalid(&e.to_string()))
 }
 
+/// The socket bound to `src` and its send batch. Most links have one
+/// socket: it is taken without a search of the map, for every packet
+/// twice (its room, then its ICRC).
+fn socket_at(
+    sockets: &mut BTreeMap<IpAddr, (Arc<UdpSocket>, SendBatch)>,
+    src: IpAddr,
+) -> Option<&mut (Arc<UdpSocket>, SendBatch)> {
+    if sockets.len() == 1 {
+        sockets.iter_mut().next().filter(|(&local, _)| local == src).map(|(_, entry)| entry)
+    } else {
+        sockets.get_mut(&src)
+    }
+}
+
 /// Sends what `batch` holds on `socket`, bound to `local`. A train the
 /// kernel refuses leaves as single datagrams with ID 0, so the ICRCs of its
 /// later packets change by what the ID did.
@@ -598,7 +612,7 @@ impl Link for UdpLink {
 
     fn transmit(&mut self, _now: Duration, out: Outgoing<'_>) -> io::Result<()> {
         check(out.src, out.dst, out.roce.len())?;
-        let (socket, batch) = self.sockets.get_mut(&out.src).ok_or_else(|| no_socket(out.src))?;
+        let (socket, batch) = socket_at(&mut self.sockets, out.src).ok_or_else(|| no_socket(out.src))?;
         let dest = SocketAddr::new(out.dst, self.port);
         let mut flushed = Ok(0);
         let (copy, id) = match batch.push(dest, out.roce)? {
@@ -621,13 +635,7 @@ impl Link for UdpLink {
 
     /// The batch of the socket at `src`. A full batch is sent first.
     fn send_buffer(&mut self, src: IpAddr, len: usize) -> Option<&mut [u8]> {
-        // Most links have one socket: no search of the map for it, on every
-        // packet.
-        let (socket, batch) = if self.sockets.len() == 1 {
-            self.sockets.iter_mut().next().filter(|(&local, _)| local == src)?.1
-        } else {
-            self.sockets.get_mut(&src)?
-        };
+        let (socket, batch) = socket_at(&mut self.sockets, src)?;
         if batch.room(len).is_none() {
             // Errors mean dropped packets, which RC retransmits.
             let _ = flush_batch(socket, batch, src, &mut self.stats);
@@ -645,7 +653,7 @@ impl Link for UdpLink {
         lent: Option<(usize, Lent)>,
     ) -> io::Result<()> {
         check(src, dst, len)?;
-        let (_, batch) = self.sockets.get_mut(&src).ok_or_else(|| no_socket(src))?;
+        let (_, batch) = socket_at(&mut self.sockets, src).ok_or_else(|| no_socket(src))?;
         let dest = SocketAddr::new(dst, self.port);
         // A capture records whole packets, and IPv6's ICRC is computed over
         // one slice: both take the payload copied into its place.
