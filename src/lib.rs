@@ -99,6 +99,7 @@ pub mod cm;
 pub mod engine;
 pub mod net;
 pub mod rundir;
+pub mod stages;
 pub mod trace;
 pub mod transport;
 pub mod verbs;

@@ -28,6 +28,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
 use std::os::fd::RawFd;
 
+use crate::stages::{self, Stage};
 use crate::transport::Lent;
 
 /// Messages per system call.
@@ -284,18 +285,21 @@ impl SendBatch {
                 // and checking a message header and an iovec, 0.13 µs of a
                 // ping-pong's send on a VM (1.66 → 1.53 µs).
                 let (hdr, iov) = (&wire.headers[0].msg_hdr, &wire.iovs[0]);
+                let (name, name_len) = (hdr.msg_name.cast::<libc::sockaddr>(), hdr.msg_namelen);
+                stages::mark(Stage::SendCall);
                 // SAFETY: the iovec points at a live buffer of self.data,
                 // the name at wire's own address of the length given.
-                let (name, name_len) = (hdr.msg_name.cast::<libc::sockaddr>(), hdr.msg_namelen);
                 let r = unsafe {
                     libc::syscall(libc::SYS_sendto, fd, iov.iov_base, iov.iov_len, libc::MSG_DONTWAIT, name, name_len)
                 };
+                stages::mark(Stage::SendReturn);
                 if r >= 0 {
                     1
                 } else {
                     -1
                 }
             } else {
+                stages::mark(Stage::SendCall);
                 // SAFETY: the first `n` wire messages point at live buffers
                 // of self.data, at lent payloads (readable until this call
                 // returns, `commit_lent`) and at wire's own addresses and
@@ -303,6 +307,7 @@ impl SendBatch {
                 let r = unsafe {
                     libc::syscall(libc::SYS_sendmmsg, fd, wire.headers.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT)
                 };
+                stages::mark(Stage::SendReturn);
                 r as libc::c_int
             };
             if done > 0 {
@@ -562,12 +567,15 @@ impl RecvBatch {
     /// `recvmmsg`'s array (0.065 µs a receive in a UDP model on a VM).
     fn receive_one(&mut self, fd: RawFd) -> isize {
         self.wire.ready();
+        stages::mark(Stage::ReceiveCall);
         // SAFETY: the header points at slot 0's live buffer, address
         // storage and control buffer, all owned by self.
         let n = unsafe { libc::syscall(libc::SYS_recvmsg, fd, &mut self.wire.msgs[0].msg_hdr, libc::MSG_DONTWAIT) };
         if n < 0 {
+            stages::mark(Stage::NothingReceived);
             return -1;
         }
+        stages::mark(Stage::Received);
         self.wire.written = 1;
         self.keep(0, n as usize);
         1
@@ -576,6 +584,7 @@ impl RecvBatch {
     /// Up to `want` datagrams into the first slots with `recvmmsg`.
     fn receive_many(&mut self, fd: RawFd, want: usize) -> isize {
         self.wire.ready();
+        stages::mark(Stage::ReceiveCall);
         // SAFETY: each of the first `want` messages points at a live
         // SLOT-sized buffer, address storage and control buffer owned by self.
         let n = unsafe {
@@ -588,6 +597,7 @@ impl RecvBatch {
                 std::ptr::null_mut::<libc::timespec>(),
             ) as libc::c_int
         };
+        stages::mark(if n > 0 { Stage::Received } else { Stage::NothingReceived });
         self.wire.written = n.max(0) as usize;
         for i in 0..n.max(0) as usize {
             let len = self.wire.msgs[i].msg_len as usize;

@@ -104,6 +104,28 @@ pub struct Args {
     /// net.core.rmem_max is a common distribution default.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     socket_buffer: Option<usize>,
+    /// Print where each ping-pong's messages spend their time, stage by
+    /// stage (post, send call, receipt, completion), for softroce's and the
+    /// UDP baseline's threads alike; needs a build with the `stages`
+    /// feature (`cargo build --release -p softroce-tools --features stages`).
+    #[arg(long)]
+    stages: bool,
+}
+
+/// `--stages`: the threads of the ping-pongs print their stages.
+static STAGES: AtomicBool = AtomicBool::new(false);
+
+/// Prints, under `label`, where this thread's messages spent their time
+/// (`--stages`), and starts over.
+pub(crate) fn print_stages(label: &str) {
+    if STAGES.load(Ordering::Relaxed) {
+        let spreads: Vec<String> = softroce::stages::report()
+            .iter()
+            .map(|s| format!("{} {} ({}-{})", s.interval, s.p50, s.p25, s.p75))
+            .collect();
+        eprintln!("stages of {label}, ns, median (quartiles): {}", spreads.join("; "));
+    }
+    softroce::stages::reset();
 }
 
 /// Bytes, or with a K or M suffix (`64K`, `1M`).
@@ -133,6 +155,12 @@ pub fn run(args: Args) -> ExitCode {
 /// Runs every row, printing each as it completes; false if a softroce row
 /// failed (a baseline that fails is only unavailable).
 fn bench(args: &Args) -> Result<bool, String> {
+    if args.stages && !softroce::stages::RECORDED {
+        return Err("--stages needs a build with the `stages` feature: \
+                    cargo build --release -p softroce-tools --features stages"
+            .to_owned());
+    }
+    STAGES.store(args.stages, Ordering::Relaxed);
     let timing = Timing { warmup: args.seconds / 5, seconds: args.seconds };
     let options =
         ContextOptions { busy_poll: args.busy_poll, socket_buffer: args.socket_buffer, ..ContextOptions::default() };

@@ -300,3 +300,19 @@ fn rounds_end_with_each_rows_median() {
     ratios.sort_by(f64::total_cmp);
     assert_eq!(number(send_lat, "ratio_udp"), ratios[1], "{stdout}");
 }
+
+/// `--stages` in a build without the `stages` feature says what to build
+/// instead of printing nothing (with it, `.ci/run` checks the stages).
+#[test]
+fn stages_without_the_feature_say_how_to_build_it() {
+    if softroce::stages::RECORDED {
+        return;
+    }
+    let Output { status, stderr, .. } = Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .args(["bench", "--stages", "--test", "udp-lat", "--seconds", "0.05"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("--features stages"), "{stderr}");
+}

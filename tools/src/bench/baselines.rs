@@ -13,7 +13,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Measured, Meter, Timing, Window};
+use softroce::stages::{self, Stage};
+
+use super::{print_stages, Measured, Meter, Timing, Window};
 
 const ADDRESS_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const ADDRESS_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -313,15 +315,23 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
         send_trains(socket.as_raw_fd(), data, &wire.trains, &to)
     };
     let (data, mut buf) = (vec![0xa5u8; wire.total], vec![0u8; wire.largest_train()]);
+    let test = if acked { "udp-gso-lat" } else { "udp-lat" };
     let ping = || {
+        stages::mark(Stage::Post);
         send(&pinger, &data, there)?;
         let mut got = 0;
         while got < wire.total {
             got += receive(pinger.as_raw_fd(), &mut buf, spin)?;
         }
+        stages::mark(Stage::Completed);
+        Ok(())
+    };
+    let pinged = || {
+        print_stages(&format!("{test} {size}, the pinger"));
         Ok(())
     };
     let answer = |pinger_done: &AtomicBool| {
+        stages::reset();
         let (data, mut buf) = (vec![0x5au8; wire.total], vec![0u8; wire.largest_train()]);
         let mut got = 0;
         while !pinger_done.load(Ordering::Relaxed) {
@@ -331,13 +341,16 @@ pub fn udp_ping_pong(size: usize, acked: bool, timing: &Timing) -> Result<Measur
                 Err(e) => return Err(e),
             }
             if got >= wire.total {
+                stages::mark(Stage::Completed);
                 got = 0;
+                stages::mark(Stage::Post);
                 send(&answerer, &data, back)?;
             }
         }
+        print_stages(&format!("{test} {size}, the answerer"));
         Ok(())
     };
-    ping_pong("UDP", size, timing, ping, || Ok(()), answer)
+    ping_pong("UDP", size, timing, ping, pinged, answer)
 }
 
 /// The two threads of a ping-pong of `size`-byte messages: `ping` sends one
@@ -357,6 +370,7 @@ fn ping_pong(
     let pinger_done = AtomicBool::new(false);
     let (window, pinging, answering) = std::thread::scope(|s| {
         let pinging = s.spawn(|| {
+            stages::reset();
             let mut rtts = Vec::new();
             let pinging = (|| {
                 while !meter.stopped() {
@@ -408,9 +422,11 @@ fn send_trains(fd: RawFd, data: &[u8], trains: &[usize], dest: &SocketAddrV4) ->
     let mut sent = 0;
     while sent < msgs.len() {
         let left = &mut msgs[sent..];
+        stages::mark(Stage::SendCall);
         // SAFETY: every header points at live buffers (read only by the
         // kernel), its iovec and the address.
         let n = unsafe { libc::sendmmsg(fd, left.as_mut_ptr(), left.len() as u32, 0) };
+        stages::mark(Stage::SendReturn);
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -548,11 +564,14 @@ fn receive(fd: RawFd, buf: &mut [u8], spin: Duration) -> io::Result<usize> {
     let until = Instant::now() + spin;
     let mut flags = libc::MSG_DONTWAIT;
     loop {
+        stages::mark(Stage::ReceiveCall);
         // SAFETY: a valid socket and a buffer of the length given.
         let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
         if n >= 0 {
+            stages::mark(Stage::Received);
             return Ok(n as usize);
         }
+        stages::mark(Stage::NothingReceived);
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::WouldBlock || flags == 0 {
             return Err(e);

@@ -20,7 +20,9 @@ use softroce::verbs::{
     QueuePair,
 };
 
-use super::{Case, Conn, Measured, Meter, Test, Timing};
+use softroce::stages::{self, Stage};
+
+use super::{print_stages, Case, Conn, Measured, Meter, Test, Timing};
 
 /// The requester's and the responder's address of each pair of devices.
 const ADDRESSES: [(Ipv4Addr, Ipv4Addr); MAX_ENGINES] = [
@@ -274,6 +276,7 @@ impl Devices {
         pair.a.recv(qp_a, 0, size)?;
         pair.b.recv(qp_b, 0, size)?;
         let send = |side: &Side, qp: &QueuePair| {
+            stages::mark(Stage::Post);
             let mut wr = SendWr::new(0, SendOp::Send).with_sge(side.mr.sge(SOURCE_AT, size));
             // Unsignaled: only receives complete, so each wait sees the answer.
             wr.flags.signaled = false;
@@ -284,12 +287,14 @@ impl Devices {
         let pinger_done = AtomicBool::new(false);
         let (window, pinged, answered) = std::thread::scope(|s| {
             let pinger = s.spawn(|| {
+                stages::reset();
                 let mut rtts = Vec::new();
                 let pinged = (|| {
                     while !meter.stopped() {
                         let start = Instant::now();
                         send(&pair.a, qp_a)?;
                         expect(link.wait_a(STEP_TIMEOUT)?, "ping-pong answer")?;
+                        stages::mark(Stage::Completed);
                         let rtt = start.elapsed();
                         pair.a.recv(qp_a, 0, size)?;
                         if meter.measuring() {
@@ -300,15 +305,19 @@ impl Devices {
                     Ok::<(), String>(())
                 })();
                 pinger_done.store(true, Ordering::Relaxed);
+                print_stages(&format!("{} {}, the pinger", case.test.name(), case.size));
                 pinged.map(|()| rtts)
             });
             let answerer = s.spawn(|| {
+                stages::reset();
                 while !pinger_done.load(Ordering::Relaxed) {
                     let Some(wc) = link.b_cq.wait_one(POLL) else { continue };
+                    stages::mark(Stage::Completed);
                     expect(wc, "ping")?;
                     pair.b.recv(qp_b, 0, size)?;
                     send(&pair.b, qp_b)?;
                 }
+                print_stages(&format!("{} {}, the answerer", case.test.name(), case.size));
                 Ok::<(), String>(())
             });
             let window = meter.time(timing);
