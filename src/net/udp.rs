@@ -517,8 +517,8 @@ fn icrc_of(
 }
 
 /// The socket bound to `src` and its send batch. Most links have one
-/// socket: it is taken without a search of the map, for every packet
-/// twice (its room, then its ICRC).
+/// socket: it is taken without a search of the map, twice a packet (its
+/// room, then its commit).
 fn socket_at(
     sockets: &mut BTreeMap<IpAddr, (Arc<UdpSocket>, SendBatch)>,
     src: IpAddr,
