@@ -34,7 +34,8 @@ pub enum Stage {
     Completed,
 }
 
-/// The intervals recorded, in the order [`report`] gives them.
+/// The intervals recorded, in the order [`report`] gives them (the
+/// recorder's `Interval`s name theirs by their place here).
 pub const INTERVALS: [&str; 8] = [
     "post -> send call",
     "send call",
@@ -45,6 +46,20 @@ pub const INTERVALS: [&str; 8] = [
     "receive call that brought nothing",
     "receive call -> next one, when empty",
 ];
+
+/// Which of [`INTERVALS`] a sample belongs to.
+#[cfg(feature = "stages")]
+#[derive(Clone, Copy)]
+enum Interval {
+    PostToSendCall,
+    SendCall,
+    SendCallToReceived,
+    ReceivedToCompleted,
+    CompletedToPost,
+    ReceiveCallWithPacket,
+    ReceiveCallEmpty,
+    EmptyPollPeriod,
+}
 
 /// One interval's spread on this thread, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +83,7 @@ mod recorder {
     use std::sync::OnceLock;
     use std::time::{Duration, Instant};
 
-    use super::{Spread, Stage, INTERVALS};
+    use super::{Interval, Spread, Stage, INTERVALS};
 
     /// The last send call any thread began (ticks).
     static LAST_SEND_CALL: AtomicU64 = AtomicU64::new(0);
@@ -118,45 +133,45 @@ mod recorder {
         let longest = (LONGEST.as_nanos() as f64 * ticks_per_ns()) as u64;
         RECORDER.with(|r| {
             let mut r = r.borrow_mut();
-            let record = |r: &mut Recorder, interval: usize, since: u64| {
+            let record = |r: &mut Recorder, interval: Interval, since: u64| {
                 let d = now.wrapping_sub(since);
                 if since != 0 && d <= longest {
-                    r.samples[interval].push(d);
+                    r.samples[interval as usize].push(d);
                 }
             };
             match stage {
                 Stage::Post => {
                     let since = r.at[Stage::Completed as usize];
-                    record(&mut r, 4, since);
+                    record(&mut r, Interval::CompletedToPost, since);
                 }
                 Stage::SendCall => {
                     let since = std::mem::take(&mut r.at[Stage::Post as usize]);
-                    record(&mut r, 0, since);
+                    record(&mut r, Interval::PostToSendCall, since);
                     LAST_SEND_CALL.store(now, Ordering::Relaxed);
                 }
                 Stage::SendReturn => {
                     let since = r.at[Stage::SendCall as usize];
-                    record(&mut r, 1, since);
+                    record(&mut r, Interval::SendCall, since);
                 }
                 Stage::ReceiveCall => {
                     let since = std::mem::take(&mut r.at[Stage::NothingReceived as usize]);
                     if since != 0 {
                         let started = r.at[Stage::ReceiveCall as usize];
-                        record(&mut r, 7, started);
+                        record(&mut r, Interval::EmptyPollPeriod, started);
                     }
                 }
                 Stage::Received => {
                     let since = r.at[Stage::ReceiveCall as usize];
-                    record(&mut r, 5, since);
-                    record(&mut r, 2, LAST_SEND_CALL.load(Ordering::Relaxed));
+                    record(&mut r, Interval::ReceiveCallWithPacket, since);
+                    record(&mut r, Interval::SendCallToReceived, LAST_SEND_CALL.load(Ordering::Relaxed));
                 }
                 Stage::NothingReceived => {
                     let since = r.at[Stage::ReceiveCall as usize];
-                    record(&mut r, 6, since);
+                    record(&mut r, Interval::ReceiveCallEmpty, since);
                 }
                 Stage::Completed => {
                     let since = std::mem::take(&mut r.at[Stage::Received as usize]);
-                    record(&mut r, 3, since);
+                    record(&mut r, Interval::ReceivedToCompleted, since);
                 }
             }
             r.at[stage as usize] = now;
